@@ -1,0 +1,17 @@
+# Shared settings of the project's scripts: one cache outside the clone for cargo's target dir, the
+# fetched assets and the reference engine's virtual environment, so repeat runs are fast.
+CACHE="${INFINI_SIDECAR_CACHE:-$HOME/.cache/infini-sidecar}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/target}"
+export INFINI_SIDECAR_ASSETS="${INFINI_SIDECAR_ASSETS:-$CACHE/assets}"
+REFERENCE_VENV="$CACHE/venv-infini-gram-2.6.0"
+export INFINI_GRAM_PYTHON="$REFERENCE_VENV/bin/python"
+DEFAULT_INDEX="$INFINI_SIDECAR_ASSETS/index-minipile-smollm2"
+SMOLLM2_GGUF="$INFINI_SIDECAR_ASSETS/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# The reference engine, for the peer tests and benchmarks.
+ensure_reference_engine() {
+  if ! "$INFINI_GRAM_PYTHON" -c 'import infini_gram.engine' 2>/dev/null; then
+    python3 -m venv "$REFERENCE_VENV"
+    "$INFINI_GRAM_PYTHON" -m pip install -q infini-gram==2.6.0 numpy
+  fi
+}

@@ -1,0 +1,34 @@
+//! Errors of the index: every one carries a message a person can act on.
+
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    /// Files that are inconsistent with each other or with the manifest.
+    #[error("corrupt index: {0}")]
+    Corrupt(String),
+    /// An index that is fine in itself but not what the caller asked for (token width, tokenizer, ...).
+    #[error("index mismatch: {0}")]
+    Mismatch(String),
+    /// A bad query or bad build input.
+    #[error("{0}")]
+    Invalid(String),
+    #[error("interrupted")]
+    Interrupted,
+}
+
+impl IndexError {
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        IndexError::Io {
+            path: path.display().to_string(),
+            source,
+        }
+    }
+}
+
+pub type Result<T, E = IndexError> = std::result::Result<T, E>;

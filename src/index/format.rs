@@ -1,0 +1,285 @@
+//! The on-disk layout of an index: infini-gram v4 shards, byte-compatible with the reference engine,
+//! plus a manifest of our own that records what the v4 files cannot say about themselves.
+//!
+//! Per shard `N`: `tokenized.N` (little-endian tokens, an all-ones separator before every document),
+//! `table.N` (suffix array of byte offsets, `ptr_size` bytes each, suffixes ordered by the bytes of the
+//! tokens), `offset.N` (u64 byte offset of each document's separator), and optionally `metadata.N`
+//! (one JSON line per document) with `metaoff.N` (u64 offset of each line).
+
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::index::IndexError;
+
+/// Name of our manifest. The reference engine finds its files by substring match on the path, so the
+/// name must not contain `tokenized`, `table`, `offset`, `metadata`, `metaoff` or `unigram`.
+pub const MANIFEST_FILE: &str = "sidecar-index.json";
+/// Copy of the tokenizer the index was built with, so document text can be returned.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+/// Bumped whenever the meaning of any file or manifest field changes.
+pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_NAME: &str = "infini-sidecar-index";
+
+/// Bytes per token on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "u8", into = "u8")]
+pub enum TokenWidth {
+    U8,
+    U16,
+    U32,
+}
+
+impl TokenWidth {
+    pub fn bytes(self) -> usize {
+        match self {
+            TokenWidth::U8 => 1,
+            TokenWidth::U16 => 2,
+            TokenWidth::U32 => 4,
+        }
+    }
+
+    /// The all-ones value that separates documents.
+    pub fn separator(self) -> u32 {
+        match self {
+            TokenWidth::U8 => u8::MAX as u32,
+            TokenWidth::U16 => u16::MAX as u32,
+            TokenWidth::U32 => u32::MAX,
+        }
+    }
+
+    /// Number of distinct values a token of this width can hold.
+    pub fn capacity(self) -> u64 {
+        1u64 << (8 * self.bytes())
+    }
+
+    pub fn from_bits(bits: u32) -> Result<Self, IndexError> {
+        match bits {
+            8 => Ok(TokenWidth::U8),
+            16 => Ok(TokenWidth::U16),
+            32 => Ok(TokenWidth::U32),
+            other => Err(IndexError::Invalid(format!(
+                "token width must be 8, 16 or 32 bits, not {other}"
+            ))),
+        }
+    }
+
+    /// The narrowest width whose ids (all but the separator) cover a vocabulary.
+    pub fn for_vocab(vocab_size: u64) -> Self {
+        if vocab_size < 256 {
+            TokenWidth::U8
+        } else if vocab_size < 65536 {
+            TokenWidth::U16
+        } else {
+            TokenWidth::U32
+        }
+    }
+
+    /// Reads the token at byte offset `at` (little-endian).
+    #[inline]
+    pub fn read(self, bytes: &[u8], at: usize) -> u32 {
+        match self {
+            TokenWidth::U8 => bytes[at] as u32,
+            TokenWidth::U16 => u16::from_le_bytes([bytes[at], bytes[at + 1]]) as u32,
+            TokenWidth::U32 => {
+                u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+            }
+        }
+    }
+
+    /// Appends the little-endian bytes of `ids` to `out`: the byte string a query must match.
+    pub fn encode_into(self, ids: &[u32], out: &mut Vec<u8>) {
+        for &id in ids {
+            out.extend_from_slice(&id.to_le_bytes()[..self.bytes()]);
+        }
+    }
+}
+
+impl TryFrom<u8> for TokenWidth {
+    type Error = String;
+    fn try_from(bytes: u8) -> Result<Self, String> {
+        match bytes {
+            1 => Ok(TokenWidth::U8),
+            2 => Ok(TokenWidth::U16),
+            4 => Ok(TokenWidth::U32),
+            other => Err(format!("token width must be 1, 2 or 4 bytes, not {other}")),
+        }
+    }
+}
+
+impl From<TokenWidth> for u8 {
+    fn from(w: TokenWidth) -> u8 {
+        w.bytes() as u8
+    }
+}
+
+/// Suffix-array pointer size of the reference: `ceil(log2(ds_size) / 8)` bytes (at least 1).
+pub fn ptr_size_for(ds_size: u64) -> usize {
+    if ds_size <= 1 {
+        return 1;
+    }
+    let bits = (ds_size as f64).log2();
+    ((bits / 8.0).ceil() as usize).max(1)
+}
+
+/// The files of shard `n`.
+#[derive(Debug, Clone)]
+pub struct ShardPaths {
+    pub tokenized: PathBuf,
+    pub table: PathBuf,
+    pub offset: PathBuf,
+    pub metadata: PathBuf,
+    pub metaoff: PathBuf,
+}
+
+impl ShardPaths {
+    pub fn new(dir: &Path, n: usize) -> Self {
+        ShardPaths {
+            tokenized: dir.join(format!("tokenized.{n}")),
+            table: dir.join(format!("table.{n}")),
+            offset: dir.join(format!("offset.{n}")),
+            metadata: dir.join(format!("metadata.{n}")),
+            metaoff: dir.join(format!("metaoff.{n}")),
+        }
+    }
+
+    pub fn all(&self) -> [&PathBuf; 5] {
+        [
+            &self.tokenized,
+            &self.table,
+            &self.offset,
+            &self.metadata,
+            &self.metaoff,
+        ]
+    }
+}
+
+/// Size and checksum of one file, as recorded in the manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRecord {
+    pub name: String,
+    pub bytes: u64,
+    /// xxh3-64 of the whole file, hex. Checked by `index verify`, not at every open (it reads every byte).
+    pub xxh3: String,
+}
+
+impl FileRecord {
+    pub fn of(path: &Path) -> Result<Self, IndexError> {
+        let mut file = File::open(path).map_err(|e| IndexError::io(path, e))?;
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut bytes = 0u64;
+        loop {
+            let n = file.read(&mut buf).map_err(|e| IndexError::io(path, e))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            bytes += n as u64;
+        }
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Ok(FileRecord {
+            name,
+            bytes,
+            xxh3: format!("{:016x}", hasher.digest()),
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardRecord {
+    pub documents: u64,
+    /// Tokens in `tokenized.N`, separators included (the suffix array's length).
+    pub tokens: u64,
+    pub files: Vec<FileRecord>,
+}
+
+/// Identity of the tokenizer an index was built with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenizerRecord {
+    pub fingerprint: String,
+    /// Where it came from (a tokenizer.json or a GGUF file), for people.
+    pub source: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub format_version: u32,
+    pub token_width: TokenWidth,
+    pub eos_token_id: u32,
+    pub vocab_size: u64,
+    pub tokenizer: Option<TokenizerRecord>,
+    pub documents: u64,
+    /// Tokens of all shards, separators excluded.
+    pub tokens: u64,
+    pub shards: Vec<ShardRecord>,
+    pub built_by: String,
+}
+
+impl Manifest {
+    pub fn read(dir: &Path) -> Result<Option<Self>, IndexError> {
+        let path = dir.join(MANIFEST_FILE);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| IndexError::io(&path, e))?;
+        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| {
+            IndexError::Corrupt(format!("{}: not a valid manifest: {e}", path.display()))
+        })?;
+        if manifest.format != FORMAT_NAME {
+            return Err(IndexError::Corrupt(format!(
+                "{}: format is {:?}, not {FORMAT_NAME:?}",
+                path.display(),
+                manifest.format
+            )));
+        }
+        if manifest.format_version != FORMAT_VERSION {
+            return Err(IndexError::Corrupt(format!(
+                "{}: format version {} is not the supported version {FORMAT_VERSION}",
+                path.display(),
+                manifest.format_version
+            )));
+        }
+        Ok(Some(manifest))
+    }
+
+    pub fn write(&self, dir: &Path) -> Result<(), IndexError> {
+        let path = dir.join(MANIFEST_FILE);
+        let text =
+            serde_json::to_string_pretty(self).map_err(|e| IndexError::Invalid(e.to_string()))?;
+        std::fs::write(&path, text + "\n").map_err(|e| IndexError::io(&path, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ptr_size_matches_reference_formula() {
+        // ceil(log2(bytes) / 8), as the reference indexer computes it.
+        assert_eq!(ptr_size_for(2), 1);
+        assert_eq!(ptr_size_for(255), 1);
+        assert_eq!(ptr_size_for(256), 1);
+        assert_eq!(ptr_size_for(257), 2);
+        assert_eq!(ptr_size_for(65536), 2);
+        assert_eq!(ptr_size_for(65537), 3);
+        assert_eq!(ptr_size_for(1 << 32), 4);
+        assert_eq!(ptr_size_for((1 << 32) + 1), 5);
+    }
+
+    #[test]
+    fn encode_is_little_endian() {
+        let mut out = Vec::new();
+        TokenWidth::U16.encode_into(&[0x0102, 0xFFFF], &mut out);
+        assert_eq!(out, vec![0x02, 0x01, 0xFF, 0xFF]);
+        assert_eq!(TokenWidth::U16.read(&out, 0), 0x0102);
+        assert_eq!(TokenWidth::U32.separator(), u32::MAX);
+    }
+}

@@ -1,0 +1,16 @@
+//! The infini-gram engine: suffix-array indexes over tokenized text, built in shards, served from
+//! memory maps, answering n-gram and ∞-gram queries (paper §2, §3, App. A).
+
+pub mod build;
+pub mod dense;
+pub mod docs;
+pub mod error;
+pub mod format;
+pub mod query;
+pub mod reader;
+pub mod sa;
+pub mod shard;
+
+pub use error::{IndexError, Result};
+pub use format::TokenWidth;
+pub use reader::{Index, OpenOptions};

@@ -1,0 +1,378 @@
+//! n-gram and ∞-gram queries over all shards: counts add up, distributions merge.
+//!
+//! The token after a match is the eos token when the match is followed by a document separator or sits
+//! at the very end of a shard, as in the reference; unlike the reference, a prompt that also occurs at the
+//! end of the corpus still gets its full distribution.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::index::shard::{NextKey, RankRange, Shard, END};
+use crate::index::{Index, IndexError, Result};
+
+/// Longest query accepted, in tokens: far beyond any useful n, small enough to bound the work.
+pub const MAX_QUERY_TOKENS: usize = 1 << 20;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FindResult {
+    pub cnt: u64,
+    /// Half-open rank range per shard.
+    pub segment_by_shard: Vec<(u64, u64)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProbResult {
+    pub prompt_cnt: u64,
+    pub cont_cnt: u64,
+    /// cont_cnt / prompt_cnt, or -1 when the prompt never occurs.
+    pub prob: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NtdResult {
+    pub prompt_cnt: u64,
+    /// Next token id → count (exact), or → number of samples (`approx`).
+    pub dist: BTreeMap<u32, u64>,
+    /// True when the distribution was estimated from a subsample of at most `max_support` matches.
+    pub approx: bool,
+}
+
+impl NtdResult {
+    /// Probability of `token` under the distribution (counts normalised by their sum).
+    pub fn prob_of(&self, token: u32) -> f64 {
+        let total: u64 = self.dist.values().sum();
+        if total == 0 {
+            return 0.0;
+        }
+        self.dist.get(&token).copied().unwrap_or(0) as f64 / total as f64
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InfgramProbResult {
+    #[serde(flatten)]
+    pub prob: ProbResult,
+    /// Length of the longest suffix of the prompt that occurs in the corpus (effective n − 1).
+    pub suffix_len: usize,
+    /// The ∞-gram distribution has a single possible next token.
+    pub sparse: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InfgramNtdResult {
+    #[serde(flatten)]
+    pub ntd: NtdResult,
+    pub suffix_len: usize,
+    pub sparse: bool,
+}
+
+/// What follows the matches of a prompt in one shard, found with O(1) reads (paper App. A).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Continuations {
+    None,
+    Single(u32),
+    Several,
+}
+
+/// Per-shard ranges of one query, with the query's byte encoding.
+pub(crate) struct Matches {
+    pub bytes: Vec<u8>,
+    pub ranges: Vec<RankRange>,
+}
+
+impl Matches {
+    pub fn count(&self) -> u64 {
+        self.ranges.iter().map(|r| r.len()).sum()
+    }
+}
+
+impl Index {
+    /// Rejects ids the vocabulary does not have and queries beyond `MAX_QUERY_TOKENS`.
+    pub fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        if ids.len() > MAX_QUERY_TOKENS {
+            return Err(IndexError::Invalid(format!(
+                "query of {} tokens exceeds the limit of {MAX_QUERY_TOKENS}",
+                ids.len()
+            )));
+        }
+        if let Some(bad) = ids.iter().find(|&&id| id as u64 >= self.vocab_size()) {
+            return Err(IndexError::Invalid(format!(
+                "token id {bad} is outside the vocabulary (size {})",
+                self.vocab_size()
+            )));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn encode(&self, ids: &[u32]) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(ids.len() * self.width().bytes());
+        self.width().encode_into(ids, &mut bytes);
+        bytes
+    }
+
+    /// Ranges of `bytes` in every shard, searched within `hint` (the ranges of a prefix) when given.
+    pub(crate) fn locate(&self, bytes: Vec<u8>, hint: Option<&[RankRange]>) -> Matches {
+        let ranges = self
+            .shards
+            .iter()
+            .enumerate()
+            .map(|(i, s)| s.find(&bytes, hint.map_or_else(|| s.full_range(), |h| h[i])))
+            .collect();
+        Matches { bytes, ranges }
+    }
+
+    /// The whole suffix array of every shard: the matches of the empty query.
+    pub(crate) fn everything(&self) -> Matches {
+        Matches {
+            bytes: Vec::new(),
+            ranges: self.shards.iter().map(|s| s.full_range()).collect(),
+        }
+    }
+
+    pub fn find(&self, ids: &[u32]) -> Result<FindResult> {
+        self.check_ids(ids)?;
+        let m = self.locate(self.encode(ids), None);
+        Ok(FindResult {
+            cnt: m.count(),
+            segment_by_shard: m.ranges.iter().map(|r| (r.lo, r.hi)).collect(),
+        })
+    }
+
+    pub fn count(&self, ids: &[u32]) -> Result<u64> {
+        self.check_ids(ids)?;
+        Ok(self.locate(self.encode(ids), None).count())
+    }
+
+    pub fn prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
+        self.check_ids(prompt)?;
+        self.check_ids(&[cont])?;
+        let m = self.locate(self.encode(prompt), None);
+        Ok(self.prob_given(&m, cont))
+    }
+
+    pub(crate) fn prob_given(&self, prompt: &Matches, cont: u32) -> ProbResult {
+        let prompt_cnt = prompt.count();
+        let cont_cnt = self.cont_count(prompt, cont);
+        let prob = if prompt_cnt == 0 {
+            -1.0
+        } else {
+            cont_cnt as f64 / prompt_cnt as f64
+        };
+        ProbResult {
+            prompt_cnt,
+            cont_cnt,
+            prob,
+        }
+    }
+
+    /// Matches of the prompt followed by `cont`, searched inside the prompt's ranges. For eos this is only
+    /// the literal eos token; `cont_count` adds separators and shard ends.
+    pub(crate) fn extend(&self, prompt: &Matches, cont: u32) -> Matches {
+        let mut bytes = prompt.bytes.clone();
+        self.width().encode_into(&[cont], &mut bytes);
+        self.locate(bytes, Some(&prompt.ranges))
+    }
+
+    /// How often the prompt is followed by `cont`, counting separators and shard ends as eos.
+    pub(crate) fn cont_count(&self, prompt: &Matches, cont: u32) -> u64 {
+        let mut total = self.extend(prompt, cont).count();
+        let sep = self.width().separator();
+        if cont == self.eos_token_id() {
+            if sep != cont {
+                total += self.extend(prompt, sep).count();
+            }
+            if !prompt.bytes.is_empty() {
+                total += self
+                    .shards
+                    .iter()
+                    .filter(|s| s.ends_with(&prompt.bytes))
+                    .count() as u64;
+            }
+        }
+        total
+    }
+
+    fn token_of(&self, key: NextKey) -> u32 {
+        if key == END || key == self.width().separator() as NextKey {
+            self.eos_token_id()
+        } else {
+            key as u32
+        }
+    }
+
+    pub fn ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult> {
+        self.check_ids(prompt)?;
+        let m = self.locate(self.encode(prompt), None);
+        Ok(self.ntd_given(&m, max_support))
+    }
+
+    pub(crate) fn ntd_given(&self, prompt: &Matches, max_support: Option<u64>) -> NtdResult {
+        let prompt_cnt = prompt.count();
+        let mut dist = BTreeMap::new();
+        let qlen = prompt.bytes.len();
+        let approx = max_support.is_some_and(|cap| prompt_cnt > cap);
+        for (shard, range) in self.shards.iter().zip(&prompt.ranges) {
+            if range.is_empty() {
+                continue;
+            }
+            match max_support {
+                Some(cap) if approx => {
+                    // Samples spread evenly over the range; each shard gets its share of the budget.
+                    let samples = ((cap as u128 * range.len() as u128).div_ceil(prompt_cnt as u128)
+                        as u64)
+                        .clamp(1, range.len());
+                    for i in 0..samples {
+                        let rank =
+                            range.lo + (i as u128 * range.len() as u128 / samples as u128) as u64;
+                        *dist
+                            .entry(self.token_of(shard.next_key(rank, qlen)))
+                            .or_insert(0) += 1;
+                    }
+                }
+                _ => self.collect_exact(shard, *range, qlen, &mut dist),
+            }
+        }
+        NtdResult {
+            prompt_cnt,
+            dist,
+            approx,
+        }
+    }
+
+    /// Exact next-token counts of a range: the range is sorted by next token, so a sub-range whose first
+    /// and last next tokens agree holds only that token (divide and conquer, App. A).
+    fn collect_exact(
+        &self,
+        shard: &Shard,
+        range: RankRange,
+        qlen: usize,
+        dist: &mut BTreeMap<u32, u64>,
+    ) {
+        let mut stack = vec![(
+            range.lo,
+            range.hi,
+            shard.next_key(range.lo, qlen),
+            shard.next_key(range.hi - 1, qlen),
+        )];
+        while let Some((lo, hi, first, last)) = stack.pop() {
+            if first == last {
+                *dist.entry(self.token_of(first)).or_insert(0) += hi - lo;
+                continue;
+            }
+            let mid = lo + (hi - lo) / 2;
+            stack.push((mid, hi, shard.next_key(mid, qlen), last));
+            stack.push((lo, mid, first, shard.next_key(mid - 1, qlen)));
+        }
+    }
+
+    /// Sparse flag of the prompt's matches: exactly one possible next token over all shards.
+    pub(crate) fn is_sparse(&self, prompt: &Matches) -> bool {
+        let mut single = None;
+        for (shard, range) in self.shards.iter().zip(&prompt.ranges) {
+            match self.continuations(shard, *range, prompt) {
+                Continuations::None => {}
+                Continuations::Several => return false,
+                Continuations::Single(t) => match single {
+                    Some(s) if s != t => return false,
+                    _ => single = Some(t),
+                },
+            }
+        }
+        single.is_some()
+    }
+
+    fn continuations(&self, shard: &Shard, range: RankRange, prompt: &Matches) -> Continuations {
+        if range.is_empty() {
+            return Continuations::None;
+        }
+        let qlen = prompt.bytes.len();
+        let (first, last) = (
+            shard.next_key(range.lo, qlen),
+            shard.next_key(range.hi - 1, qlen),
+        );
+        if first == last {
+            return Continuations::Single(self.token_of(first));
+        }
+        let eos = self.eos_token_id();
+        if self.token_of(first) != eos || self.token_of(last) != eos {
+            return Continuations::Several;
+        }
+        // The ends disagree in raw value but both mean eos (end of shard, eos id, separator): the range is
+        // all eos only if those three account for every match.
+        let sub = |t: u32| {
+            let mut bytes = prompt.bytes.clone();
+            self.width().encode_into(&[t], &mut bytes);
+            shard.find(&bytes, range).len()
+        };
+        let sep = self.width().separator();
+        let eos_like = sub(eos)
+            + if sep != eos { sub(sep) } else { 0 }
+            + u64::from(qlen > 0 && shard.ends_with(&prompt.bytes));
+        if eos_like == range.len() {
+            Continuations::Single(eos)
+        } else {
+            Continuations::Several
+        }
+    }
+
+    /// The longest suffix of `prompt` that occurs in the corpus (the empty suffix always does), with its
+    /// matches: doubling, then binary search, O(log L) lookups (App. A).
+    pub(crate) fn longest_suffix(&self, prompt: &[u32]) -> (usize, Matches) {
+        let n = prompt.len();
+        let at = |len: usize| self.locate(self.encode(&prompt[n - len..]), None);
+        let (mut good, mut good_m) = (0usize, self.everything());
+        let mut bad = n + 1;
+        let mut len = 1;
+        while len <= n {
+            let m = at(len);
+            if m.count() == 0 {
+                bad = len;
+                break;
+            }
+            (good, good_m) = (len, m);
+            len = if len == n { n + 1 } else { (len * 2).min(n) };
+        }
+        while bad - good > 1 {
+            let mid = good + (bad - good) / 2;
+            let m = at(mid);
+            if m.count() == 0 {
+                bad = mid;
+            } else {
+                (good, good_m) = (mid, m);
+            }
+        }
+        (good, good_m)
+    }
+
+    pub fn infgram_prob(&self, prompt: &[u32], cont: u32) -> Result<InfgramProbResult> {
+        self.check_ids(prompt)?;
+        self.check_ids(&[cont])?;
+        let (suffix_len, m) = self.longest_suffix(prompt);
+        Ok(InfgramProbResult {
+            prob: self.prob_given(&m, cont),
+            suffix_len,
+            sparse: self.is_sparse(&m),
+        })
+    }
+
+    pub fn infgram_ntd(
+        &self,
+        prompt: &[u32],
+        max_support: Option<u64>,
+    ) -> Result<InfgramNtdResult> {
+        self.check_ids(prompt)?;
+        let (suffix_len, m) = self.longest_suffix(prompt);
+        let ntd = self.ntd_given(&m, max_support);
+        let sparse = if ntd.approx {
+            self.is_sparse(&m)
+        } else {
+            ntd.dist.len() == 1
+        };
+        Ok(InfgramNtdResult {
+            ntd,
+            suffix_len,
+            sparse,
+        })
+    }
+}

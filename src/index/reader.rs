@@ -1,0 +1,262 @@
+//! Opening an index: finding its shards, checking every size against the others and the manifest,
+//! and refusing anything inconsistent before the first query can read garbage.
+
+use std::path::{Path, PathBuf};
+
+use crate::index::format::{Manifest, ShardPaths, TokenWidth, MANIFEST_FILE, TOKENIZER_FILE};
+use crate::index::shard::Shard;
+use crate::index::{IndexError, Result};
+use crate::tokenizer::Tokenizer;
+
+/// What the caller knows or expects of an index. With a manifest each given value must agree with it;
+/// without one (an index written by the reference indexer) they say what the files cannot.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    pub token_width: Option<TokenWidth>,
+    pub eos_token_id: Option<u32>,
+    pub vocab_size: Option<u64>,
+    /// The tokenizer fingerprint the caller pairs the index with (e.g. its model's).
+    pub tokenizer_fingerprint: Option<String>,
+    /// Recompute every file's checksum (reads the whole index).
+    pub verify_checksums: bool,
+}
+
+pub struct Index {
+    dir: PathBuf,
+    pub(crate) shards: Vec<Shard>,
+    width: TokenWidth,
+    eos_token_id: u32,
+    vocab_size: u64,
+    manifest: Option<Manifest>,
+    tokenizer: Option<Tokenizer>,
+}
+
+fn shard_count(dir: &Path) -> usize {
+    (0..)
+        .take_while(|&n| ShardPaths::new(dir, n).tokenized.exists())
+        .count()
+}
+
+fn mismatch<T: PartialEq + std::fmt::Debug>(
+    what: &str,
+    given: Option<T>,
+    recorded: T,
+) -> Result<()> {
+    match given {
+        Some(g) if g != recorded => Err(IndexError::Mismatch(format!(
+            "{what} is {recorded:?} in the index, but {g:?} was asked for"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+impl Index {
+    pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Self> {
+        if !dir.is_dir() {
+            return Err(IndexError::Invalid(format!(
+                "{}: no such index folder",
+                dir.display()
+            )));
+        }
+        let manifest = Manifest::read(dir)?;
+        let n_shards = shard_count(dir);
+        if n_shards == 0 {
+            return Err(IndexError::Invalid(format!(
+                "{}: no tokenized.0 in this folder: not an index",
+                dir.display()
+            )));
+        }
+        let (width, eos_token_id, vocab_size) = match &manifest {
+            Some(m) => {
+                mismatch("token width", opts.token_width, m.token_width)?;
+                mismatch("eos token id", opts.eos_token_id, m.eos_token_id)?;
+                mismatch("vocabulary size", opts.vocab_size, m.vocab_size)?;
+                if m.shards.len() != n_shards {
+                    return Err(IndexError::Corrupt(format!(
+                        "manifest lists {} shards, the folder holds {n_shards}",
+                        m.shards.len()
+                    )));
+                }
+                (m.token_width, m.eos_token_id, m.vocab_size)
+            }
+            None => {
+                let width = opts.token_width.unwrap_or(TokenWidth::U16);
+                let eos = opts.eos_token_id.ok_or_else(|| {
+                    IndexError::Invalid(format!(
+                        "{}: no {MANIFEST_FILE} (an index of the reference indexer?): give its eos token id (and token width if not u16)",
+                        dir.display()
+                    ))
+                })?;
+                (width, eos, opts.vocab_size.unwrap_or(width.capacity() - 1))
+            }
+        };
+        if vocab_size == 0 || vocab_size > width.capacity() || eos_token_id as u64 >= vocab_size {
+            return Err(IndexError::Invalid(format!(
+                "vocabulary size {vocab_size} and eos id {eos_token_id} do not fit {}-byte tokens",
+                width.bytes()
+            )));
+        }
+
+        let mut shards = Vec::with_capacity(n_shards);
+        for n in 0..n_shards {
+            let paths = ShardPaths::new(dir, n);
+            if let Some(m) = &manifest {
+                check_recorded_files(&paths, &m.shards[n].files, opts.verify_checksums)?;
+            }
+            let shard = Shard::open(&paths, width)?;
+            if let Some(m) = &manifest {
+                let rec = &m.shards[n];
+                if rec.tokens != shard.tok_cnt() || rec.documents != shard.doc_cnt() {
+                    return Err(IndexError::Corrupt(format!(
+                        "shard {n}: token or document count differs from the manifest"
+                    )));
+                }
+            }
+            shards.push(shard);
+        }
+
+        let tokenizer = open_tokenizer(dir, manifest.as_ref())?;
+        let recorded_fp = manifest
+            .as_ref()
+            .and_then(|m| m.tokenizer.as_ref())
+            .map(|t| t.fingerprint.clone());
+        if let Some(wanted) = &opts.tokenizer_fingerprint {
+            match &recorded_fp {
+                Some(fp) if fp == wanted => {}
+                Some(fp) => {
+                    return Err(IndexError::Mismatch(format!(
+                        "the index was built with tokenizer {fp}, but the caller's tokenizer is {wanted}: ids would not mean the same tokens"
+                    )))
+                }
+                None => return Err(IndexError::Mismatch("the index records no tokenizer, so it cannot be paired with one".into())),
+            }
+        }
+        Ok(Index {
+            dir: dir.to_path_buf(),
+            shards,
+            width,
+            eos_token_id,
+            vocab_size,
+            manifest,
+            tokenizer,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    pub fn width(&self) -> TokenWidth {
+        self.width
+    }
+    pub fn eos_token_id(&self) -> u32 {
+        self.eos_token_id
+    }
+    pub fn vocab_size(&self) -> u64 {
+        self.vocab_size
+    }
+    pub fn manifest(&self) -> Option<&Manifest> {
+        self.manifest.as_ref()
+    }
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+    pub fn num_shards(&self) -> usize {
+        self.shards.len()
+    }
+    /// Tokens of all shards, separators included (the count of the empty n-gram).
+    pub fn total_tokens(&self) -> u64 {
+        self.shards.iter().map(|s| s.tok_cnt()).sum()
+    }
+    pub fn total_documents(&self) -> u64 {
+        self.shards.iter().map(|s| s.doc_cnt()).sum()
+    }
+
+    /// Touches every page once (see `Shard::warm_up`).
+    pub fn warm_up(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.warm_up())
+            .fold(0, u64::wrapping_add)
+    }
+}
+
+fn check_recorded_files(
+    paths: &ShardPaths,
+    records: &[crate::index::format::FileRecord],
+    checksums: bool,
+) -> Result<()> {
+    for record in records {
+        let path = paths.tokenized.with_file_name(&record.name);
+        if !paths.all().iter().any(|p| **p == path) {
+            return Err(IndexError::Corrupt(format!(
+                "manifest names an unexpected file {}",
+                record.name
+            )));
+        }
+        let len = std::fs::metadata(&path)
+            .map_err(|e| IndexError::io(&path, e))?
+            .len();
+        if len != record.bytes {
+            return Err(IndexError::Corrupt(format!(
+                "{}: {len} bytes, the manifest says {}",
+                path.display(),
+                record.bytes
+            )));
+        }
+        if checksums {
+            let actual = crate::index::format::FileRecord::of(&path)?;
+            if actual.xxh3 != record.xxh3 {
+                return Err(IndexError::Corrupt(format!(
+                    "{}: checksum {} differs from the manifest's {}",
+                    path.display(),
+                    actual.xxh3,
+                    record.xxh3
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn open_tokenizer(dir: &Path, manifest: Option<&Manifest>) -> Result<Option<Tokenizer>> {
+    let path = dir.join(TOKENIZER_FILE);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let tokenizer = Tokenizer::from_file(&path)
+        .map_err(|e| IndexError::Corrupt(format!("{}: {e}", path.display())))?;
+    if let Some(record) = manifest.and_then(|m| m.tokenizer.as_ref()) {
+        if record.fingerprint != tokenizer.fingerprint() {
+            return Err(IndexError::Corrupt(format!(
+                "{}: fingerprint {} differs from the manifest's {}: the tokenizer file was replaced",
+                path.display(),
+                tokenizer.fingerprint(),
+                record.fingerprint
+            )));
+        }
+    }
+    Ok(Some(tokenizer))
+}
+
+impl Index {
+    /// Checks that every document offset points at a separator, in increasing order (reads all offsets).
+    pub fn verify_documents(&self) -> Result<()> {
+        let (w, sep) = (self.width.bytes(), self.width.separator());
+        for (n, shard) in self.shards.iter().enumerate() {
+            let mut prev = None;
+            for doc in 0..shard.doc_cnt() {
+                let start = shard.doc_start(doc);
+                let ok = start < shard.ds_size()
+                    && prev.is_none_or(|p| p < start)
+                    && self.width.read(shard.token_bytes(), start as usize) == sep;
+                if !ok || start % w as u64 != 0 {
+                    return Err(IndexError::Corrupt(format!(
+                        "shard {n}: document {doc} does not start at a separator"
+                    )));
+                }
+                prev = Some(start);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,216 @@
+//! Suffix-array construction with libsais, in the reference engine's order: suffixes compared by the
+//! bytes of their little-endian tokens. Comparing byte-swapped (big-endian) token values compares
+//! exactly those bytes, so each width sorts its swapped tokens:
+//! u8 as bytes, u16 with libsais16, u32 re-coded to dense i32 ranks for libsais's integer alphabet.
+
+use std::collections::HashMap;
+use std::io::Write;
+
+use libsais::{SuffixArrayConstruction, ThreadCount};
+
+use crate::index::format::TokenWidth;
+use crate::index::{IndexError, Result};
+
+/// A shard's tokens in RAM while it is built, in their own width.
+pub enum TokenBuf {
+    U8(Vec<u8>),
+    U16(Vec<u16>),
+    U32(Vec<u32>),
+}
+
+/// Most tokens in one shard: libsais's 32-bit suffix arrays (4 bytes a token while building).
+pub const MAX_SHARD_TOKENS: u64 = i32::MAX as u64 - 1;
+
+impl TokenBuf {
+    pub fn new(width: TokenWidth) -> Self {
+        match width {
+            TokenWidth::U8 => TokenBuf::U8(Vec::new()),
+            TokenWidth::U16 => TokenBuf::U16(Vec::new()),
+            TokenWidth::U32 => TokenBuf::U32(Vec::new()),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            TokenBuf::U8(v) => v.len(),
+            TokenBuf::U16(v) => v.len(),
+            TokenBuf::U32(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends tokens; the caller has checked that they fit the width.
+    pub fn extend(&mut self, tokens: &[u32]) {
+        match self {
+            TokenBuf::U8(v) => v.extend(tokens.iter().map(|&t| t as u8)),
+            TokenBuf::U16(v) => v.extend(tokens.iter().map(|&t| t as u16)),
+            TokenBuf::U32(v) => v.extend_from_slice(tokens),
+        }
+    }
+
+    /// Writes the tokens little-endian: the `tokenized.N` file.
+    pub fn write_le(&self, out: &mut impl Write) -> std::io::Result<()> {
+        const CHUNK: usize = 1 << 16;
+        let mut bytes = Vec::with_capacity(CHUNK * 4);
+        macro_rules! write_all {
+            ($v:expr) => {
+                for chunk in $v.chunks(CHUNK) {
+                    bytes.clear();
+                    chunk
+                        .iter()
+                        .for_each(|t| bytes.extend_from_slice(&t.to_le_bytes()));
+                    out.write_all(&bytes)?;
+                }
+            };
+        }
+        match self {
+            TokenBuf::U8(v) => out.write_all(v)?,
+            TokenBuf::U16(v) => write_all!(v),
+            TokenBuf::U32(v) => write_all!(v),
+        }
+        Ok(())
+    }
+
+    /// Consumes the tokens and returns their suffix array (token positions).
+    pub fn into_suffix_array(self, threads: u16) -> Result<Vec<i32>> {
+        if self.len() as u64 > MAX_SHARD_TOKENS {
+            return Err(IndexError::Invalid(format!(
+                "a shard of {} tokens exceeds {MAX_SHARD_TOKENS}",
+                self.len()
+            )));
+        }
+        let threads = ThreadCount::fixed(threads.max(1));
+        let sais_error =
+            |e| IndexError::Invalid(format!("suffix array construction failed: {e:?}"));
+        match self {
+            TokenBuf::U8(text) => SuffixArrayConstruction::for_text(&text[..])
+                .in_owned_buffer32()
+                .multi_threaded(threads)
+                .run()
+                .map(|r| r.into_vec())
+                .map_err(sais_error),
+            TokenBuf::U16(mut text) => {
+                text.iter_mut().for_each(|t| *t = t.swap_bytes());
+                SuffixArrayConstruction::for_text(&text[..])
+                    .in_owned_buffer32()
+                    .multi_threaded(threads)
+                    .run()
+                    .map(|r| r.into_vec())
+                    .map_err(sais_error)
+            }
+            TokenBuf::U32(text) => {
+                let (mut ranks, alphabet) = dense_byte_order_ranks(text);
+                let construction = SuffixArrayConstruction::for_text_mut(&mut ranks[..])
+                    .in_owned_buffer32()
+                    .multi_threaded(threads);
+                // SAFETY: `dense_byte_order_ranks` yields values in 0..alphabet only.
+                let construction = unsafe {
+                    construction
+                        .with_alphabet_size(libsais::suffix_array::AlphabetSize::new(alphabet))
+                };
+                construction.run().map(|r| r.into_vec()).map_err(sais_error)
+            }
+        }
+    }
+}
+
+/// Re-codes u32 tokens, in place, as their rank among the distinct byte-swapped values: the same
+/// order, an alphabet as small as the vocabulary actually used.
+fn dense_byte_order_ranks(text: Vec<u32>) -> (Vec<i32>, i32) {
+    let mut distinct: Vec<u32> = {
+        let mut seen = std::collections::HashSet::new();
+        text.iter().for_each(|t| {
+            seen.insert(t.swap_bytes());
+        });
+        seen.into_iter().collect()
+    };
+    distinct.sort_unstable();
+    let rank: HashMap<u32, i32> = distinct
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (v, i as i32))
+        .collect();
+    let ranks = text.into_iter().map(|t| rank[&t.swap_bytes()]).collect();
+    (ranks, distinct.len() as i32)
+}
+
+/// Writes the suffix array as byte offsets of `ptr_size` bytes each: the `table.N` file.
+pub fn write_table(
+    sa: &[i32],
+    width: TokenWidth,
+    ptr_size: usize,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
+    const CHUNK: usize = 1 << 16;
+    let w = width.bytes() as u64;
+    let mut bytes = Vec::with_capacity(CHUNK * ptr_size);
+    for chunk in sa.chunks(CHUNK) {
+        bytes.clear();
+        for &pos in chunk {
+            bytes.extend_from_slice(&(pos as u64 * w).to_le_bytes()[..ptr_size]);
+        }
+        out.write_all(&bytes)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Brute force: sort token positions by the bytes of the little-endian suffix.
+    fn brute(tokens: &[u32], width: TokenWidth) -> Vec<i32> {
+        let mut bytes = Vec::new();
+        width.encode_into(tokens, &mut bytes);
+        let w = width.bytes();
+        let mut pos: Vec<i32> = (0..tokens.len() as i32).collect();
+        pos.sort_by(|&a, &b| bytes[a as usize * w..].cmp(&bytes[b as usize * w..]));
+        pos
+    }
+
+    #[test]
+    fn byte_order_for_every_width() {
+        // Values whose numeric and byte orders differ: 0x0100 < 0x00FF numerically reversed in bytes.
+        let tokens = [
+            0x0100u32, 0x00FF, 0x0001, 0x0100, 0xFFFF, 0x0203, 0x00FF, 0x0100, 0x0001,
+        ];
+        for width in [TokenWidth::U16, TokenWidth::U32] {
+            let mut buf = TokenBuf::new(width);
+            buf.extend(&tokens);
+            assert_eq!(
+                buf.into_suffix_array(1).unwrap(),
+                brute(&tokens, width),
+                "{width:?}"
+            );
+        }
+        let small: Vec<u32> = tokens.iter().map(|t| t & 0xFF).collect();
+        let mut buf = TokenBuf::new(TokenWidth::U8);
+        buf.extend(&small);
+        assert_eq!(
+            buf.into_suffix_array(2).unwrap(),
+            brute(&small, TokenWidth::U8)
+        );
+    }
+
+    #[test]
+    fn u32_tokens_above_i32_range() {
+        let tokens = [
+            u32::MAX,
+            0x8000_0001,
+            5,
+            0x8000_0001,
+            5,
+            u32::MAX,
+            0x0100_0000,
+        ];
+        let mut buf = TokenBuf::new(TokenWidth::U32);
+        buf.extend(&tokens);
+        assert_eq!(
+            buf.into_suffix_array(1).unwrap(),
+            brute(&tokens, TokenWidth::U32)
+        );
+    }
+}

@@ -1,0 +1,298 @@
+//! One memory-mapped shard and the primitive operations on it: locating the suffix-array range of a
+//! byte string, reading the token that follows a match, and mapping positions to documents.
+//! Nothing here allocates per lookup or loads a file into RAM; the OS pages in what is touched.
+
+use std::cmp::Ordering;
+use std::fs::File;
+use std::path::Path;
+
+use memmap2::Mmap;
+
+use crate::index::format::{ptr_size_for, ShardPaths, TokenWidth};
+use crate::index::IndexError;
+
+/// The token after a match, as a sortable key: `END` for a match at the very end of the shard (which
+/// sorts first in its range, being a prefix of every other suffix there), else the token value.
+pub type NextKey = u64;
+pub const END: NextKey = u64::MAX;
+
+/// A half-open range of suffix-array ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RankRange {
+    pub lo: u64,
+    pub hi: u64,
+}
+
+impl RankRange {
+    pub fn len(&self) -> u64 {
+        self.hi - self.lo
+    }
+    pub fn is_empty(&self) -> bool {
+        self.hi <= self.lo
+    }
+}
+
+pub struct Shard {
+    tokens: Mmap,
+    table: Mmap,
+    offsets: Mmap,
+    metadata: Option<(Mmap, Mmap)>,
+    width: TokenWidth,
+    ptr_size: usize,
+    tok_cnt: u64,
+    doc_cnt: u64,
+}
+
+fn map(path: &Path) -> Result<Mmap, IndexError> {
+    let file = File::open(path).map_err(|e| IndexError::io(path, e))?;
+    // SAFETY: index files are immutable once built; a concurrent writer would be a usage error that
+    // the size checks at open time and `index verify` are there to catch.
+    unsafe { Mmap::map(&file) }.map_err(|e| IndexError::io(path, e))
+}
+
+impl Shard {
+    /// Maps the files of shard `paths` and checks that their sizes agree with each other.
+    pub fn open(paths: &ShardPaths, width: TokenWidth) -> Result<Self, IndexError> {
+        let tokens = map(&paths.tokenized)?;
+        let table = map(&paths.table)?;
+        let offsets = map(&paths.offset)?;
+        let w = width.bytes() as u64;
+        let ds_size = tokens.len() as u64;
+        let name = paths.tokenized.display();
+        if ds_size == 0 || !ds_size.is_multiple_of(w) {
+            return Err(IndexError::Corrupt(format!(
+                "{name}: {ds_size} bytes is not a whole number of {w}-byte tokens"
+            )));
+        }
+        let tok_cnt = ds_size / w;
+        let ptr_size = ptr_size_for(ds_size);
+        if table.len() as u64 != tok_cnt * ptr_size as u64 {
+            return Err(IndexError::Corrupt(format!(
+                "{}: {} bytes, expected {tok_cnt} pointers of {ptr_size} bytes = {} (wrong token width, or a truncated build?)",
+                paths.table.display(),
+                table.len(),
+                tok_cnt * ptr_size as u64
+            )));
+        }
+        if offsets.is_empty() || offsets.len() % 8 != 0 {
+            return Err(IndexError::Corrupt(format!(
+                "{}: {} bytes is not a list of u64 offsets",
+                paths.offset.display(),
+                offsets.len()
+            )));
+        }
+        let doc_cnt = offsets.len() as u64 / 8;
+        let metadata = if paths.metadata.exists() || paths.metaoff.exists() {
+            let (mt, om) = (map(&paths.metadata)?, map(&paths.metaoff)?);
+            if om.len() as u64 != doc_cnt * 8 {
+                return Err(IndexError::Corrupt(format!(
+                    "{}: {} entries for {doc_cnt} documents",
+                    paths.metaoff.display(),
+                    om.len() / 8
+                )));
+            }
+            Some((mt, om))
+        } else {
+            None
+        };
+        let shard = Shard {
+            tokens,
+            table,
+            offsets,
+            metadata,
+            width,
+            ptr_size,
+            tok_cnt,
+            doc_cnt,
+        };
+        let (first, last) = (shard.doc_start(0), shard.doc_start(doc_cnt - 1));
+        if first != 0 || last >= ds_size || width.read(&shard.tokens, 0) != width.separator() {
+            return Err(IndexError::Corrupt(format!(
+                "{name}: does not start with a document separator, or offsets point past the end"
+            )));
+        }
+        Ok(shard)
+    }
+
+    pub fn width(&self) -> TokenWidth {
+        self.width
+    }
+    /// Tokens in the shard, separators included.
+    pub fn tok_cnt(&self) -> u64 {
+        self.tok_cnt
+    }
+    pub fn doc_cnt(&self) -> u64 {
+        self.doc_cnt
+    }
+    pub fn ds_size(&self) -> u64 {
+        self.tokens.len() as u64
+    }
+    pub fn has_metadata(&self) -> bool {
+        self.metadata.is_some()
+    }
+    pub fn token_bytes(&self) -> &[u8] {
+        &self.tokens
+    }
+
+    /// Byte offset into `tokenized` of the suffix at `rank`.
+    #[inline]
+    pub fn ptr(&self, rank: u64) -> u64 {
+        let at = rank as usize * self.ptr_size;
+        let mut buf = [0u8; 8];
+        buf[..self.ptr_size].copy_from_slice(&self.table[at..at + self.ptr_size]);
+        u64::from_le_bytes(buf)
+    }
+
+    /// Compares the suffix at `rank`, cut to the query's length, with the query bytes.
+    #[inline]
+    fn cmp_at(&self, rank: u64, query: &[u8]) -> Ordering {
+        let p = self.ptr(rank) as usize;
+        let end = (p + query.len()).min(self.tokens.len());
+        let suffix = &self.tokens[p..end];
+        // A suffix shorter than the query that matches all of its bytes is a proper prefix: smaller.
+        suffix.cmp(query)
+    }
+
+    /// The ranks whose suffixes start with `query` (little-endian token bytes), searched inside `within`
+    /// (the range of any prefix of the query, or the whole array).
+    pub fn find(&self, query: &[u8], within: RankRange) -> RankRange {
+        if query.is_empty() || within.is_empty() {
+            return within;
+        }
+        // Narrow both ends together until a rank matches, then find each end in its own half: the two
+        // searches share their first steps instead of repeating them.
+        let (mut lo, mut hi) = (within.lo, within.hi);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.cmp_at(mid, query) {
+                Ordering::Less => lo = mid + 1,
+                Ordering::Greater => hi = mid,
+                Ordering::Equal => {
+                    let start = self.first_rank(lo, mid, |o| o != Ordering::Less, query);
+                    let end = self.first_rank(mid + 1, hi, |o| o == Ordering::Greater, query);
+                    return RankRange { lo: start, hi: end };
+                }
+            }
+        }
+        RankRange { lo, hi: lo }
+    }
+
+    /// First rank in `[lo, hi)` whose comparison with the query satisfies `past` (monotone), else `hi`.
+    fn first_rank(
+        &self,
+        mut lo: u64,
+        mut hi: u64,
+        past: impl Fn(Ordering) -> bool,
+        query: &[u8],
+    ) -> u64 {
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if past(self.cmp_at(mid, query)) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        lo
+    }
+
+    pub fn full_range(&self) -> RankRange {
+        RankRange {
+            lo: 0,
+            hi: self.tok_cnt,
+        }
+    }
+
+    /// The token that follows a match of `query_bytes` bytes at `rank`, or `END`.
+    #[inline]
+    pub fn next_key(&self, rank: u64, query_bytes: usize) -> NextKey {
+        let at = self.ptr(rank) as usize + query_bytes;
+        if at >= self.tokens.len() {
+            END
+        } else {
+            self.width.read(&self.tokens, at) as NextKey
+        }
+    }
+
+    /// Whether the shard's last `query.len()` bytes are `query`: a match with nothing after it.
+    pub fn ends_with(&self, query: &[u8]) -> bool {
+        self.tokens.ends_with(query)
+    }
+
+    /// Byte offset of document `doc`'s separator.
+    #[inline]
+    pub fn doc_start(&self, doc: u64) -> u64 {
+        let at = doc as usize * 8;
+        let mut buf = [0u8; 8];
+        buf.copy_from_slice(&self.offsets[at..at + 8]);
+        u64::from_le_bytes(buf)
+    }
+
+    /// Byte offset one past the end of document `doc`.
+    pub fn doc_end(&self, doc: u64) -> u64 {
+        if doc + 1 < self.doc_cnt {
+            self.doc_start(doc + 1)
+        } else {
+            self.ds_size()
+        }
+    }
+
+    /// The document holding byte offset `ptr`.
+    pub fn doc_of(&self, ptr: u64) -> u64 {
+        // Last document whose start is <= ptr.
+        let (mut lo, mut hi) = (0u64, self.doc_cnt);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if self.doc_start(mid) <= ptr {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// Token ids of document `doc` in byte range `[from, to)` of the shard, separator excluded.
+    pub fn tokens_between(&self, from: u64, to: u64) -> Vec<u32> {
+        let w = self.width.bytes();
+        (from as usize..to as usize)
+            .step_by(w)
+            .map(|at| self.width.read(&self.tokens, at))
+            .collect()
+    }
+
+    /// The metadata line stored for document `doc`, if the shard has metadata.
+    pub fn metadata(&self, doc: u64) -> Option<String> {
+        let (mt, om) = self.metadata.as_ref()?;
+        let read = |i: u64| {
+            let mut buf = [0u8; 8];
+            buf.copy_from_slice(&om[i as usize * 8..i as usize * 8 + 8]);
+            u64::from_le_bytes(buf) as usize
+        };
+        let start = read(doc).min(mt.len());
+        let end = if doc + 1 < self.doc_cnt {
+            read(doc + 1)
+        } else {
+            mt.len()
+        }
+        .clamp(start, mt.len());
+        Some(
+            String::from_utf8_lossy(&mt[start..end])
+                .trim_end_matches('\n')
+                .to_string(),
+        )
+    }
+
+    /// Reads every page of the token array and the suffix array once, so that first queries do not pay
+    /// for page faults (what the reference calls loading to RAM, without copying anything).
+    pub fn warm_up(&self) -> u64 {
+        let step = 4096;
+        let mut acc = 0u64;
+        for bytes in [&self.tokens[..], &self.table[..]] {
+            for at in (0..bytes.len()).step_by(step) {
+                acc = acc.wrapping_add(bytes[at] as u64);
+            }
+        }
+        acc
+    }
+}

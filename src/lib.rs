@@ -1,0 +1,8 @@
+//! infini-sidecar: an ∞-gram language model engine (infini-gram, Liu et al. 2024) and the sidecar
+//! service built on it.
+
+pub mod corpus;
+pub mod index;
+pub mod progress;
+pub mod protocol;
+pub mod tokenizer;

@@ -1,0 +1,317 @@
+//! The `infini-sidecar` command line: a thin layer over the library.
+
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+use infini_sidecar::corpus;
+use infini_sidecar::index::build::{build, BuildOptions};
+use infini_sidecar::index::{Index, IndexError, OpenOptions, TokenWidth};
+use infini_sidecar::progress;
+use infini_sidecar::protocol;
+use infini_sidecar::tokenizer::Tokenizer;
+
+#[derive(Parser)]
+#[command(
+    name = "infini-sidecar",
+    version,
+    about = "∞-gram language model engine and sidecar"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build, inspect and verify indexes.
+    #[command(subcommand)]
+    Index(IndexCommand),
+    /// Answer JSON-lines queries (count, prob, ntd, infgram_prob, infgram_ntd, find, search_docs, score).
+    Query(QueryArgs),
+    /// Print the token ids of a text (one JSON list).
+    Tokenize {
+        #[arg(long)]
+        tokenizer: PathBuf,
+        #[arg(long)]
+        text: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum IndexCommand {
+    /// Build an index from text (plain files, JSON lines, .gz) or from a pre-tokenized file.
+    Build(BuildArgs),
+    /// Print what an index holds (JSON).
+    Info(OpenArgs),
+    /// Check every file's checksum against the manifest and every document offset.
+    Verify(OpenArgs),
+}
+
+#[derive(Args)]
+struct BuildArgs {
+    /// Text inputs: files or folders (JSON lines `.jsonl`/`.json`, optionally `.gz`; other files are one document each).
+    #[arg(long = "input", num_args = 1.., required_unless_present = "from_tokens", conflicts_with = "from_tokens")]
+    inputs: Vec<PathBuf>,
+    /// A pre-tokenized file in the infini-gram layout (separator before every document).
+    #[arg(long)]
+    from_tokens: Option<PathBuf>,
+    /// Output folder (must not exist unless --force).
+    #[arg(long)]
+    out: PathBuf,
+    /// tokenizer.json, or a GGUF model whose metadata carries the tokenizer.
+    #[arg(long, required_unless_present = "from_tokens")]
+    tokenizer: Option<PathBuf>,
+    /// Token width in bits (8, 16, 32); default: the narrowest that fits the vocabulary.
+    #[arg(long)]
+    token_width: Option<u32>,
+    /// End-of-sequence id (default: the tokenizer's).
+    #[arg(long)]
+    eos_id: Option<u32>,
+    /// Vocabulary size (default: the tokenizer's; for token files, all ids but the separator).
+    #[arg(long)]
+    vocab_size: Option<u64>,
+    /// Peak memory for the build, in GiB: decides how many tokens go in one shard.
+    #[arg(long, default_value_t = 8.0)]
+    memory_gib: f64,
+    /// Most tokens in one shard, whatever the memory budget.
+    #[arg(long)]
+    max_shard_tokens: Option<u64>,
+    /// Threads for tokenizing and suffix arrays (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Replace an existing index at --out.
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Args)]
+struct OpenArgs {
+    #[arg(long)]
+    index: PathBuf,
+    /// For indexes without our manifest (built by the reference indexer): token width in bits.
+    #[arg(long)]
+    token_width: Option<u32>,
+    /// For indexes without our manifest: the eos token id.
+    #[arg(long)]
+    eos_id: Option<u32>,
+    /// For indexes without our manifest: the vocabulary size.
+    #[arg(long)]
+    vocab_size: Option<u64>,
+}
+
+#[derive(Args)]
+struct QueryArgs {
+    #[command(flatten)]
+    open: OpenArgs,
+    /// Queries, one JSON object a line ("-" for standard input).
+    #[arg(long, default_value = "-")]
+    input: String,
+    /// Answers, one JSON object a line ("-" for standard output).
+    #[arg(long, default_value = "-")]
+    output: String,
+    /// Add `latency` (ms of CPU time) to every answer.
+    #[arg(long)]
+    timing: bool,
+    /// Touch every page of the index before answering (steady latencies from the first query).
+    #[arg(long)]
+    warm: bool,
+}
+
+fn open_options(args: &OpenArgs) -> Result<OpenOptions> {
+    Ok(OpenOptions {
+        token_width: args.token_width.map(TokenWidth::from_bits).transpose()?,
+        eos_token_id: args.eos_id,
+        vocab_size: args.vocab_size,
+        ..OpenOptions::default()
+    })
+}
+
+fn input_size(files: &[(PathBuf, String)]) -> u64 {
+    files
+        .iter()
+        .filter_map(|(p, _)| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+fn run_build(args: BuildArgs) -> Result<()> {
+    if let Some(t) = args.threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(t)
+            .build_global()
+            .context("setting up threads")?;
+    }
+    let tokenizer = args
+        .tokenizer
+        .as_deref()
+        .map(Tokenizer::from_file)
+        .transpose()?;
+    let vocab_size = match (args.vocab_size, &tokenizer) {
+        (Some(v), _) => v,
+        (None, Some(t)) => t.vocab_size(),
+        (None, None) => {
+            let bits = args
+                .token_width
+                .context("--from-tokens needs --token-width")?;
+            TokenWidth::from_bits(bits)?.capacity() - 1
+        }
+    };
+    let width = match args.token_width {
+        Some(bits) => TokenWidth::from_bits(bits)?,
+        None => TokenWidth::for_vocab(vocab_size),
+    };
+    let eos_token_id = match (
+        args.eos_id,
+        tokenizer.as_ref().and_then(Tokenizer::eos_token_id),
+    ) {
+        (Some(e), _) | (None, Some(e)) => e,
+        (None, None) if args.from_tokens.is_some() => {
+            bail!("--from-tokens needs --eos-id (the reference engine needs it too)")
+        }
+        (None, None) => bail!("the tokenizer names no eos token: pass --eos-id"),
+    };
+    let mut opts = BuildOptions {
+        out: args.out.clone(),
+        width,
+        eos_token_id,
+        vocab_size,
+        tokenizer: tokenizer.as_ref(),
+        memory_budget: (args.memory_gib * (1u64 << 30) as f64) as u64,
+        max_shard_tokens: args.max_shard_tokens,
+        threads: args.threads.unwrap_or_else(rayon::current_num_threads),
+        force: args.force,
+        input_bytes: 0,
+    };
+    let report = match &args.from_tokens {
+        Some(path) => {
+            opts.input_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+            build(corpus::token_file_documents(path, width)?, &opts)?
+        }
+        None => {
+            let files = corpus::expand_inputs(&args.inputs)?;
+            opts.input_bytes = input_size(&files);
+            build(corpus::text_documents(files), &opts)?
+        }
+    };
+    tracing::info!(
+        "built {}: {} shards, {} documents, {} tokens, {:.2} bytes/token on disk, peak {:.0} MiB ({:.2} bytes/token), {:.1} s",
+        report.out,
+        report.shards,
+        report.documents,
+        report.tokens,
+        report.bytes_per_token,
+        report.peak_rss_bytes as f64 / (1 << 20) as f64,
+        report.peak_bytes_per_token,
+        report.seconds_total
+    );
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+fn index_info(index: &Index) -> serde_json::Value {
+    serde_json::json!({
+        "dir": index.dir().display().to_string(),
+        "shards": index.num_shards(),
+        "documents": index.total_documents(),
+        "tokens_with_separators": index.total_tokens(),
+        "token_width": index.width().bytes(),
+        "eos_token_id": index.eos_token_id(),
+        "vocab_size": index.vocab_size(),
+        "tokenizer": index.manifest().and_then(|m| m.tokenizer.clone()),
+        "manifest": index.manifest().is_some(),
+    })
+}
+
+fn open_writer(path: &str) -> Result<Box<dyn Write>> {
+    Ok(if path == "-" {
+        Box::new(BufWriter::new(std::io::stdout().lock()))
+    } else {
+        Box::new(BufWriter::new(
+            std::fs::File::create(path).with_context(|| format!("creating {path}"))?,
+        ))
+    })
+}
+
+fn open_reader(path: &str) -> Result<Box<dyn BufRead>> {
+    Ok(if path == "-" {
+        Box::new(BufReader::new(std::io::stdin().lock()))
+    } else {
+        Box::new(BufReader::new(
+            std::fs::File::open(path).with_context(|| format!("opening {path}"))?,
+        ))
+    })
+}
+
+fn run_query(args: QueryArgs) -> Result<()> {
+    let index = Index::open(&args.open.index, &open_options(&args.open)?)?;
+    if args.warm {
+        index.warm_up();
+    }
+    let mut output = open_writer(&args.output)?;
+    let (queries, errors) =
+        protocol::run_batch(&index, open_reader(&args.input)?, &mut output, args.timing)?;
+    output.flush()?;
+    tracing::info!(queries, errors, "answered");
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Index(IndexCommand::Build(args)) => run_build(args),
+        Command::Index(IndexCommand::Info(args)) => {
+            let index = Index::open(&args.index, &open_options(&args)?)?;
+            println!("{}", serde_json::to_string_pretty(&index_info(&index))?);
+            Ok(())
+        }
+        Command::Index(IndexCommand::Verify(args)) => {
+            let opts = OpenOptions {
+                verify_checksums: true,
+                ..open_options(&args)?
+            };
+            let index = Index::open(&args.index, &opts)?;
+            index.verify_documents()?;
+            println!(
+                "{}: ok ({} shards, checksums and document offsets verified)",
+                index.dir().display(),
+                index.num_shards()
+            );
+            Ok(())
+        }
+        Command::Query(args) => run_query(args),
+        Command::Tokenize { tokenizer, text } => {
+            let ids = Tokenizer::from_file(Path::new(&tokenizer))?.encode(&text)?;
+            println!("{}", serde_json::to_string(&ids)?);
+            Ok(())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    progress::install_interrupt_handler();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e)
+            if matches!(
+                e.downcast_ref::<IndexError>(),
+                Some(IndexError::Interrupted)
+            ) =>
+        {
+            eprintln!("interrupted: nothing was left behind");
+            ExitCode::from(130)
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! Progress bars, clean interruption (Ctrl-C sets a flag that long jobs check between steps), and the
+//! process's peak memory for reports.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Installs the Ctrl-C / SIGTERM handler. A second signal exits at once.
+pub fn install_interrupt_handler() {
+    let _ = ctrlc::set_handler(|| {
+        if INTERRUPTED.swap(true, Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+        eprintln!("interrupting: finishing the current step, then cleaning up (again to exit now)");
+    });
+}
+
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// A byte-counting bar (hidden when stderr is not a terminal, as in CI logs).
+pub fn bytes_bar(total: u64, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{msg:>12} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(what.to_string());
+    bar
+}
+
+pub fn spinner(what: String) -> ProgressBar {
+    let bar = ProgressBar::new_spinner();
+    bar.set_message(what);
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    bar
+}
+
+/// Peak resident memory of this process so far (VmHWM), in bytes; 0 where /proc is not available.
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}

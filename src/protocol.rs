@@ -1,0 +1,224 @@
+//! The batch query protocol of `infini-sidecar query`: one JSON object per input line, one per output
+//! line, in order. Field names follow the reference engine; fields of the input other than the query's
+//! own (such as `qid`) are copied to the output. A bad line gets `{"error": ...}` and the run goes on.
+
+use std::io::{BufRead, Write};
+
+use rayon::prelude::*;
+use serde_json::{json, Map, Value};
+
+use crate::index::docs::SearchOptions;
+use crate::index::Index;
+
+/// Fields that belong to a query and are not copied through.
+const QUERY_FIELDS: &[&str] = &[
+    "op",
+    "ids",
+    "prompt",
+    "cont",
+    "max_support",
+    "cnf",
+    "maxnum",
+    "max_disp_len",
+    "max_clause_freq",
+    "doc_ix",
+];
+/// Longest input line accepted (bytes).
+pub const MAX_LINE_BYTES: usize = 64 << 20;
+/// Lines answered in parallel at a time.
+const CHUNK_LINES: usize = 256;
+
+fn ids_of(v: Option<&Value>, field: &str) -> Result<Vec<u32>, String> {
+    let arr = v
+        .and_then(Value::as_array)
+        .ok_or_else(|| format!("\"{field}\" must be a list of token ids"))?;
+    arr.iter()
+        .map(|x| {
+            x.as_u64()
+                .filter(|&n| n <= u32::MAX as u64)
+                .map(|n| n as u32)
+                .ok_or_else(|| format!("\"{field}\" holds {x}, not a token id"))
+        })
+        .collect()
+}
+
+fn u64_of(v: Option<&Value>, field: &str) -> Result<Option<u64>, String> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => x
+            .as_u64()
+            .filter(|&n| n > 0)
+            .map(Some)
+            .ok_or_else(|| format!("\"{field}\" must be a positive integer")),
+    }
+}
+
+fn token_of(v: Option<&Value>, field: &str) -> Result<u32, String> {
+    v.and_then(Value::as_u64)
+        .filter(|&n| n <= u32::MAX as u64)
+        .map(|n| n as u32)
+        .ok_or_else(|| format!("\"{field}\" must be a token id"))
+}
+
+fn cnf_of(v: &Value) -> Result<Vec<Vec<Vec<u32>>>, String> {
+    let clauses = v
+        .as_array()
+        .ok_or("\"cnf\" must be a list of clauses, each a list of n-grams")?;
+    clauses
+        .iter()
+        .map(|c| {
+            c.as_array()
+                .ok_or("each CNF clause must be a list of n-grams".to_string())?
+                .iter()
+                .map(|ng| ids_of(Some(ng), "cnf"))
+                .collect()
+        })
+        .collect()
+}
+
+fn to_value<T: serde::Serialize>(x: T) -> Result<Value, String> {
+    serde_json::to_value(x).map_err(|e| e.to_string())
+}
+
+/// Answers one parsed query.
+fn answer_query(index: &Index, q: &Map<String, Value>) -> Result<Value, String> {
+    let op = q
+        .get("op")
+        .and_then(Value::as_str)
+        .ok_or("missing \"op\"")?;
+    let e = |err: crate::index::IndexError| err.to_string();
+    match op {
+        "count" => Ok(json!({"count": index.count(&ids_of(q.get("ids"), "ids")?).map_err(e)?, "approx": false})),
+        "prob" => to_value(index.prob(&ids_of(q.get("prompt"), "prompt")?, token_of(q.get("cont"), "cont")?).map_err(e)?),
+        "ntd" => to_value(index.ntd(&ids_of(q.get("prompt"), "prompt")?, u64_of(q.get("max_support"), "max_support")?).map_err(e)?),
+        "infgram_prob" => to_value(index.infgram_prob(&ids_of(q.get("prompt"), "prompt")?, token_of(q.get("cont"), "cont")?).map_err(e)?),
+        "infgram_ntd" => to_value(index.infgram_ntd(&ids_of(q.get("prompt"), "prompt")?, u64_of(q.get("max_support"), "max_support")?).map_err(e)?),
+        "find" => to_value(index.find(&ids_of(q.get("ids"), "ids")?).map_err(e)?),
+        "search_docs" => {
+            let defaults = SearchOptions::default();
+            let opts = SearchOptions {
+                maxnum: u64_of(q.get("maxnum"), "maxnum")?.map_or(defaults.maxnum, |n| n.min(1000) as usize),
+                max_disp_len: u64_of(q.get("max_disp_len"), "max_disp_len")?.map_or(defaults.max_disp_len, |n| n.min(1 << 20) as usize),
+                max_clause_freq: u64_of(q.get("max_clause_freq"), "max_clause_freq")?.unwrap_or(defaults.max_clause_freq),
+            };
+            let cnf = match q.get("cnf") {
+                Some(c) => cnf_of(c)?,
+                None => match q.get("ids") {
+                    Some(Value::Array(a)) if a.first().is_some_and(Value::is_array) => cnf_of(&Value::Array(a.clone()))?,
+                    ids => vec![vec![ids_of(ids, "ids")?]],
+                },
+            };
+            to_value(index.search_docs_cnf(&cnf, opts).map_err(e)?)
+        }
+        "get_doc" => to_value(index.get_document(q.get("doc_ix").and_then(Value::as_u64).ok_or("\"doc_ix\" must be a document index")?).map_err(e)?),
+        "score" => {
+            let scores = index.score(&ids_of(q.get("ids"), "ids")?).map_err(e)?;
+            Ok(json!({
+                "prob": scores.iter().map(|s| s.prob).collect::<Vec<_>>(),
+                "suffix_len": scores.iter().map(|s| s.suffix_len).collect::<Vec<_>>(),
+                "prompt_cnt": scores.iter().map(|s| s.prompt_cnt).collect::<Vec<_>>(),
+                "cont_cnt": scores.iter().map(|s| s.cont_cnt).collect::<Vec<_>>(),
+                "sparse": scores.iter().map(|s| s.sparse).collect::<Vec<_>>(),
+            }))
+        }
+        other => Err(format!("unknown op {other:?} (count, prob, ntd, infgram_prob, infgram_ntd, find, search_docs, get_doc, score)")),
+    }
+}
+
+/// CPU time of the calling thread, in seconds.
+fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own; CLOCK_THREAD_CPUTIME_ID exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// Answers one input line. With `timing`, adds `latency` (ms of this thread's CPU time).
+pub fn answer_line(index: &Index, line: &str, timing: bool) -> String {
+    answer(index, line, timing).0
+}
+
+/// The answer line, and whether it is an error.
+fn answer(index: &Index, line: &str, timing: bool) -> (String, bool) {
+    let parsed: Result<Map<String, Value>, String> = serde_json::from_str::<Value>(line)
+        .map_err(|e| format!("not JSON: {e}"))
+        .and_then(|v| match v {
+            Value::Object(m) => Ok(m),
+            _ => Err("a query must be a JSON object".into()),
+        });
+    let mut out = Map::new();
+    let mut failed = false;
+    match parsed {
+        Err(err) => {
+            out.insert("error".into(), Value::String(err));
+            failed = true;
+        }
+        Ok(q) => {
+            for (k, v) in q
+                .iter()
+                .filter(|(k, _)| !QUERY_FIELDS.contains(&k.as_str()))
+            {
+                out.insert(k.clone(), v.clone());
+            }
+            let start = thread_cpu_seconds();
+            match answer_query(index, &q) {
+                Ok(Value::Object(fields)) => out.extend(fields),
+                Ok(other) => {
+                    out.insert("result".into(), other);
+                }
+                Err(err) => {
+                    out.insert("error".into(), Value::String(err));
+                    failed = true;
+                }
+            }
+            if timing {
+                out.insert(
+                    "latency".into(),
+                    json!((thread_cpu_seconds() - start) * 1e3),
+                );
+            }
+        }
+    }
+    (Value::Object(out).to_string(), failed)
+}
+
+/// Reads queries from `input` and writes answers to `output`, in order; returns (queries, errors).
+pub fn run_batch(
+    index: &Index,
+    input: impl BufRead,
+    output: &mut impl Write,
+    timing: bool,
+) -> std::io::Result<(u64, u64)> {
+    let (mut queries, mut errors) = (0u64, 0u64);
+    let mut lines = input.lines();
+    loop {
+        let mut chunk = Vec::with_capacity(CHUNK_LINES);
+        for line in lines.by_ref().take(CHUNK_LINES) {
+            let line = line?;
+            if !line.trim().is_empty() {
+                chunk.push(line);
+            }
+        }
+        if chunk.is_empty() {
+            return Ok((queries, errors));
+        }
+        let answers: Vec<(String, bool)> = chunk
+            .par_iter()
+            .map(|line| {
+                if line.len() > MAX_LINE_BYTES {
+                    (json!({"error": format!("line of {} bytes exceeds {MAX_LINE_BYTES}", line.len())}).to_string(), true)
+                } else {
+                    answer(index, line, timing)
+                }
+            })
+            .collect();
+        for (a, failed) in answers {
+            queries += 1;
+            errors += u64::from(failed);
+            writeln!(output, "{a}")?;
+        }
+    }
+}

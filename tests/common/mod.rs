@@ -1,0 +1,37 @@
+//! Shared helpers of the integration tests: the real assets fetched by `scripts/fetch_assets.py`.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use infini_sidecar::corpus::{expand_inputs, text_documents, InputDoc};
+use infini_sidecar::tokenizer::Tokenizer;
+
+/// The assets folder: `$INFINI_SIDECAR_ASSETS`, else `~/.cache/infini-sidecar/assets`.
+pub fn assets() -> PathBuf {
+    let dir = std::env::var_os("INFINI_SIDECAR_ASSETS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME"))
+                .join(".cache/infini-sidecar/assets")
+        });
+    assert!(
+        dir.join("minipile/train.jsonl").exists(),
+        "{}: assets missing; run python3 scripts/fetch_assets.py",
+        dir.display()
+    );
+    dir
+}
+
+pub fn smollm2_gguf() -> PathBuf {
+    assets().join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+pub fn smollm2_tokenizer() -> Tokenizer {
+    Tokenizer::from_file(&smollm2_gguf()).expect("SmolLM2 tokenizer")
+}
+
+/// The first `n` documents of a mini-Pile split.
+pub fn minipile_docs(split: &str, n: usize) -> Vec<InputDoc> {
+    let files = expand_inputs(&[assets().join(format!("minipile/{split}.jsonl"))]).unwrap();
+    text_documents(files).take(n).map(|d| d.unwrap()).collect()
+}

@@ -1,0 +1,332 @@
+//! Every query type against brute-force counting over the documents themselves, on generated corpora
+//! with several shards and every token width, including the edge cases: empty prompts, prompts at the
+//! very end of the corpus, continuations at a separator, ids outside the vocabulary, queries longer than
+//! any document.
+
+use std::collections::BTreeMap;
+
+use infini_sidecar::corpus::{Content, InputDoc};
+use infini_sidecar::index::build::{build, BuildOptions};
+use infini_sidecar::index::docs::SearchOptions;
+use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
+use proptest::prelude::*;
+
+/// The corpus as documents, and the oracle answers computed from them alone.
+struct Oracle {
+    docs: Vec<Vec<u32>>,
+    eos: u32,
+}
+
+impl Oracle {
+    fn occurrences(&self, q: &[u32]) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        for (d, doc) in self.docs.iter().enumerate() {
+            if q.len() <= doc.len() {
+                for i in 0..=doc.len() - q.len() {
+                    if &doc[i..i + q.len()] == q {
+                        out.push((d, i));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn total_tokens(&self) -> u64 {
+        self.docs.iter().map(|d| d.len() as u64 + 1).sum()
+    }
+
+    fn count(&self, q: &[u32]) -> u64 {
+        if q.is_empty() {
+            self.total_tokens()
+        } else {
+            self.occurrences(q).len() as u64
+        }
+    }
+
+    /// Next-token counts; the end of a document (separator or end of corpus) is eos.
+    fn ntd(&self, prompt: &[u32]) -> BTreeMap<u32, u64> {
+        let mut dist = BTreeMap::new();
+        if prompt.is_empty() {
+            for doc in &self.docs {
+                *dist.entry(self.eos).or_insert(0) += 1; // the separator before it
+                for &t in doc {
+                    *dist.entry(t).or_insert(0) += 1;
+                }
+            }
+            return dist;
+        }
+        for (d, i) in self.occurrences(prompt) {
+            let next = self.docs[d]
+                .get(i + prompt.len())
+                .copied()
+                .unwrap_or(self.eos);
+            *dist.entry(next).or_insert(0) += 1;
+        }
+        dist
+    }
+
+    fn suffix_len(&self, prompt: &[u32]) -> usize {
+        (0..=prompt.len())
+            .rev()
+            .find(|&l| self.count(&prompt[prompt.len() - l..]) > 0)
+            .unwrap_or(0)
+    }
+
+    fn docs_matching(&self, cnf: &[Vec<Vec<u32>>]) -> Vec<usize> {
+        let contains =
+            |doc: &[u32], q: &[u32]| q.len() <= doc.len() && doc.windows(q.len()).any(|w| w == q);
+        (0..self.docs.len())
+            .filter(|&d| {
+                cnf.iter()
+                    .all(|clause| clause.iter().any(|q| contains(&self.docs[d], q)))
+            })
+            .collect()
+    }
+}
+
+struct Built {
+    _dir: tempfile::TempDir,
+    index: Index,
+    oracle: Oracle,
+}
+
+/// Maps small generated symbols to ids spread over the width, so byte order differs from numeric order.
+fn spread(symbol: u32, width: TokenWidth) -> u32 {
+    match width {
+        TokenWidth::U8 => symbol * 37 % 251,
+        TokenWidth::U16 => (symbol * 0x0101 + 0x00FE) % 65000,
+        TokenWidth::U32 => symbol.wrapping_mul(0x0100_0193) % 0xFFFF_0000,
+    }
+}
+
+fn vocab_for(width: TokenWidth) -> u64 {
+    match width {
+        TokenWidth::U8 => 251,
+        TokenWidth::U16 => 65000,
+        TokenWidth::U32 => 0xFFFF_0000,
+    }
+}
+
+fn build_corpus(symbol_docs: &[Vec<u32>], width: TokenWidth, max_shard_tokens: u64) -> Built {
+    let docs: Vec<Vec<u32>> = symbol_docs
+        .iter()
+        .map(|d| d.iter().map(|&s| spread(s, width)).collect())
+        .collect();
+    let eos = spread(0, width);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("idx");
+    let opts = BuildOptions {
+        out: out.clone(),
+        width,
+        eos_token_id: eos,
+        vocab_size: vocab_for(width),
+        tokenizer: None,
+        memory_budget: 1 << 30,
+        max_shard_tokens: Some(max_shard_tokens),
+        threads: 2,
+        force: false,
+        input_bytes: 0,
+    };
+    let input = docs.iter().enumerate().map(|(i, d)| {
+        Ok(InputDoc {
+            content: Content::Tokens(d.clone()),
+            metadata: Some(format!("{{\"doc\":{i}}}")),
+            input_bytes: 0,
+        })
+    });
+    build(input, &opts).unwrap();
+    let index = Index::open(&out, &OpenOptions::default()).unwrap();
+    Built {
+        _dir: dir,
+        index,
+        oracle: Oracle { docs, eos },
+    }
+}
+
+/// Queries worth asking of a corpus: n-grams taken from it (so counts are non-zero), the very end of the
+/// corpus, document ends, and random ones (mostly absent).
+fn queries(oracle: &Oracle, random: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    let mut out = vec![vec![]];
+    for doc in &oracle.docs {
+        for len in [1usize, 2, 3, 5] {
+            if doc.len() >= len {
+                out.push(doc[doc.len() - len..].to_vec()); // ends at a separator or the corpus end
+                out.push(doc[..len].to_vec());
+                let mid = doc.len() / 2;
+                out.push(doc[mid.saturating_sub(len / 2)..(mid + len).min(doc.len())].to_vec());
+            }
+        }
+        out.push(doc.clone());
+        out.push([doc.as_slice(), doc.as_slice()].concat()); // longer than any document that holds it
+    }
+    out.extend(random.iter().cloned());
+    out
+}
+
+fn check_all(b: &Built, random: &[Vec<u32>]) {
+    let (index, oracle) = (&b.index, &b.oracle);
+    let candidates: Vec<u32> = {
+        let mut c: Vec<u32> = oracle.docs.iter().flatten().copied().collect();
+        c.push(oracle.eos);
+        c.sort_unstable();
+        c.dedup();
+        c
+    };
+    for q in queries(oracle, random) {
+        assert_eq!(index.count(&q).unwrap(), oracle.count(&q), "count {q:?}");
+        assert_eq!(index.find(&q).unwrap().cnt, oracle.count(&q), "find {q:?}");
+        let want = oracle.ntd(&q);
+        let got = index.ntd(&q, None).unwrap();
+        assert_eq!(got.prompt_cnt, oracle.count(&q), "ntd prompt_cnt {q:?}");
+        assert_eq!(got.dist, want, "ntd {q:?}");
+        assert!(!got.approx);
+        for &c in candidates.iter().take(12).chain(q.first()) {
+            let p = index.prob(&q, c).unwrap();
+            let cont = want.get(&c).copied().unwrap_or(0);
+            assert_eq!(
+                (p.prompt_cnt, p.cont_cnt),
+                (oracle.count(&q), cont),
+                "prob {q:?} -> {c}"
+            );
+            if p.prompt_cnt == 0 {
+                assert_eq!(p.prob, -1.0);
+            }
+        }
+        // ∞-gram: the longest suffix that occurs, its distribution, the sparse flag.
+        let l = oracle.suffix_len(&q);
+        let suffix = &q[q.len() - l..];
+        let inf = index.infgram_ntd(&q, None).unwrap();
+        assert_eq!(inf.suffix_len, l, "suffix_len {q:?}");
+        assert_eq!(inf.ntd.dist, oracle.ntd(suffix), "infgram_ntd {q:?}");
+        assert_eq!(inf.sparse, oracle.ntd(suffix).len() == 1, "sparse {q:?}");
+        let c = *candidates.last().unwrap();
+        let ip = index.infgram_prob(&q, c).unwrap();
+        assert_eq!((ip.suffix_len, ip.sparse), (l, inf.sparse));
+        assert_eq!(
+            ip.prob.cont_cnt,
+            oracle.ntd(suffix).get(&c).copied().unwrap_or(0)
+        );
+        // Subsampled ntd: flagged, and only tokens that really follow.
+        let approx = index.ntd(&q, Some(3)).unwrap();
+        assert_eq!(approx.approx, oracle.count(&q) > 3);
+        assert!(
+            approx.dist.keys().all(|t| want.contains_key(t)),
+            "approx ntd invents tokens {q:?}"
+        );
+    }
+    // Dense scoring: each position equals infgram_prob of its prefix.
+    for seq in oracle.docs.iter().take(4).chain(random.iter().take(4)) {
+        let scores = index.score(seq).unwrap();
+        for (i, s) in scores.iter().enumerate() {
+            let l = oracle.suffix_len(&seq[..i]);
+            let suffix = &seq[i - l..i];
+            let dist = oracle.ntd(suffix);
+            let prompt_cnt = oracle.count(suffix);
+            let cont = dist.get(&seq[i]).copied().unwrap_or(0);
+            assert_eq!(
+                (s.suffix_len, s.prompt_cnt, s.cont_cnt, s.sparse),
+                (l, prompt_cnt, cont, dist.len() == 1),
+                "score {seq:?} at {i}"
+            );
+            assert!((s.prob - cont as f64 / prompt_cnt as f64).abs() < 1e-12);
+        }
+    }
+    // Document search: the documents that satisfy a CNF, with the right text.
+    let non_empty: Vec<&Vec<u32>> = oracle.docs.iter().filter(|d| !d.is_empty()).collect();
+    for clause_src in non_empty.iter().take(3) {
+        let a = clause_src[..clause_src.len().min(2)].to_vec();
+        let b2 = non_empty[non_empty.len() - 1][..1].to_vec();
+        for cnf in [
+            vec![vec![a.clone()]],
+            vec![vec![a.clone(), b2.clone()]],
+            vec![vec![a.clone()], vec![b2.clone()]],
+        ] {
+            let want = oracle.docs_matching(&cnf);
+            let got = index
+                .search_docs_cnf(
+                    &cnf,
+                    SearchOptions {
+                        maxnum: 1000,
+                        max_disp_len: 10_000,
+                        max_clause_freq: 1 << 40,
+                    },
+                )
+                .unwrap();
+            assert_eq!(got.cnt, want.len() as u64, "cnf {cnf:?}");
+            let got_docs: Vec<usize> = got.documents.iter().map(|d| d.doc_ix as usize).collect();
+            assert_eq!(got_docs, want, "cnf docs {cnf:?}");
+            for d in &got.documents {
+                assert_eq!(d.token_ids, oracle.docs[d.doc_ix as usize]);
+                assert_eq!(
+                    d.metadata.as_deref(),
+                    Some(format!("{{\"doc\":{}}}", d.doc_ix).as_str())
+                );
+            }
+        }
+    }
+    // Ids outside the vocabulary are refused with a message.
+    let outside = (vocab_for(index.width())) as u32;
+    let err = index.count(&[outside]).unwrap_err().to_string();
+    assert!(err.contains("outside the vocabulary"), "{err}");
+    assert!(index.score(&[1, outside]).is_err());
+}
+
+fn corpus_strategy() -> impl Strategy<Value = (Vec<Vec<u32>>, Vec<Vec<u32>>, u64)> {
+    // Small alphabets make long repeats; symbol 0 is eos and may appear inside documents too.
+    let doc = prop::collection::vec(0u32..6, 0..40);
+    let docs = prop::collection::vec(doc, 1..12);
+    let random = prop::collection::vec(prop::collection::vec(0u32..7, 0..8), 0..6);
+    (docs, random, 8u64..200)
+}
+
+fn run_width(width: TokenWidth) {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 24,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&corpus_strategy(), |(docs, random, shard_tokens)| {
+            let b = build_corpus(
+                &docs,
+                width,
+                shard_tokens.max(docs.iter().map(|d| d.len() as u64 + 1).max().unwrap_or(1)),
+            );
+            let random: Vec<Vec<u32>> = random
+                .iter()
+                .map(|q| q.iter().map(|&s| spread(s, width)).collect())
+                .collect();
+            check_all(&b, &random);
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn u8_corpora_match_brute_force() {
+    run_width(TokenWidth::U8);
+}
+
+#[test]
+fn u16_corpora_match_brute_force() {
+    run_width(TokenWidth::U16);
+}
+
+#[test]
+fn u32_corpora_match_brute_force() {
+    run_width(TokenWidth::U32);
+}
+
+#[test]
+fn several_shards_are_built_and_merged() {
+    let docs: Vec<Vec<u32>> = (0..30)
+        .map(|i| (0..20).map(|j| (i * 7 + j * 3) % 5 + 1).collect())
+        .collect();
+    let b = build_corpus(&docs, TokenWidth::U16, 50);
+    assert!(
+        b.index.num_shards() >= 10,
+        "{} shards",
+        b.index.num_shards()
+    );
+    check_all(&b, &[vec![1, 2, 3], vec![9]]);
+}
