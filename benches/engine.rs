@@ -28,18 +28,7 @@ fn engine(c: &mut Criterion) {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("idx");
     let docs = corpus(2000, 1000);
-    let opts = BuildOptions {
-        out: out.clone(),
-        width: TokenWidth::U16,
-        eos_token_id: 0,
-        vocab_size: 49152,
-        tokenizer: None,
-        memory_budget: 1 << 30,
-        max_shard_tokens: None,
-        threads: 2,
-        force: false,
-        input_bytes: 0,
-    };
+    let opts = BuildOptions::new(out.clone(), TokenWidth::U16, 0, 49152);
     build(
         docs.iter().map(|d| {
             Ok(InputDoc {

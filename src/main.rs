@@ -175,17 +175,14 @@ fn run_build(args: BuildArgs) -> Result<()> {
         (None, None) => bail!("the tokenizer names no eos token: pass --eos-id"),
     };
     let mut opts = BuildOptions {
-        out: args.out.clone(),
-        width,
-        eos_token_id,
-        vocab_size,
         tokenizer: tokenizer.as_ref(),
         memory_budget: (args.memory_gib * (1u64 << 30) as f64) as u64,
         max_shard_tokens: args.max_shard_tokens,
         threads: args.threads.unwrap_or_else(rayon::current_num_threads),
         force: args.force,
-        input_bytes: 0,
+        ..BuildOptions::new(args.out.clone(), width, eos_token_id, vocab_size)
     };
+
     let report = match &args.from_tokens {
         Some(path) => {
             opts.input_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);

@@ -117,16 +117,8 @@ fn build_corpus(symbol_docs: &[Vec<u32>], width: TokenWidth, max_shard_tokens: u
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("idx");
     let opts = BuildOptions {
-        out: out.clone(),
-        width,
-        eos_token_id: eos,
-        vocab_size: vocab_for(width),
-        tokenizer: None,
-        memory_budget: 1 << 30,
         max_shard_tokens: Some(max_shard_tokens),
-        threads: 2,
-        force: false,
-        input_bytes: 0,
+        ..BuildOptions::new(out.clone(), width, eos, vocab_for(width))
     };
     let input = docs.iter().enumerate().map(|(i, d)| {
         Ok(InputDoc {

@@ -19,16 +19,8 @@ fn small_index(dir: &Path) -> std::path::PathBuf {
         })
     });
     let opts = BuildOptions {
-        out: out.clone(),
-        width: TokenWidth::U16,
-        eos_token_id: 0,
-        vocab_size: 100,
-        tokenizer: None,
-        memory_budget: 1 << 30,
         max_shard_tokens: Some(120),
-        threads: 1,
-        force: false,
-        input_bytes: 0,
+        ..BuildOptions::new(out.clone(), TokenWidth::U16, 0, 100)
     };
     build(docs, &opts).unwrap();
     out
@@ -164,16 +156,8 @@ fn smollm2_tokenizer_round_trips_real_text_and_pairs_by_fingerprint() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("idx");
     let opts = BuildOptions {
-        out: out.clone(),
-        width: TokenWidth::U16,
-        eos_token_id: 0,
-        vocab_size: 49152,
         tokenizer: Some(&tokenizer),
-        memory_budget: 1 << 30,
-        max_shard_tokens: None,
-        threads: 2,
-        force: false,
-        input_bytes: 0,
+        ..BuildOptions::new(out.clone(), TokenWidth::U16, 0, 49152)
     };
     build(
         common::minipile_docs("validation", 5).into_iter().map(Ok),

@@ -153,16 +153,8 @@ fn reference_engine_agrees_both_ways_on_real_text() {
     let eos = tokenizer.eos_token_id().unwrap();
     let vocab = tokenizer.vocab_size();
     let mut opts = BuildOptions {
-        out: ours.clone(),
-        width: TokenWidth::U16,
-        eos_token_id: eos,
-        vocab_size: vocab,
         tokenizer: Some(&tokenizer),
-        memory_budget: 1 << 30,
-        max_shard_tokens: None,
-        threads: 2,
-        force: false,
-        input_bytes: 0,
+        ..BuildOptions::new(ours.clone(), TokenWidth::U16, eos, vocab)
     };
     build(docs.into_iter().map(Ok), &opts).unwrap();
 

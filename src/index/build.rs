@@ -39,6 +39,24 @@ pub struct BuildOptions<'a> {
     pub input_bytes: u64,
 }
 
+impl<'a> BuildOptions<'a> {
+    /// Options for an index at `out` with an 8 GiB budget, all cores, no tokenizer; set the rest as needed.
+    pub fn new(out: PathBuf, width: TokenWidth, eos_token_id: u32, vocab_size: u64) -> Self {
+        BuildOptions {
+            out,
+            width,
+            eos_token_id,
+            vocab_size,
+            tokenizer: None,
+            memory_budget: 8 << 30,
+            max_shard_tokens: None,
+            threads: rayon::current_num_threads(),
+            force: false,
+            input_bytes: 0,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct BuildReport {
     pub out: String,
