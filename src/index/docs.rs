@@ -148,7 +148,7 @@ impl Index {
         let shard = &self.shards[s];
         let w = self.width().bytes() as u64;
         let (start, end) = (shard.doc_start(doc) + w, shard.doc_end(doc));
-        let doc_len = (end - start) / w;
+        let doc_len = end.saturating_sub(start) / w;
         let needle_tok = (needle.1.saturating_sub(start)) / w;
         let disp_len = doc_len.min(max_disp_len as u64);
         // A window of disp_len tokens that shows the needle with context on both sides.

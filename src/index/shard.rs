@@ -146,7 +146,8 @@ impl Shard {
     /// Compares the suffix at `rank`, cut to the query's length, with the query bytes.
     #[inline]
     fn cmp_at(&self, rank: u64, query: &[u8]) -> Ordering {
-        let p = self.ptr(rank) as usize;
+        // Clamped so a corrupt pointer compares as the empty suffix instead of reading out of bounds.
+        let p = (self.ptr(rank) as usize).min(self.tokens.len());
         let end = (p + query.len()).min(self.tokens.len());
         let suffix = &self.tokens[p..end];
         // A suffix shorter than the query that matches all of its bytes is a proper prefix: smaller.
@@ -207,7 +208,7 @@ impl Shard {
     #[inline]
     pub fn next_key(&self, rank: u64, query_bytes: usize) -> NextKey {
         let at = self.ptr(rank) as usize + query_bytes;
-        if at >= self.tokens.len() {
+        if at + self.width.bytes() > self.tokens.len() {
             END
         } else {
             self.width.read(&self.tokens, at) as NextKey
