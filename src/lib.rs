@@ -2,7 +2,9 @@
 //! service built on it.
 
 pub mod corpus;
+pub mod eval;
 pub mod index;
+pub mod model;
 pub mod progress;
 pub mod protocol;
 pub mod tokenizer;

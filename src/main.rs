@@ -8,8 +8,13 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 use infini_sidecar::corpus;
+use infini_sidecar::eval::documents::{load_documents, TokenBudget};
+use infini_sidecar::eval::neural::score_documents;
 use infini_sidecar::index::build::{build, BuildOptions};
 use infini_sidecar::index::{Index, IndexError, OpenOptions, TokenWidth};
+use infini_sidecar::model::{
+    self, DeviceChoice, GenerateOptions, LoadOptions, Model, ModelError, WindowOptions,
+};
 use infini_sidecar::progress;
 use infini_sidecar::protocol;
 use infini_sidecar::tokenizer::Tokenizer;
@@ -32,6 +37,9 @@ enum Command {
     Index(IndexCommand),
     /// Answer JSON-lines queries (count, prob, ntd, infgram_prob, infgram_ntd, find, search_docs, score).
     Query(QueryArgs),
+    /// Run the neural model: perplexity of documents, or generation.
+    #[command(subcommand)]
+    Model(ModelCommand),
     /// Print the token ids of a text (one JSON list).
     Tokenize {
         #[arg(long)]
@@ -49,6 +57,121 @@ enum IndexCommand {
     Info(OpenArgs),
     /// Check every file's checksum against the manifest and every document offset.
     Verify(OpenArgs),
+}
+
+#[derive(Subcommand)]
+enum ModelCommand {
+    /// Perplexity of a text or Pile-style JSON-lines file with the sliding-window protocol (JSON out).
+    Score(ScoreArgs),
+    /// Continue a prompt (greedy unless a temperature is given).
+    Generate(GenerateArgs),
+}
+
+#[derive(Args)]
+struct ModelArgs {
+    /// A `.gguf` file (llama or gemma3) or an HF llama directory.
+    #[arg(long)]
+    model: PathBuf,
+    /// A tokenizer.json to use instead of the one beside the model or in its GGUF metadata.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// CPU threads for the model (default: all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Run on the CPU even when a GPU is available.
+    #[arg(long)]
+    cpu: bool,
+}
+
+#[derive(Args)]
+struct ScoreArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Text files, folders or JSON-lines files (`text`, `meta.pile_set_name`).
+    #[arg(long = "input", num_args = 1.., required = true)]
+    inputs: Vec<PathBuf>,
+    /// Score only the first N tokens of the input.
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    #[arg(long, default_value_t = 1024)]
+    window: usize,
+    #[arg(long, default_value_t = 512)]
+    stride: usize,
+    /// Leave the per-document list out of the JSON.
+    #[arg(long)]
+    summary: bool,
+    #[arg(long, default_value = "-")]
+    output: String,
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[arg(long)]
+    prompt: String,
+    #[arg(long, default_value_t = 32)]
+    max_new_tokens: usize,
+    /// Sample at this temperature instead of decoding greedily.
+    #[arg(long)]
+    temperature: Option<f64>,
+    #[arg(long)]
+    top_p: Option<f64>,
+    #[arg(long, default_value_t = 299792458)]
+    seed: u64,
+}
+
+fn load_model(args: &ModelArgs) -> Result<Model> {
+    model::set_cpu_threads(args.threads);
+    let opts = LoadOptions {
+        tokenizer: args.tokenizer.clone(),
+        device: if args.cpu {
+            DeviceChoice::Cpu
+        } else {
+            DeviceChoice::Auto
+        },
+    };
+    Ok(Model::load(&args.model, &opts)?)
+}
+
+fn run_score(args: ScoreArgs) -> Result<()> {
+    let model = load_model(&args.model)?;
+    let budget = args.max_tokens.map_or(TokenBudget::All, TokenBudget::Total);
+    let docs = load_documents(&args.inputs, &model, budget)?;
+    let opts = WindowOptions {
+        window: args.window,
+        stride: args.stride,
+    };
+    let (mut report, _) = score_documents(&model, &docs, opts)?;
+    if args.summary {
+        report.documents.clear();
+    }
+    let mut out = open_writer(&args.output)?;
+    serde_json::to_writer_pretty(&mut out, &report)?;
+    writeln!(out)?;
+    out.flush()?;
+    Ok(())
+}
+
+fn run_generate(args: GenerateArgs) -> Result<()> {
+    let model = load_model(&args.model)?;
+    let prompt = model.encode_document(&args.prompt)?;
+    let opts = GenerateOptions {
+        max_new_tokens: args.max_new_tokens,
+        temperature: args.temperature,
+        top_p: args.top_p,
+        seed: args.seed,
+        stop_token: model.tokenizer().eos_token_id(),
+    };
+    let generation = model.transformer().generate(&prompt, &opts)?;
+    let text = model.decode(&generation.tokens)?;
+    let out = serde_json::json!({
+        "prompt": args.prompt,
+        "text": text,
+        "generation": generation,
+    });
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
 }
 
 #[derive(Args)]
@@ -279,6 +402,8 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Query(args) => run_query(args),
+        Command::Model(ModelCommand::Score(args)) => run_score(args),
+        Command::Model(ModelCommand::Generate(args)) => run_generate(args),
         Command::Tokenize { tokenizer, text } => {
             let ids = Tokenizer::from_file(Path::new(&tokenizer))?.encode(&text)?;
             println!("{}", serde_json::to_string(&ids)?);
@@ -301,6 +426,9 @@ fn main() -> ExitCode {
             if matches!(
                 e.downcast_ref::<IndexError>(),
                 Some(IndexError::Interrupted)
+            ) || matches!(
+                e.downcast_ref::<ModelError>(),
+                Some(ModelError::Interrupted)
             ) =>
         {
             eprintln!("interrupted: nothing was left behind");

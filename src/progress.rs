@@ -33,6 +33,18 @@ pub fn bytes_bar(total: u64, what: &str) -> ProgressBar {
     bar
 }
 
+/// A token-counting bar (hidden when stderr is not a terminal).
+pub fn token_bar(total: u64, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    if let Ok(style) =
+        ProgressStyle::with_template("{msg:>8} [{bar:40}] {pos}/{len} tokens {per_sec} eta {eta}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(what.to_string());
+    bar
+}
+
 pub fn spinner(what: String) -> ProgressBar {
     let bar = ProgressBar::new_spinner();
     bar.set_message(what);

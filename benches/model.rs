@@ -1,0 +1,113 @@
+//! Model speed, ours beside candle-transformers' own forward on the same GGUF file and tokens:
+//! scoring one 1024-token window (logits at every position for us; candle-transformers computes the
+//! same layers but only the last position's logits) and single-token decode with the cache.
+//!
+//! `cargo bench --bench model -- MODEL.gguf [TOKENS_FILE]` prints one JSON line per measurement.
+//! Threads: set `CANDLE_NUM_THREADS` (eval/bench_model.py runs it with 1 and 2).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use candle_core::quantized::gguf_file;
+use candle_core::{Device, Tensor};
+use infini_sidecar::model::{load_transformer, DeviceChoice, WindowOptions};
+
+const WINDOW: usize = 1024;
+const DECODE_STEPS: usize = 64;
+const REPEATS: usize = 3;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn report(runtime: &str, what: &str, model: &str, value: f64, unit: &str) {
+    let threads = std::env::var("CANDLE_NUM_THREADS").unwrap_or_else(|_| "all".into());
+    println!(
+        "{}",
+        serde_json::json!({"runtime": runtime, "measure": what, "model": model, "threads": threads,
+                           "value": value, "unit": unit})
+    );
+}
+
+/// Deterministic pseudo-text ids when no token file is given (speed does not depend on them).
+fn tokens(vocab: usize, file: Option<PathBuf>) -> Vec<u32> {
+    match file {
+        Some(f) => serde_json::from_str::<Vec<u32>>(&std::fs::read_to_string(f).unwrap()).unwrap(),
+        None => (0..WINDOW as u64)
+            .map(|i| ((i * 7919 + 13) % (vocab as u64 - 300) + 256) as u32)
+            .collect(),
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let Some(path) = args.first().map(PathBuf::from) else {
+        eprintln!("usage: cargo bench --bench model -- MODEL.gguf [TOKENS.json]");
+        return;
+    };
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    let ours = load_transformer(&path, DeviceChoice::Cpu).unwrap();
+    let ids = tokens(ours.config().vocab_size, args.get(1).map(PathBuf::from));
+    let ids = &ids[..WINDOW];
+    let gemma = ours.config().architecture == infini_sidecar::model::Architecture::Gemma3;
+
+    // Ours: score a full window (forward + logits of every position + log-softmax).
+    let opts = WindowOptions {
+        window: WINDOW,
+        stride: WINDOW / 2,
+    };
+    let times: Vec<f64> = (0..REPEATS)
+        .map(|_| {
+            let t = Instant::now();
+            ours.score_document(ids, opts, |_| {}).unwrap();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    report("ours", "window_tokens_per_s", &name, WINDOW as f64 / median(times), "tok/s");
+
+    // Ours: decode, one token at a time after a 32-token prompt.
+    let mut cache = ours.new_cache();
+    ours.forward(&ids[..32], &mut cache).unwrap();
+    let t = Instant::now();
+    for &id in &ids[32..32 + DECODE_STEPS] {
+        ours.forward(&[id], &mut cache).unwrap();
+    }
+    report("ours", "decode_ms_per_token", &name, t.elapsed().as_secs_f64() * 1e3 / DECODE_STEPS as f64, "ms");
+
+    // candle-transformers' forward on the same window and the same decode.
+    let dev = Device::Cpu;
+    let mut f = std::fs::File::open(&path).unwrap();
+    let content = gguf_file::Content::read(&mut f).unwrap();
+    let mut step: Box<dyn FnMut(&[u32], usize)> = if gemma {
+        let mut m = candle_transformers::models::quantized_gemma3::ModelWeights::from_gguf(content, &mut f, &dev).unwrap();
+        Box::new(move |x, pos| {
+            m.forward(&Tensor::new(x, &Device::Cpu).unwrap().unsqueeze(0).unwrap(), pos).unwrap();
+        })
+    } else {
+        let mut m = candle_transformers::models::quantized_llama::ModelWeights::from_gguf(content, &mut f, &dev).unwrap();
+        Box::new(move |x, pos| {
+            m.forward(&Tensor::new(x, &Device::Cpu).unwrap().unsqueeze(0).unwrap(), pos).unwrap();
+        })
+    };
+    let times: Vec<f64> = (0..REPEATS)
+        .map(|_| {
+            let t = Instant::now();
+            step(ids, 0);
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    report("candle-transformers", "window_tokens_per_s", &name, WINDOW as f64 / median(times), "tok/s");
+    step(&ids[..32], 0);
+    let t = Instant::now();
+    for (i, &id) in ids[32..32 + DECODE_STEPS].iter().enumerate() {
+        step(&[id], 32 + i);
+    }
+    report(
+        "candle-transformers",
+        "decode_ms_per_token",
+        &name,
+        t.elapsed().as_secs_f64() * 1e3 / DECODE_STEPS as f64,
+        "ms",
+    );
+}

@@ -1,0 +1,5 @@
+//! Evaluations over documents: the neural model's perplexity with the paper's window protocol (and,
+//! with the mixing issue, the ∞-gram and mixed perplexities).
+
+pub mod documents;
+pub mod neural;

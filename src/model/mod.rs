@@ -1,0 +1,179 @@
+//! The neural side: a real pretrained causal LM (llama family or Gemma-3, from GGUF or an HF
+//! directory) run by candle, with logits at every position, a cache that rolls back, and the scoring
+//! the evaluator and the service need.
+
+mod cache;
+pub mod config;
+mod generate;
+mod scoring;
+mod transformer;
+mod weights;
+
+use std::path::{Path, PathBuf};
+
+use candle_core::Device;
+
+pub use cache::KvCache;
+pub use config::{Activation, Architecture, ModelConfig};
+pub use generate::{GenerateOptions, Generation};
+pub use scoring::{
+    plan_windows, DocumentScore, NextTokenDistribution, PositionScore, Window, WindowOptions,
+};
+pub use transformer::Transformer;
+
+use crate::tokenizer::Tokenizer;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{0}")]
+    Io(String),
+    #[error("model file: {0}")]
+    Format(String),
+    #[error("unsupported model: {0}")]
+    Unsupported(String),
+    /// Bad input from a caller (ids outside the vocabulary, a context too long, bad options).
+    #[error("{0}")]
+    Invalid(String),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("interrupted")]
+    Interrupted,
+    #[error("tokenizers differ: {0}")]
+    Mismatch(String),
+    #[error("candle: {0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+/// Where to run the model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// The first CUDA device when candle was built with CUDA and one is present, else the CPU.
+    #[default]
+    Auto,
+    Cpu,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// A `tokenizer.json` to use instead of the one found beside the model or in its GGUF metadata.
+    pub tokenizer: Option<PathBuf>,
+    pub device: DeviceChoice,
+}
+
+/// Sets how many CPU threads candle's kernels use. Takes effect only before the first model call
+/// (candle sizes its thread pools once), so the CLI calls it at start-up.
+pub fn set_cpu_threads(threads: usize) {
+    if threads > 0 {
+        std::env::set_var("CANDLE_NUM_THREADS", threads.to_string());
+        std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+    }
+}
+
+/// Loads the network alone (no tokenizer): a `.gguf` file or an HF llama directory.
+pub fn load_transformer(path: &Path, device: DeviceChoice) -> Result<Transformer, ModelError> {
+    let device = match device {
+        DeviceChoice::Cpu => Device::Cpu,
+        DeviceChoice::Auto => Device::cuda_if_available(0)?,
+    };
+    let (config, weights) = if path.is_dir() {
+        weights::load_hf_dir(path, &device)?
+    } else {
+        weights::load_gguf(path, &device)?
+    };
+    Transformer::new(config, weights, device)
+}
+
+/// A model and the tokenizer that gives its ids their meaning.
+pub struct Model {
+    transformer: Transformer,
+    tokenizer: Tokenizer,
+    source: PathBuf,
+}
+
+impl Model {
+    /// Loads a `.gguf` file (llama or gemma3) or an HF llama directory (`config.json`,
+    /// `*.safetensors`, `tokenizer.json`).
+    pub fn load(path: &Path, opts: &LoadOptions) -> Result<Self, ModelError> {
+        let transformer = load_transformer(path, opts.device)?;
+        let config = transformer.config();
+        let tokenizer_path = opts.tokenizer.clone().unwrap_or_else(|| {
+            let beside = path.with_file_name("tokenizer.json");
+            let inside = path.join("tokenizer.json");
+            match (path.is_dir(), beside.exists()) {
+                (true, _) => inside,
+                (false, true) => beside,
+                (false, false) => path.to_path_buf(),
+            }
+        });
+        let tokenizer = Tokenizer::from_file(&tokenizer_path)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        if tokenizer.vocab_size() as usize > config.vocab_size + 8 {
+            return Err(ModelError::Mismatch(format!(
+                "{} has {} tokens but the model only {}",
+                tokenizer.source(),
+                tokenizer.vocab_size(),
+                config.vocab_size
+            )));
+        }
+        tracing::info!(
+            model = %path.display(),
+            architecture = ?config.architecture,
+            layers = config.num_layers,
+            vocab = config.vocab_size,
+            device = ?transformer.device(),
+            "model loaded"
+        );
+        Ok(Self {
+            transformer,
+            tokenizer,
+            source: path.to_path_buf(),
+        })
+    }
+
+    pub fn transformer(&self) -> &Transformer {
+        &self.transformer
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        self.transformer.config()
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn source(&self) -> &Path {
+        &self.source
+    }
+
+    /// Refuses to pair this model with an index (or anything else) tokenized differently.
+    pub fn check_tokenizer(&self, fingerprint: &str, what: &str) -> Result<(), ModelError> {
+        if fingerprint == self.tokenizer.fingerprint() {
+            Ok(())
+        } else {
+            Err(ModelError::Mismatch(format!(
+                "{what} was tokenized with tokenizer {fingerprint:.12}…, the model {} uses {:.12}… ({})",
+                self.source.display(),
+                self.tokenizer.fingerprint(),
+                self.tokenizer.source()
+            )))
+        }
+    }
+
+    /// Token ids of `text`, with the model's BOS in front when it wants one.
+    pub fn encode_document(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        let mut ids: Vec<u32> = self.config().bos_token_id.into_iter().collect();
+        ids.extend(
+            self.tokenizer
+                .encode(text)
+                .map_err(|e| ModelError::Tokenizer(e.to_string()))?,
+        );
+        Ok(ids)
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
+        self.tokenizer
+            .decode(ids)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))
+    }
+}

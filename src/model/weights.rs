@@ -1,0 +1,271 @@
+//! The tensors of a model, named by role, loaded from a GGUF file (quantized, kept quantized) or an HF
+//! directory of safetensors (converted to f32).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::Path;
+
+use candle_core::quantized::{gguf_file, QMatMul, QTensor};
+use candle_core::{DType, Device, Module, Tensor};
+
+use super::config::ModelConfig;
+use super::ModelError;
+
+/// A weight matrix used as `x · Wᵀ`: quantized blocks from GGUF or a dense f32 tensor.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    inner: QMatMul,
+}
+
+impl Linear {
+    fn quantized(q: QTensor) -> candle_core::Result<Self> {
+        Ok(Self {
+            inner: QMatMul::from_qtensor(q)?,
+        })
+    }
+
+    fn dense(w: Tensor) -> Self {
+        Self {
+            inner: QMatMul::Tensor(w),
+        }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.inner.forward(x)
+    }
+
+    /// `x · Wᵢᵀ` for several matrices that share the input (Q/K/V, gate/up): candle's fused kernel
+    /// quantizes `x` once and runs one parallel region where the CPU supports it.
+    pub fn forward_shared(parts: &[&Linear], x: &Tensor) -> candle_core::Result<Vec<Tensor>> {
+        let quantized: Option<Vec<&QTensor>> = parts
+            .iter()
+            .map(|l| match &l.inner {
+                QMatMul::QTensor(q) => Some(q.as_ref()),
+                _ => None,
+            })
+            .collect();
+        if let Some(qs) = quantized {
+            if x.device().is_cpu() {
+                let x2 = x.flatten_to(x.rank().saturating_sub(2))?.contiguous()?;
+                if let Some(outs) = QTensor::gemv_fused_shared_lhs(&qs, &x2)? {
+                    let mut dims = x.dims().to_vec();
+                    return outs
+                        .into_iter()
+                        .map(|o| {
+                            if let Some(last) = dims.last_mut() {
+                                *last = o.dim(candle_core::D::Minus1)?;
+                            }
+                            o.reshape(dims.as_slice())
+                        })
+                        .collect();
+                }
+            }
+        }
+        parts.iter().map(|l| l.forward(x)).collect()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    pub attn_norm: Tensor,
+    pub wq: Linear,
+    pub wk: Linear,
+    pub wv: Linear,
+    pub wo: Linear,
+    pub q_norm: Option<Tensor>,
+    pub k_norm: Option<Tensor>,
+    pub post_attn_norm: Option<Tensor>,
+    pub ffn_norm: Tensor,
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+    pub post_ffn_norm: Option<Tensor>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Weights {
+    /// Token embeddings, dense f32 (vocab × hidden), looked up by id.
+    pub embeddings: Tensor,
+    pub layers: Vec<LayerWeights>,
+    pub final_norm: Tensor,
+    /// The output head; tied to the embeddings when the file has none.
+    pub lm_head: Linear,
+}
+
+/// Opens a GGUF file: its metadata decides the config, its tensors stay quantized.
+pub fn load_gguf(path: &Path, device: &Device) -> Result<(ModelConfig, Weights), ModelError> {
+    let mut file =
+        File::open(path).map_err(|e| ModelError::Io(format!("{}: {e}", path.display())))?;
+    let content = gguf_file::Content::read(&mut file)
+        .map_err(|e| ModelError::Format(format!("{}: {e}", path.display())))?;
+    let config = ModelConfig::from_gguf(&content)?;
+    config.validate()?;
+    let mut gguf = GgufTensors {
+        path,
+        content: &content,
+        file,
+        device,
+    };
+    let embeddings_q = gguf.quantized("token_embd.weight")?;
+    let embeddings = embeddings_q.dequantize(device)?;
+    let lm_head = match gguf.has("output.weight") {
+        true => gguf.quantized("output.weight")?,
+        false => embeddings_q,
+    };
+    let mut layers = Vec::with_capacity(config.num_layers);
+    for i in 0..config.num_layers {
+        let name = |suffix: &str| format!("blk.{i}.{suffix}.weight");
+        let mut norm_if = |present: bool, suffix: &str| -> Result<Option<Tensor>, ModelError> {
+            present.then(|| gguf.dense(&name(suffix))).transpose()
+        };
+        let q_norm = norm_if(config.qk_norm, "attn_q_norm")?;
+        let k_norm = norm_if(config.qk_norm, "attn_k_norm")?;
+        let post_attn_norm = norm_if(config.post_norms, "post_attention_norm")?;
+        let post_ffn_norm = norm_if(config.post_norms, "post_ffw_norm")?;
+        layers.push(LayerWeights {
+            attn_norm: gguf.dense(&name("attn_norm"))?,
+            wq: gguf.linear(&name("attn_q"))?,
+            wk: gguf.linear(&name("attn_k"))?,
+            wv: gguf.linear(&name("attn_v"))?,
+            wo: gguf.linear(&name("attn_output"))?,
+            q_norm,
+            k_norm,
+            post_attn_norm,
+            ffn_norm: gguf.dense(&name("ffn_norm"))?,
+            gate: gguf.linear(&name("ffn_gate"))?,
+            up: gguf.linear(&name("ffn_up"))?,
+            down: gguf.linear(&name("ffn_down"))?,
+            post_ffn_norm,
+        });
+    }
+    let weights = Weights {
+        embeddings,
+        layers,
+        final_norm: gguf.dense("output_norm.weight")?,
+        lm_head: Linear::quantized(lm_head)?,
+    };
+    check_shapes(&config, &weights)?;
+    Ok((config, weights))
+}
+
+/// Reads named tensors of an open GGUF file.
+struct GgufTensors<'a> {
+    path: &'a Path,
+    content: &'a gguf_file::Content,
+    file: File,
+    device: &'a Device,
+}
+
+impl GgufTensors<'_> {
+    fn has(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+    fn quantized(&mut self, name: &str) -> Result<QTensor, ModelError> {
+        if !self.has(name) {
+            let path = self.path.display();
+            return Err(ModelError::Format(format!("{path}: no tensor {name}")));
+        }
+        Ok(self.content.tensor(&mut self.file, name, self.device)?)
+    }
+    fn linear(&mut self, name: &str) -> Result<Linear, ModelError> {
+        Ok(Linear::quantized(self.quantized(name)?)?)
+    }
+    /// Norm weights and other small vectors, as f32.
+    fn dense(&mut self, name: &str) -> Result<Tensor, ModelError> {
+        Ok(self.quantized(name)?.dequantize(self.device)?)
+    }
+}
+
+/// Opens an HF llama directory: `config.json` and one or more `*.safetensors`.
+pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<(ModelConfig, Weights), ModelError> {
+    let io = |p: &Path, e: std::io::Error| ModelError::Io(format!("{}: {e}", p.display()));
+    let config_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&config_path).map_err(|e| io(&config_path, e))?;
+    let config = ModelConfig::from_hf_json(&text)?;
+    config.validate()?;
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(ModelError::Format(format!(
+            "{}: no *.safetensors files",
+            dir.display()
+        )));
+    }
+    let mut tensors: HashMap<String, Tensor> = HashMap::new();
+    for f in &files {
+        tensors.extend(candle_core::safetensors::load(f, device)?);
+    }
+    let mut take = |name: &str| -> Result<Tensor, ModelError> {
+        let t = tensors
+            .remove(name)
+            .ok_or_else(|| ModelError::Format(format!("{}: no tensor {name}", dir.display())))?;
+        Ok(t.to_dtype(DType::F32)?)
+    };
+    let embeddings = take("model.embed_tokens.weight")?;
+    let lm_head = match take("lm_head.weight") {
+        Ok(w) => w,
+        Err(_) => embeddings.clone(),
+    };
+    let mut layers = Vec::with_capacity(config.num_layers);
+    for i in 0..config.num_layers {
+        let mut t = |name: &str| take(&format!("model.layers.{i}.{name}.weight"));
+        layers.push(LayerWeights {
+            attn_norm: t("input_layernorm")?,
+            wq: Linear::dense(t("self_attn.q_proj")?),
+            wk: Linear::dense(t("self_attn.k_proj")?),
+            wv: Linear::dense(t("self_attn.v_proj")?),
+            wo: Linear::dense(t("self_attn.o_proj")?),
+            q_norm: None,
+            k_norm: None,
+            post_attn_norm: None,
+            ffn_norm: t("post_attention_layernorm")?,
+            gate: Linear::dense(t("mlp.gate_proj")?),
+            up: Linear::dense(t("mlp.up_proj")?),
+            down: Linear::dense(t("mlp.down_proj")?),
+            post_ffn_norm: None,
+        });
+    }
+    let weights = Weights {
+        embeddings,
+        layers,
+        final_norm: take("model.norm.weight")?,
+        lm_head: Linear::dense(lm_head),
+    };
+    check_shapes(&config, &weights)?;
+    Ok((config, weights))
+}
+
+/// Catches a config that does not describe the tensors (which would otherwise fail mid-forward).
+fn check_shapes(config: &ModelConfig, w: &Weights) -> Result<(), ModelError> {
+    let (v, h) = w.embeddings.dims2()?;
+    if v != config.vocab_size || h != config.hidden_size {
+        return Err(ModelError::Format(format!(
+            "embeddings are {v}×{h}, the config says {}×{}",
+            config.vocab_size, config.hidden_size
+        )));
+    }
+    let heads_width = config.num_heads * config.head_dim;
+    for (i, l) in w.layers.iter().enumerate() {
+        let q_out = l.wq.inner_rows()?;
+        if q_out != heads_width {
+            return Err(ModelError::Format(format!(
+                "layer {i}: query projection has {q_out} rows, expected {heads_width}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Linear {
+    /// Output width of the matrix.
+    fn inner_rows(&self) -> candle_core::Result<usize> {
+        match &self.inner {
+            QMatMul::QTensor(q) => q.shape().dims2().map(|d| d.0),
+            QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.dims2().map(|d| d.0),
+        }
+    }
+}
