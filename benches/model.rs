@@ -41,7 +41,10 @@ fn tokens(vocab: usize, file: Option<PathBuf>) -> Vec<u32> {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
     let Some(path) = args.first().map(PathBuf::from) else {
         eprintln!("usage: cargo bench --bench model -- MODEL.gguf [TOKENS.json]");
         return;
@@ -64,7 +67,13 @@ fn main() {
             t.elapsed().as_secs_f64()
         })
         .collect();
-    report("ours", "window_tokens_per_s", &name, WINDOW as f64 / median(times), "tok/s");
+    report(
+        "ours",
+        "window_tokens_per_s",
+        &name,
+        WINDOW as f64 / median(times),
+        "tok/s",
+    );
 
     // Ours: decode, one token at a time after a 32-token prompt.
     let mut cache = ours.new_cache();
@@ -73,21 +82,41 @@ fn main() {
     for &id in &ids[32..32 + DECODE_STEPS] {
         ours.forward(&[id], &mut cache).unwrap();
     }
-    report("ours", "decode_ms_per_token", &name, t.elapsed().as_secs_f64() * 1e3 / DECODE_STEPS as f64, "ms");
+    report(
+        "ours",
+        "decode_ms_per_token",
+        &name,
+        t.elapsed().as_secs_f64() * 1e3 / DECODE_STEPS as f64,
+        "ms",
+    );
 
     // candle-transformers' forward on the same window and the same decode.
     let dev = Device::Cpu;
     let mut f = std::fs::File::open(&path).unwrap();
     let content = gguf_file::Content::read(&mut f).unwrap();
     let mut step: Box<dyn FnMut(&[u32], usize)> = if gemma {
-        let mut m = candle_transformers::models::quantized_gemma3::ModelWeights::from_gguf(content, &mut f, &dev).unwrap();
+        let mut m = candle_transformers::models::quantized_gemma3::ModelWeights::from_gguf(
+            content, &mut f, &dev,
+        )
+        .unwrap();
         Box::new(move |x, pos| {
-            m.forward(&Tensor::new(x, &Device::Cpu).unwrap().unsqueeze(0).unwrap(), pos).unwrap();
+            m.forward(
+                &Tensor::new(x, &Device::Cpu).unwrap().unsqueeze(0).unwrap(),
+                pos,
+            )
+            .unwrap();
         })
     } else {
-        let mut m = candle_transformers::models::quantized_llama::ModelWeights::from_gguf(content, &mut f, &dev).unwrap();
+        let mut m = candle_transformers::models::quantized_llama::ModelWeights::from_gguf(
+            content, &mut f, &dev,
+        )
+        .unwrap();
         Box::new(move |x, pos| {
-            m.forward(&Tensor::new(x, &Device::Cpu).unwrap().unsqueeze(0).unwrap(), pos).unwrap();
+            m.forward(
+                &Tensor::new(x, &Device::Cpu).unwrap().unsqueeze(0).unwrap(),
+                pos,
+            )
+            .unwrap();
         })
     };
     let times: Vec<f64> = (0..REPEATS)
@@ -97,7 +126,13 @@ fn main() {
             t.elapsed().as_secs_f64()
         })
         .collect();
-    report("candle-transformers", "window_tokens_per_s", &name, WINDOW as f64 / median(times), "tok/s");
+    report(
+        "candle-transformers",
+        "window_tokens_per_s",
+        &name,
+        WINDOW as f64 / median(times),
+        "tok/s",
+    );
     step(&ids[..32], 0);
     let t = Instant::now();
     for (i, &id) in ids[32..32 + DECODE_STEPS].iter().enumerate() {
