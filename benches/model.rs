@@ -16,6 +16,9 @@ const WINDOW: usize = 1024;
 const DECODE_STEPS: usize = 64;
 const REPEATS: usize = 3;
 
+/// candle-transformers' forward: token ids and their first position in, logits discarded.
+type CandleStep = Box<dyn FnMut(&[u32], usize)>;
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -94,7 +97,7 @@ fn main() {
     let dev = Device::Cpu;
     let mut f = std::fs::File::open(&path).unwrap();
     let content = gguf_file::Content::read(&mut f).unwrap();
-    let mut step: Box<dyn FnMut(&[u32], usize)> = if gemma {
+    let mut step: CandleStep = if gemma {
         let mut m = candle_transformers::models::quantized_gemma3::ModelWeights::from_gguf(
             content, &mut f, &dev,
         )
