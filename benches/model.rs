@@ -19,6 +19,20 @@ const REPEATS: usize = 3;
 /// candle-transformers' forward: token ids and their first position in, logits discarded.
 type CandleStep = Box<dyn FnMut(&[u32], usize)>;
 
+/// Wraps a candle-transformers model's `forward` as a [`CandleStep`].
+fn boxed<M: 'static>(
+    mut model: M,
+    forward: fn(&mut M, &Tensor, usize) -> candle_core::Result<Tensor>,
+) -> CandleStep {
+    Box::new(move |ids, pos| {
+        let x = Tensor::new(ids, &Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        forward(&mut model, &x, pos).unwrap();
+    })
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -98,29 +112,17 @@ fn main() {
     let mut f = std::fs::File::open(&path).unwrap();
     let content = gguf_file::Content::read(&mut f).unwrap();
     let mut step: CandleStep = if gemma {
-        let mut m = candle_transformers::models::quantized_gemma3::ModelWeights::from_gguf(
-            content, &mut f, &dev,
+        use candle_transformers::models::quantized_gemma3::ModelWeights;
+        boxed(
+            ModelWeights::from_gguf(content, &mut f, &dev).unwrap(),
+            ModelWeights::forward,
         )
-        .unwrap();
-        Box::new(move |x, pos| {
-            m.forward(
-                &Tensor::new(x, &Device::Cpu).unwrap().unsqueeze(0).unwrap(),
-                pos,
-            )
-            .unwrap();
-        })
     } else {
-        let mut m = candle_transformers::models::quantized_llama::ModelWeights::from_gguf(
-            content, &mut f, &dev,
+        use candle_transformers::models::quantized_llama::ModelWeights;
+        boxed(
+            ModelWeights::from_gguf(content, &mut f, &dev).unwrap(),
+            ModelWeights::forward,
         )
-        .unwrap();
-        Box::new(move |x, pos| {
-            m.forward(
-                &Tensor::new(x, &Device::Cpu).unwrap().unsqueeze(0).unwrap(),
-                pos,
-            )
-            .unwrap();
-        })
     };
     let times: Vec<f64> = (0..REPEATS)
         .map(|_| {

@@ -83,9 +83,11 @@ def main():
                         rows.append({"model": name, "threads": int(threads), "runtime": r["runtime"],
                                      "measure": r["measure"], "value": r["value"]})
                 if args.llama_python:
-                    out = subprocess.check_output([args.llama_python, "-c", LLAMA_CPP, path, tokens, threads],
-                                                  text=True)
-                    for line in out.splitlines():
+                    run = subprocess.run([args.llama_python, "-c", LLAMA_CPP, path, tokens, threads],
+                                         capture_output=True, text=True)
+                    if run.returncode != 0:
+                        print(f"[bench] llama.cpp failed ({run.returncode}): {run.stderr[-500:]}", file=sys.stderr)
+                    for line in run.stdout.splitlines():
                         r = json.loads(line)
                         rows.append({"model": name, "threads": int(threads), "runtime": "llama.cpp",
                                      "measure": r["measure"], "value": r["value"]})

@@ -44,10 +44,6 @@ impl KvCache {
         self.len = self.len.min(len);
     }
 
-    pub fn clear(&mut self) {
-        self.len = 0;
-    }
-
     /// Marks `n` more positions valid, once every layer has written them.
     pub(crate) fn advance(&mut self, n: usize) {
         self.len += n;

@@ -34,7 +34,6 @@ impl Transformer {
         prompt: &[u32],
         opts: &GenerateOptions,
     ) -> Result<Generation, ModelError> {
-        let t = self;
         if prompt.is_empty() {
             return Err(ModelError::Invalid("empty prompt".into()));
         }
@@ -48,10 +47,9 @@ impl Transformer {
         }
         let temperature = opts.temperature.filter(|&t| t > 0.0);
         let mut sampler = LogitsProcessor::new(opts.seed, temperature, opts.top_p);
-        let mut cache = t.new_cache();
+        let mut cache = self.new_cache();
         let started = Instant::now();
-        let logits = t.forward(prompt, &mut cache)?;
-        let mut next = sampler.sample(&logits.get(prompt.len() - 1)?)?;
+        let mut next = sampler.sample(&self.forward_last(prompt, &mut cache)?)?;
         let prompt_ms = started.elapsed().as_secs_f64() * 1e3;
         let decode_started = Instant::now();
         let mut tokens = vec![next];
@@ -59,8 +57,7 @@ impl Transformer {
             if crate::progress::interrupted() {
                 return Err(ModelError::Interrupted);
             }
-            let logits = t.forward(&[next], &mut cache)?;
-            next = sampler.sample(&logits.get(0)?)?;
+            next = sampler.sample(&self.forward_last(&[next], &mut cache)?)?;
             tokens.push(next);
         }
         let steps = tokens.len().saturating_sub(1).max(1);

@@ -60,6 +60,10 @@ pub struct LoadOptions {
     pub device: DeviceChoice,
 }
 
+/// Tokens a tokenizer.json may add beyond the model's embedding rows (Gemma's adds an image token
+/// the text model never sees); more than this means the two do not belong together.
+const TOKENIZER_EXTRA_TOKENS: usize = 8;
+
 /// Sets how many CPU threads candle's kernels use. Takes effect only before the first model call
 /// (candle sizes its thread pools once), so the CLI calls it at start-up.
 pub fn set_cpu_threads(threads: usize) {
@@ -107,7 +111,7 @@ impl Model {
         });
         let tokenizer = Tokenizer::from_file(&tokenizer_path)
             .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-        if tokenizer.vocab_size() as usize > config.vocab_size + 8 {
+        if tokenizer.vocab_size() as usize > config.vocab_size + TOKENIZER_EXTRA_TOKENS {
             return Err(ModelError::Mismatch(format!(
                 "{} has {} tokens but the model only {}",
                 tokenizer.source(),

@@ -107,13 +107,10 @@ impl Transformer {
         top_k: usize,
         full: bool,
     ) -> Result<NextTokenDistribution, ModelError> {
-        let t = self;
         if context.is_empty() {
             return Err(ModelError::Invalid("empty context".into()));
         }
-        let mut cache = t.new_cache();
-        let logits = t.forward(context, &mut cache)?;
-        let last = logits.get(context.len() - 1)?;
+        let last = self.forward_last(context, &mut self.new_cache())?;
         let logprobs = log_softmax(&last.to_device(&Device::Cpu)?.to_vec1::<f32>()?);
         Ok(NextTokenDistribution {
             top: top_k_of(&logprobs, top_k),
@@ -130,20 +127,19 @@ impl Transformer {
     /// Scores tokens `1..n` of several sequences in one batched pass. Shorter sequences are padded
     /// at the end, which the causal mask keeps from affecting any real position.
     pub fn score_batch(&self, seqs: &[&[u32]]) -> Result<Vec<Vec<PositionScore>>, ModelError> {
-        let t = self;
         let longest = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
         if longest < 2 {
             return Ok(vec![Vec::new(); seqs.len()]);
         }
         let mut ids = Vec::with_capacity(seqs.len() * longest);
         for s in seqs {
-            t.check_tokens(s)?;
+            self.check_tokens(s)?;
             ids.extend_from_slice(s);
             ids.extend(std::iter::repeat_n(0, longest - s.len()));
         }
-        let ids = Tensor::from_vec(ids, (seqs.len(), longest), t.device())?;
-        let mut cache = t.new_cache();
-        let hidden = t.forward_hidden(&ids, &mut cache)?;
+        let ids = Tensor::from_vec(ids, (seqs.len(), longest), self.device())?;
+        let mut cache = self.new_cache();
+        let hidden = self.forward_hidden(&ids, &mut cache)?;
         seqs.iter()
             .enumerate()
             .map(|(b, s)| {
@@ -161,23 +157,24 @@ impl Transformer {
         opts: WindowOptions,
         mut on_window: impl FnMut(usize),
     ) -> Result<DocumentScore, ModelError> {
-        let t = self;
-        t.check_tokens(tokens)?;
-        if opts.window > t.max_context() {
+        self.check_tokens(tokens)?;
+        if opts.window > self.max_context() {
             return Err(ModelError::Invalid(format!(
                 "window {} exceeds the model's context of {}",
                 opts.window,
-                t.max_context()
+                self.max_context()
             )));
         }
         let mut positions = Vec::with_capacity(tokens.len().saturating_sub(1));
+        // Windows are independent passes; one cache, emptied each time, keeps its allocation.
+        let mut cache = self.new_cache();
         for w in plan_windows(tokens.len(), opts)? {
             if crate::progress::interrupted() {
                 return Err(ModelError::Interrupted);
             }
-            let mut cache = t.new_cache();
-            let ids = Tensor::new(&tokens[w.start..w.end], t.device())?.unsqueeze(0)?;
-            let hidden = t.forward_hidden(&ids, &mut cache)?.squeeze(0)?;
+            cache.truncate(0);
+            let ids = Tensor::new(&tokens[w.start..w.end], self.device())?.unsqueeze(0)?;
+            let hidden = self.forward_hidden(&ids, &mut cache)?.squeeze(0)?;
             // Row r predicts token start + r + 1.
             let first_row = w.score_from - 1 - w.start;
             let rows = hidden.narrow(0, first_row, w.end - w.score_from)?;
@@ -216,7 +213,7 @@ impl Transformer {
 /// The score of `target` under the softmax of `logits`, with the distribution's entropy and top
 /// probability, in one pass of f64 sums.
 fn score_row(logits: &[f32], target: u32) -> PositionScore {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let max = row_max(logits);
     let (mut z, mut weighted) = (0f64, 0f64);
     for &l in logits {
         let d = l as f64 - max;
@@ -238,7 +235,7 @@ fn score_row(logits: &[f32], target: u32) -> PositionScore {
 
 /// Log-softmax of one row, in f64 sums.
 pub(crate) fn log_softmax(logits: &[f32]) -> Vec<f32> {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let max = row_max(logits);
     let log_z = logits
         .iter()
         .map(|&l| (l as f64 - max).exp())
@@ -246,6 +243,11 @@ pub(crate) fn log_softmax(logits: &[f32]) -> Vec<f32> {
         .ln()
         + max;
     logits.iter().map(|&l| (l as f64 - log_z) as f32).collect()
+}
+
+/// The largest logit, the shift that keeps `exp` in range.
+fn row_max(logits: &[f32]) -> f64 {
+    logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64
 }
 
 /// The `k` highest-scoring (id, value) pairs, best first.

@@ -160,6 +160,20 @@ impl Transformer {
         Ok(self.weights.lm_head.forward(hidden)?)
     }
 
+    /// Logits `(vocab,)` after the last of `tokens`, appended to `cache`: the next-token
+    /// distribution without projecting every position onto the vocabulary.
+    pub fn forward_last(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor, ModelError> {
+        self.check_tokens(tokens)?;
+        let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
+        let hidden = self.forward_hidden(&ids, cache)?;
+        self.logits(
+            &hidden
+                .squeeze(0)?
+                .narrow(0, tokens.len() - 1, 1)?
+                .squeeze(0)?,
+        )
+    }
+
     /// Logits `(n, vocab)` at every position of one sequence's `tokens`, appended to `cache`.
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor, ModelError> {
         self.check_tokens(tokens)?;
