@@ -166,12 +166,8 @@ impl Transformer {
         self.check_tokens(tokens)?;
         let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
         let hidden = self.forward_hidden(&ids, cache)?;
-        self.logits(
-            &hidden
-                .squeeze(0)?
-                .narrow(0, tokens.len() - 1, 1)?
-                .squeeze(0)?,
-        )
+        let last = hidden.squeeze(0)?.narrow(0, tokens.len() - 1, 1)?;
+        Ok(self.logits(&last)?.squeeze(0)?)
     }
 
     /// Logits `(n, vocab)` at every position of one sequence's `tokens`, appended to `cache`.
