@@ -5,6 +5,13 @@ tokens, with 1 and 2 threads. Writes eval/results/model.json and prints a Markdo
 
     python3 eval/bench_model.py --llama-python PATH/TO/venv/bin/python
 
+llama-cpp-python must be built without AMX: a native build enables ggml's AMX kernels, which crash
+(SIGSEGV) where the kernel does not grant AMX tile state to the process, as in our sandbox:
+
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+      -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON" \
+      VENV/bin/pip install --no-binary llama-cpp-python llama-cpp-python==0.3.36
+
 Measures: tokens per second scoring one 1024-token window (all-position logits), and milliseconds per
 token of single-token decode with the cache after a 32-token prompt.
 """
@@ -96,14 +103,15 @@ def main():
     meta = {"cpu": open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": "),
             "date": time.strftime("%Y-%m-%d"), "window": WINDOW, "decode_steps": DECODE_STEPS}
     json.dump({"meta": meta, "rows": rows}, open(args.out, "w"), indent=1)
-    print("| model | threads | measure | ours | candle-transformers | llama.cpp |")
-    print("|---|---|---|---|---|---|")
+    runtimes = ["ours", "ours (quantized)", "candle-transformers", "llama.cpp"]
+    print("| model | threads | measure | " + " | ".join(runtimes) + " |")
+    print("|---|---|---|" + "---|" * len(runtimes))
     keys = sorted({(r["model"], r["threads"], r["measure"]) for r in rows})
     for model, threads, measure in keys:
         val = {r["runtime"]: r["value"] for r in rows
                if (r["model"], r["threads"], r["measure"]) == (model, threads, measure)}
         cell = lambda k: f"{val[k]:.1f}" if k in val else "–"
-        print(f"| {model} | {threads} | {measure} | {cell('ours')} | {cell('candle-transformers')} | {cell('llama.cpp')} |")
+        print(f"| {model} | {threads} | {measure} | " + " | ".join(cell(k) for k in runtimes) + " |")
 
 
 if __name__ == "__main__":

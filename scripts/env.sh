@@ -5,7 +5,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/target}"
 export INFINI_SIDECAR_ASSETS="${INFINI_SIDECAR_ASSETS:-$CACHE/assets}"
 REFERENCE_VENV="$CACHE/venv-infini-gram-2.6.0"
 export INFINI_GRAM_PYTHON="$REFERENCE_VENV/bin/python"
-DEFAULT_INDEX="$INFINI_SIDECAR_ASSETS/index-minipile-smollm2"
+# The reference index: mini-Pile train, decontaminated against the test and validation splits.
+DEFAULT_INDEX="$INFINI_SIDECAR_ASSETS/index-minipile-train-decon-smollm2"
 SMOLLM2_GGUF="$INFINI_SIDECAR_ASSETS/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # The reference engine, for the peer tests and benchmarks.

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The main job on the embedded default, end to end: fetch SmolLM2 and the mini-Pile (if absent), build
-# the ∞-gram index over the mini-Pile train split with SmolLM2's tokenizer (if absent), and query it.
+# the ∞-gram index over the mini-Pile train split with SmolLM2's tokenizer, decontaminated against the
+# evaluation splits (if absent), query it, then fit λ on validation text and report neural vs mixed
+# perplexity on test text (a small token budget; eval/run_mixing.sh runs the full experiment).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -9,7 +11,8 @@ cargo build --release --quiet
 BIN="$CARGO_TARGET_DIR/release/infini-sidecar"
 if [ ! -f "$DEFAULT_INDEX/sidecar-index.json" ]; then
   "$BIN" index build --input "$INFINI_SIDECAR_ASSETS/minipile/train.jsonl" --tokenizer "$SMOLLM2_GGUF" \
-    --out "$DEFAULT_INDEX" --memory-gib 4
+    --out "$DEFAULT_INDEX" --memory-gib 4 \
+    --decontaminate "$INFINI_SIDECAR_ASSETS/minipile/test.jsonl" "$INFINI_SIDECAR_ASSETS/minipile/validation.jsonl"
 fi
 "$BIN" index info --index "$DEFAULT_INDEX"
 prompt=$("$BIN" tokenize --tokenizer "$SMOLLM2_GGUF" --text "The kernel uses a")
@@ -19,3 +22,12 @@ printf '%s\n' \
   "{\"qid\":\"infgram\",\"op\":\"infgram_ntd\",\"prompt\":$prompt}" \
   "{\"qid\":\"score\",\"op\":\"score\",\"ids\":$prompt}" \
   | "$BIN" query --index "$DEFAULT_INDEX" --timing | cut -c1-400
+
+WORK="$CACHE/run-default"
+mkdir -p "$WORK"
+"$BIN" eval fit --model "$SMOLLM2_GGUF" --index "$DEFAULT_INDEX" \
+  --input "$INFINI_SIDECAR_ASSETS/minipile/validation.jsonl" --max-tokens 400 \
+  --work-dir "$WORK/validation" --out "$WORK/mixing.json"
+"$BIN" eval ppl --model "$SMOLLM2_GGUF" --index "$DEFAULT_INDEX" --mixing "$WORK/mixing.json" \
+  --input "$INFINI_SIDECAR_ASSETS/minipile/test.jsonl" --max-tokens 400 \
+  --work-dir "$WORK/test" --out-dir "$WORK/report"

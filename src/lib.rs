@@ -4,6 +4,7 @@
 pub mod corpus;
 pub mod eval;
 pub mod index;
+pub mod mix;
 pub mod model;
 pub mod progress;
 pub mod protocol;

@@ -9,9 +9,14 @@ use clap::{Args, Parser, Subcommand};
 
 use infini_sidecar::corpus;
 use infini_sidecar::eval::documents::{load_documents, TokenBudget};
+use infini_sidecar::eval::experiment::{self, EvalInputs, Pairing};
 use infini_sidecar::eval::neural::score_documents;
+use infini_sidecar::eval::records::DomainRecords;
+use infini_sidecar::eval::report as eval_report;
 use infini_sidecar::index::build::{build, BuildOptions};
+use infini_sidecar::index::decontam::{self, Decontaminator};
 use infini_sidecar::index::{Index, IndexError, OpenOptions, TokenWidth};
+use infini_sidecar::mix::{self, GateOptions, LambdaRule, MixingParams};
 use infini_sidecar::model::{
     self, DeviceChoice, GenerateOptions, LoadOptions, Model, ModelError, WindowOptions,
 };
@@ -40,6 +45,9 @@ enum Command {
     /// Run the neural model: perplexity of documents, or generation.
     #[command(subcommand)]
     Model(ModelCommand),
+    /// Mix the ∞-gram with the model: fit λ on validation text, evaluate perplexity on test text.
+    #[command(subcommand)]
+    Eval(EvalCommand),
     /// Print the token ids of a text (one JSON list).
     Tokenize {
         #[arg(long)]
@@ -47,6 +55,72 @@ enum Command {
         #[arg(long)]
         text: String,
     },
+}
+
+#[derive(Subcommand)]
+enum EvalCommand {
+    /// Fit λ1/λ2 and the random-forest gate on validation text; writes a mixing file.
+    Fit(FitArgs),
+    /// Neural vs mixed perplexity per domain (JSON and Markdown), per-token output on request.
+    Ppl(PplArgs),
+}
+
+#[derive(Args)]
+struct EvalArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The reference index (built with the model's tokenizer).
+    #[arg(long)]
+    index: PathBuf,
+    /// Pile-style JSON lines (`text`, `meta.pile_set_name`), text files or folders.
+    #[arg(long = "input", num_args = 1.., required = true)]
+    inputs: Vec<PathBuf>,
+    /// Score only the first N tokens of each domain.
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// Score at most N tokens of any one document (spreads --max-tokens over more documents).
+    #[arg(long)]
+    max_doc_tokens: Option<usize>,
+    #[arg(long, default_value_t = 1024)]
+    window: usize,
+    #[arg(long, default_value_t = 512)]
+    stride: usize,
+    /// Save each finished domain's token records here; a rerun with the same inputs reuses them.
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct FitArgs {
+    #[command(flatten)]
+    eval: EvalArgs,
+    /// The mixing file to write.
+    #[arg(long)]
+    out: PathBuf,
+    /// Fit only λ1/λ2, no gate.
+    #[arg(long)]
+    no_gate: bool,
+    #[arg(long, default_value_t = GateOptions::default().trees)]
+    gate_trees: usize,
+    #[arg(long, default_value_t = GateOptions::default().max_depth)]
+    gate_max_depth: u16,
+    #[arg(long, default_value_t = GateOptions::default().min_samples_leaf)]
+    gate_min_samples_leaf: usize,
+}
+
+#[derive(Args)]
+struct PplArgs {
+    #[command(flatten)]
+    eval: EvalArgs,
+    /// The mixing file written by `eval fit`.
+    #[arg(long)]
+    mixing: PathBuf,
+    /// Folder for report.json and report.md (default: print the JSON).
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+    /// Also write every token's neural, ∞-gram and mixed log-probs (JSON lines) here.
+    #[arg(long)]
+    per_token: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -81,6 +155,9 @@ struct ModelArgs {
     /// Run on the CPU even when a GPU is available.
     #[arg(long)]
     cpu: bool,
+    /// Keep many-token inputs on the quantized weights (less memory, slower scoring).
+    #[arg(long)]
+    quantized_prefill: bool,
 }
 
 #[derive(Args)]
@@ -130,6 +207,7 @@ fn load_model(args: &ModelArgs) -> Result<Model> {
         } else {
             DeviceChoice::Auto
         },
+        quantized_prefill: args.quantized_prefill,
     };
     Ok(Model::load(&args.model, &opts)?)
 }
@@ -137,7 +215,7 @@ fn load_model(args: &ModelArgs) -> Result<Model> {
 fn run_score(args: ScoreArgs) -> Result<()> {
     let model = load_model(&args.model)?;
     let budget = args.max_tokens.map_or(TokenBudget::All, TokenBudget::Total);
-    let docs = load_documents(&args.inputs, &model, budget)?;
+    let docs = load_documents(&args.inputs, &model, budget, None)?;
     let opts = WindowOptions {
         window: args.window,
         stride: args.stride,
@@ -209,6 +287,16 @@ struct BuildArgs {
     /// Replace an existing index at --out.
     #[arg(long)]
     force: bool,
+    /// Evaluation text (files, folders, JSON lines): drop input documents whose n-grams mostly occur
+    /// in it (paper §5).
+    #[arg(long, num_args = 1.., requires = "tokenizer")]
+    decontaminate: Vec<PathBuf>,
+    /// n-gram length for --decontaminate.
+    #[arg(long, default_value_t = decontam::DEFAULT_NGRAM)]
+    decontaminate_ngram: usize,
+    /// Drop a document when at least this share of its n-grams occurs in the evaluation text.
+    #[arg(long, default_value_t = decontam::DEFAULT_THRESHOLD)]
+    decontaminate_threshold: f64,
 }
 
 #[derive(Args)]
@@ -297,8 +385,18 @@ fn run_build(args: BuildArgs) -> Result<()> {
         }
         (None, None) => bail!("the tokenizer names no eos token: pass --eos-id"),
     };
+    let decontaminator = match (&tokenizer, args.decontaminate.is_empty()) {
+        (Some(t), false) => Some(Decontaminator::from_files(
+            &args.decontaminate,
+            t,
+            args.decontaminate_ngram,
+            args.decontaminate_threshold,
+        )?),
+        _ => None,
+    };
     let mut opts = BuildOptions {
         tokenizer: tokenizer.as_ref(),
+        decontaminate: decontaminator.as_ref(),
         memory_budget: (args.memory_gib * (1u64 << 30) as f64) as u64,
         max_shard_tokens: args.max_shard_tokens,
         threads: args.threads.unwrap_or_else(rayon::current_num_threads),
@@ -328,6 +426,15 @@ fn run_build(args: BuildArgs) -> Result<()> {
         report.peak_bytes_per_token,
         report.seconds_total
     );
+    if let Some(d) = &report.decontamination {
+        tracing::info!(
+            "decontamination: dropped {} documents ({} tokens) with ≥{:.0}% of their {}-grams in the evaluation text",
+            d.documents_dropped,
+            d.tokens_dropped,
+            d.threshold * 100.0,
+            d.ngram
+        );
+    }
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
 }
@@ -344,6 +451,110 @@ fn index_info(index: &Index) -> serde_json::Value {
         "tokenizer": index.manifest().and_then(|m| m.tokenizer.clone()),
         "manifest": index.manifest().is_some(),
     })
+}
+
+/// Model, index and inputs of an evaluation, checked to belong together.
+fn eval_setup(args: &EvalArgs) -> Result<(Model, Index, EvalInputs)> {
+    let model = load_model(&args.model)?;
+    let index = Index::open(&args.index, &OpenOptions::default())?;
+    let inputs = EvalInputs {
+        inputs: args.inputs.clone(),
+        max_tokens_per_domain: args.max_tokens,
+        max_doc_tokens: args.max_doc_tokens,
+        window: WindowOptions {
+            window: args.window,
+            stride: args.stride,
+        },
+        work_dir: args.work_dir.clone(),
+    };
+    Ok((model, index, inputs))
+}
+
+fn run_fit(args: FitArgs) -> Result<()> {
+    let (model, index, inputs) = eval_setup(&args.eval)?;
+    let gate = (!args.no_gate).then_some(GateOptions {
+        trees: args.gate_trees,
+        max_depth: args.gate_max_depth,
+        min_samples_leaf: args.gate_min_samples_leaf,
+        ..GateOptions::default()
+    });
+    let params = experiment::fit(&Pairing::new(&model, &index)?, &inputs, gate)?;
+    params.save(&args.out)?;
+    let importances = match &params.gate {
+        Some(g) => g
+            .feature_names
+            .iter()
+            .cloned()
+            .zip(g.importances()?)
+            .collect(),
+        None => Vec::new(),
+    };
+    let summary = serde_json::json!({
+        "out": args.out,
+        "lambda_sparse": params.lambda_sparse,
+        "lambda_dense": params.lambda_dense,
+        "by_domain": params.by_domain,
+        "validation": params.fitted_on,
+        "gate_feature_importances": importances,
+    });
+    println!("{}", serde_json::to_string_pretty(&summary)?);
+    Ok(())
+}
+
+fn run_ppl(args: PplArgs) -> Result<()> {
+    let (model, index, inputs) = eval_setup(&args.eval)?;
+    let params = MixingParams::load(&args.mixing)?;
+    let (report, domains) = experiment::ppl(&Pairing::new(&model, &index)?, &inputs, &params)?;
+    if let Some(path) = &args.per_token {
+        write_per_token(path, &domains, &params)?;
+    }
+    match &args.out_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            std::fs::write(
+                dir.join("report.json"),
+                serde_json::to_string_pretty(&report)?,
+            )?;
+            std::fs::write(dir.join("report.md"), eval_report::markdown(&report))?;
+            print!("{}", eval_report::markdown(&report));
+        }
+        None => println!("{}", serde_json::to_string_pretty(&report)?),
+    }
+    Ok(())
+}
+
+/// One JSON line per scored token: the three log-probs and what the ∞-gram matched.
+fn write_per_token(path: &Path, domains: &[DomainRecords], params: &MixingParams) -> Result<()> {
+    let mut out = open_writer(&path.display().to_string())?;
+    for d in domains {
+        let sparse: Vec<bool> = d.tokens.iter().map(|t| t.sparse).collect();
+        let features: Vec<_> = d.tokens.iter().map(|t| t.features).collect();
+        let split = params.lambdas(LambdaRule::Split, None, &sparse, &features)?;
+        let domain_split =
+            params.lambdas(LambdaRule::DomainSplit, Some(&d.domain), &sparse, &features)?;
+        let gate = params
+            .gate
+            .as_ref()
+            .map(|g| g.predict(&features))
+            .transpose()?;
+        for (i, t) in d.tokens.iter().enumerate() {
+            let e = t.evidence();
+            let mixed = |l: f64| mix::mixed_prob(e.p_infgram, e.p_neural, l).ln();
+            let line = serde_json::json!({
+                "domain": d.domain, "doc": t.doc, "position": t.position, "token": t.token,
+                "neural_logprob": t.neural_logprob, "infgram_prob": t.infgram_prob,
+                "suffix_len": t.suffix_len, "prompt_cnt": t.prompt_cnt, "sparse": t.sparse,
+                "lambda_split": split[i], "mixed_logprob_split": mixed(split[i]),
+                "lambda_domain_split": domain_split[i],
+                "mixed_logprob_domain_split": mixed(domain_split[i]),
+                "lambda_gate": gate.as_ref().map(|g| g[i]),
+                "mixed_logprob_gate": gate.as_ref().map(|g| mixed(g[i])),
+            });
+            writeln!(out, "{line}")?;
+        }
+    }
+    out.flush()?;
+    Ok(())
 }
 
 fn open_writer(path: &str) -> Result<Box<dyn Write>> {
@@ -404,6 +615,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Query(args) => run_query(args),
         Command::Model(ModelCommand::Score(args)) => run_score(args),
         Command::Model(ModelCommand::Generate(args)) => run_generate(args),
+        Command::Eval(EvalCommand::Fit(args)) => run_fit(args),
+        Command::Eval(EvalCommand::Ppl(args)) => run_ppl(args),
         Command::Tokenize { tokenizer, text } => {
             let ids = Tokenizer::from_file(Path::new(&tokenizer))?.encode(&text)?;
             println!("{}", serde_json::to_string(&ids)?);

@@ -39,12 +39,14 @@ impl TokenBudget {
     }
 }
 
-/// Reads and tokenizes the documents of `inputs`, keeping `budget` tokens. Documents left with fewer
-/// than two tokens (nothing to predict) are dropped.
+/// Reads and tokenizes the documents of `inputs`, keeping `budget` tokens, and at most
+/// `max_doc_tokens` of any one document (so a budget spreads over several documents instead of
+/// the first long one). Documents left with fewer than two tokens (nothing to predict) are dropped.
 pub fn load_documents(
     inputs: &[PathBuf],
     model: &Model,
     budget: TokenBudget,
+    max_doc_tokens: Option<usize>,
 ) -> Result<Vec<EvalDocument>> {
     let files = corpus::expand_inputs(inputs)?;
     let mut used: BTreeMap<String, usize> = BTreeMap::new();
@@ -67,8 +69,9 @@ pub fn load_documents(
         let mut tokens = model
             .encode_document(&text)
             .with_context(|| format!("tokenizing document {index} ({path})"))?;
-        if let Some(left) = left {
-            tokens.truncate(left);
+        let keep = [left, max_doc_tokens].into_iter().flatten().min();
+        if let Some(keep) = keep {
+            tokens.truncate(keep);
         }
         *spent += tokens.len();
         if tokens.len() >= 2 {

@@ -2,4 +2,7 @@
 //! with the mixing issue, the ∞-gram and mixed perplexities).
 
 pub mod documents;
+pub mod experiment;
 pub mod neural;
+pub mod records;
+pub mod report;

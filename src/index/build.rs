@@ -12,6 +12,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::corpus::{Content, InputDoc};
+use crate::index::decontam::{DecontaminationRecord, Decontaminator};
 use crate::index::format::{
     ptr_size_for, FileRecord, Manifest, ShardPaths, ShardRecord, TokenWidth, TokenizerRecord,
     FORMAT_NAME, FORMAT_VERSION, TOKENIZER_FILE,
@@ -37,6 +38,8 @@ pub struct BuildOptions<'a> {
     pub force: bool,
     /// Total input bytes, when known, for the progress bar.
     pub input_bytes: u64,
+    /// Drop documents that overlap the evaluation data.
+    pub decontaminate: Option<&'a Decontaminator>,
 }
 
 impl<'a> BuildOptions<'a> {
@@ -53,6 +56,7 @@ impl<'a> BuildOptions<'a> {
             threads: rayon::current_num_threads(),
             force: false,
             input_bytes: 0,
+            decontaminate: None,
         }
     }
 }
@@ -71,6 +75,8 @@ pub struct BuildReport {
     pub seconds_tokenize: f64,
     pub seconds_suffix_array: f64,
     pub seconds_total: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decontamination: Option<DecontaminationRecord>,
 }
 
 /// Bytes per token while a shard's suffix array is built: its tokens plus the 32-bit array.
@@ -273,6 +279,7 @@ fn build_into(
     let mut current = ShardBuilder::new(width);
     let mut seconds_sa = 0.0;
     let mut docs = docs.peekable();
+    let mut decontamination = opts.decontaminate.map(Decontaminator::record);
 
     while docs.peek().is_some() {
         if progress::interrupted() {
@@ -296,6 +303,13 @@ fn build_into(
                     "token {bad} is outside the vocabulary (size {})",
                     opts.vocab_size
                 )));
+            }
+            if let (Some(d), Some(record)) = (opts.decontaminate, decontamination.as_mut()) {
+                if d.is_contaminated(&tokens) {
+                    record.documents_dropped += 1;
+                    record.tokens_dropped += tokens.len() as u64;
+                    continue;
+                }
             }
             let needed = tokens.len() as u64 + 1;
             if needed > limit {
@@ -350,6 +364,7 @@ fn build_into(
         tokens,
         shards,
         built_by: concat!("infini-sidecar ", env!("CARGO_PKG_VERSION")).into(),
+        decontamination: decontamination.clone(),
     };
     manifest.write(dir)?;
     let peak = progress::peak_rss_bytes();
@@ -372,5 +387,6 @@ fn build_into(
         seconds_tokenize,
         seconds_suffix_array: seconds_sa,
         seconds_total: started.elapsed().as_secs_f64(),
+        decontamination,
     })
 }

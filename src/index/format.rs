@@ -207,7 +207,7 @@ pub struct TokenizerRecord {
     pub source: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
     pub format: String,
     pub format_version: u32,
@@ -220,6 +220,9 @@ pub struct Manifest {
     pub tokens: u64,
     pub shards: Vec<ShardRecord>,
     pub built_by: String,
+    /// Reference documents dropped for overlapping the evaluation data, when the build was asked to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decontamination: Option<crate::index::decontam::DecontaminationRecord>,
 }
 
 impl Manifest {

@@ -2,6 +2,7 @@
 //! memory maps, answering n-gram and ∞-gram queries (paper §2, §3, App. A).
 
 pub mod build;
+pub mod decontam;
 pub mod dense;
 pub mod docs;
 pub mod error;

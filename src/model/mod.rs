@@ -58,6 +58,9 @@ pub struct LoadOptions {
     /// A `tokenizer.json` to use instead of the one found beside the model or in its GGUF metadata.
     pub tokenizer: Option<PathBuf>,
     pub device: DeviceChoice,
+    /// Run many-row inputs on the quantized weights too, instead of dense f32 copies: less memory
+    /// (the file's size instead of 4 bytes per parameter), much slower window scoring on CPU.
+    pub quantized_prefill: bool,
 }
 
 /// Tokens a tokenizer.json may add beyond the model's embedding rows (Gemma's adds an image token
@@ -98,7 +101,10 @@ impl Model {
     /// Loads a `.gguf` file (llama or gemma3) or an HF llama directory (`config.json`,
     /// `*.safetensors`, `tokenizer.json`).
     pub fn load(path: &Path, opts: &LoadOptions) -> Result<Self, ModelError> {
-        let transformer = load_transformer(path, opts.device)?;
+        let mut transformer = load_transformer(path, opts.device)?;
+        if !opts.quantized_prefill {
+            transformer.add_dense_copies()?;
+        }
         let config = transformer.config();
         let tokenizer_path = opts.tokenizer.clone().unwrap_or_else(|| {
             let beside = path.with_file_name("tokenizer.json");

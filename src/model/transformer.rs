@@ -80,6 +80,12 @@ impl Transformer {
         })
     }
 
+    /// Dequantizes the weights once more into f32 copies that serve many-row inputs (window
+    /// scoring, prompt prefill) at gemm speed; single tokens keep reading the quantized blocks.
+    pub fn add_dense_copies(&mut self) -> Result<(), ModelError> {
+        Ok(self.weights.add_dense_copies()?)
+    }
+
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }

@@ -11,27 +11,54 @@ use candle_core::{DType, Device, Module, Tensor};
 use super::config::ModelConfig;
 use super::ModelError;
 
-/// A weight matrix used as `x · Wᵀ`: quantized blocks from GGUF or a dense f32 tensor.
+/// Inputs with at least this many rows (tokens × sequences) use the dense f32 copy of a quantized
+/// matrix when there is one. Below it, reading the quantized blocks wins (decode, short drafts);
+/// above it, gemm's blocked f32 kernel is an order of magnitude faster than candle's per-row
+/// quantized dot products (eval/MODEL.md).
+const DENSE_MIN_ROWS: usize = 16;
+
+/// A weight matrix used as `x · Wᵀ`: quantized blocks from GGUF or a dense f32 tensor, plus, for
+/// quantized ones, an optional dense copy for many-row inputs (window scoring, prompt prefill).
 #[derive(Debug, Clone)]
 pub struct Linear {
     inner: QMatMul,
+    dense_copy: Option<QMatMul>,
 }
 
 impl Linear {
     fn quantized(q: QTensor) -> candle_core::Result<Self> {
         Ok(Self {
             inner: QMatMul::from_qtensor(q)?,
+            dense_copy: None,
         })
     }
 
     fn dense(w: Tensor) -> Self {
         Self {
             inner: QMatMul::Tensor(w),
+            dense_copy: None,
+        }
+    }
+
+    /// Keeps a dequantized f32 copy of a quantized matrix for many-row inputs.
+    pub fn add_dense_copy(&mut self) -> candle_core::Result<()> {
+        if let QMatMul::QTensor(q) = &self.inner {
+            self.dense_copy = Some(QMatMul::Tensor(q.dequantize(&q.device())?));
+        }
+        Ok(())
+    }
+
+    /// The matrix that serves `x`: the dense copy for many rows, else the stored one.
+    fn for_input(&self, x: &Tensor) -> &QMatMul {
+        let rows = x.elem_count() / x.dim(candle_core::D::Minus1).unwrap_or(1).max(1);
+        match &self.dense_copy {
+            Some(dense) if rows >= DENSE_MIN_ROWS => dense,
+            _ => &self.inner,
         }
     }
 
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        self.inner.forward(x)
+        self.for_input(x).forward(x)
     }
 
     /// `x · Wᵢᵀ` for several matrices that share the input (Q/K/V, gate/up): candle's fused kernel
@@ -39,7 +66,7 @@ impl Linear {
     pub fn forward_shared(parts: &[&Linear], x: &Tensor) -> candle_core::Result<Vec<Tensor>> {
         let quantized: Option<Vec<&QTensor>> = parts
             .iter()
-            .map(|l| match &l.inner {
+            .map(|l| match l.for_input(x) {
                 QMatMul::QTensor(q) => Some(q.as_ref()),
                 _ => None,
             })
@@ -90,6 +117,33 @@ pub struct Weights {
     pub final_norm: Tensor,
     /// The output head; tied to the embeddings when the file has none.
     pub lm_head: Linear,
+    /// Whether `lm_head` is the embedding matrix (so its dense copy is `embeddings` itself).
+    pub tied_head: bool,
+}
+
+impl Weights {
+    /// Gives every quantized matrix a dense f32 copy for many-row inputs; memory grows to about
+    /// 4 bytes per parameter (540 MB for SmolLM2-135M), shared with the embeddings for a tied head.
+    pub fn add_dense_copies(&mut self) -> candle_core::Result<()> {
+        for l in &mut self.layers {
+            for m in [
+                &mut l.wq,
+                &mut l.wk,
+                &mut l.wv,
+                &mut l.wo,
+                &mut l.gate,
+                &mut l.up,
+                &mut l.down,
+            ] {
+                m.add_dense_copy()?;
+            }
+        }
+        match self.tied_head {
+            true => self.lm_head.dense_copy = Some(QMatMul::Tensor(self.embeddings.clone())),
+            false => self.lm_head.add_dense_copy()?,
+        }
+        Ok(())
+    }
 }
 
 /// Opens a GGUF file: its metadata decides the config, its tensors stay quantized.
@@ -108,9 +162,10 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<(ModelConfig, Weights),
     };
     let embeddings_q = gguf.quantized("token_embd.weight")?;
     let embeddings = embeddings_q.dequantize(device)?;
-    let lm_head = match gguf.has("output.weight") {
-        true => gguf.quantized("output.weight")?,
-        false => embeddings_q,
+    let tied_head = !gguf.has("output.weight");
+    let lm_head = match tied_head {
+        false => gguf.quantized("output.weight")?,
+        true => embeddings_q,
     };
     let mut layers = Vec::with_capacity(config.num_layers);
     for i in 0..config.num_layers {
@@ -143,6 +198,7 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<(ModelConfig, Weights),
         layers,
         final_norm: gguf.dense("output_norm.weight")?,
         lm_head: Linear::quantized(lm_head)?,
+        tied_head,
     };
     check_shapes(&config, &weights)?;
     Ok((config, weights))
@@ -234,6 +290,7 @@ pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<(ModelConfig, Weights)
         layers,
         final_norm: take("model.norm.weight")?,
         lm_head: Linear::dense(lm_head),
+        tied_head: false,
     };
     check_shapes(&config, &weights)?;
     Ok((config, weights))

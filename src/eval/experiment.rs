@@ -1,0 +1,152 @@
+//! The two evaluation jobs: `eval fit` (λ1/λ2 and the gate on validation text) and `eval ppl`
+//! (neural vs mixed perplexity on test text), over one model and one reference index.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+
+use super::documents::{load_documents, TokenBudget};
+use super::records::{Collector, DomainRecords};
+use super::report::{build_report, PplReport};
+use crate::index::Index;
+use crate::mix::fit::{fit_gate, fit_split, perplexity, split_lambdas, TokenEvidence};
+use crate::mix::params::FitRecord;
+use crate::mix::{DomainLambdas, GateOptions, MixingParams};
+
+/// A domain needs this many validation tokens for λ1/λ2 of its own (else it uses the global pair).
+pub const MIN_DOMAIN_TOKENS: usize = 500;
+use crate::model::{Model, WindowOptions};
+
+/// A model and a reference index that share a tokenizer.
+pub struct Pairing<'a> {
+    pub model: &'a Model,
+    pub index: &'a Index,
+}
+
+impl<'a> Pairing<'a> {
+    pub fn new(model: &'a Model, index: &'a Index) -> Result<Self> {
+        let Some(record) = index.manifest().and_then(|m| m.tokenizer.as_ref()) else {
+            bail!(
+                "the index at {} records no tokenizer, so it cannot be paired with a model",
+                index.dir().display()
+            );
+        };
+        model.check_tokenizer(&record.fingerprint, "the index")?;
+        Ok(Self { model, index })
+    }
+
+    pub fn fingerprint(&self) -> String {
+        self.model.tokenizer().fingerprint().to_string()
+    }
+
+    fn records(&self, inputs: &EvalInputs) -> Result<Vec<DomainRecords>> {
+        let budget = inputs
+            .max_tokens_per_domain
+            .map_or(TokenBudget::All, TokenBudget::PerDomain);
+        let docs = load_documents(&inputs.inputs, self.model, budget, inputs.max_doc_tokens)?;
+        if docs.is_empty() {
+            bail!("no documents with at least two tokens in the input");
+        }
+        Collector {
+            model: self.model,
+            index: self.index,
+            window: inputs.window,
+            work_dir: inputs.work_dir.clone(),
+        }
+        .collect(&docs)
+    }
+}
+
+/// What an evaluation run reads.
+pub struct EvalInputs {
+    pub inputs: Vec<PathBuf>,
+    pub max_tokens_per_domain: Option<usize>,
+    pub max_doc_tokens: Option<usize>,
+    pub window: WindowOptions,
+    /// Finished domains are saved here and reused by a rerun.
+    pub work_dir: Option<PathBuf>,
+}
+
+/// Fits λ1/λ2 (EM) and, unless `gate` is none, the random-forest gate, on validation text.
+pub fn fit(
+    pairing: &Pairing,
+    inputs: &EvalInputs,
+    gate: Option<GateOptions>,
+) -> Result<MixingParams> {
+    let domains = pairing.records(inputs)?;
+    let evidence: Vec<TokenEvidence> = domains
+        .iter()
+        .flat_map(|d| d.tokens.iter().map(|t| t.evidence()))
+        .collect();
+    let split = fit_split(&evidence);
+    let mut by_domain = std::collections::BTreeMap::new();
+    for d in domains
+        .iter()
+        .filter(|d| d.tokens.len() >= MIN_DOMAIN_TOKENS)
+    {
+        let ev: Vec<TokenEvidence> = d.tokens.iter().map(|t| t.evidence()).collect();
+        let (lambda_sparse, lambda_dense) = fit_split(&ev);
+        by_domain.insert(
+            d.domain.clone(),
+            DomainLambdas {
+                lambda_sparse,
+                lambda_dense,
+                tokens: ev.len(),
+            },
+        );
+    }
+    tracing::info!(
+        "λ1 (sparse) = {:.4}, λ2 = {:.4} over {} tokens",
+        split.0,
+        split.1,
+        evidence.len()
+    );
+    let gate = gate
+        .map(|opts| fit_gate(&evidence, split, opts))
+        .transpose()
+        .context("fitting the gate")?;
+    let features: Vec<_> = evidence.iter().map(|e| e.features).collect();
+    let gate_perplexity = match &gate {
+        Some(g) => Some(perplexity(&evidence, &g.predict(&features)?)),
+        None => None,
+    };
+    let record = FitRecord {
+        input: inputs
+            .inputs
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect(),
+        tokens: evidence.len(),
+        neural_perplexity: perplexity(&evidence, &vec![0.0; evidence.len()]),
+        split_perplexity: perplexity(&evidence, &split_lambdas(&evidence, split)),
+        gate_perplexity,
+    };
+    let mut params = MixingParams::new(
+        pairing.model.source().display().to_string(),
+        pairing.index.dir().display().to_string(),
+        pairing.fingerprint(),
+        split,
+        gate,
+        record,
+    );
+    params.by_domain = by_domain;
+    Ok(params)
+}
+
+/// Neural vs mixed perplexity of test text, with the fitted mixing.
+pub fn ppl(
+    pairing: &Pairing,
+    inputs: &EvalInputs,
+    params: &MixingParams,
+) -> Result<(PplReport, Vec<DomainRecords>)> {
+    params.check_tokenizer(&pairing.fingerprint())?;
+    let domains = pairing.records(inputs)?;
+    let report = build_report(
+        pairing.model.source().display().to_string(),
+        pairing.index.dir().display().to_string(),
+        (inputs.window.window, inputs.window.stride),
+        &domains,
+        params,
+    )?;
+    Ok((report, domains))
+}

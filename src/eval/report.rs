@@ -1,0 +1,287 @@
+//! The perplexity report of `eval ppl`: per domain and overall, neural vs mixed perplexity with the
+//! paper's two λ and with the gate, Δ, ∞-gram agreement and sparsity, effective n; plus agreement by
+//! effective n (the paper's Figure 3) and perplexity against a fixed λ.
+
+use serde::Serialize;
+
+use super::records::{DomainRecords, TokenRecord};
+use crate::mix::fit::{perplexity, TokenEvidence};
+use crate::mix::{improvement_percent, LambdaRule, MixError, MixingParams};
+
+/// P∞(true token) above this counts as the ∞-gram agreeing with the text (paper §4).
+pub const AGREEMENT_PROB: f64 = 0.5;
+/// Effective n beyond this is pooled into the last bucket of the agreement curve.
+pub const MAX_PLOTTED_N: usize = 32;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub domain: String,
+    pub documents: usize,
+    pub tokens_scored: usize,
+    pub neural_perplexity: f64,
+    /// With the global λ1/λ2 (the paper's rule).
+    pub split_perplexity: f64,
+    /// Δ of the two-λ mixture over the neural model, in percent.
+    pub split_improvement: f64,
+    /// With each domain's own λ1/λ2.
+    pub domain_split_perplexity: f64,
+    pub domain_split_improvement: f64,
+    pub gate_perplexity: Option<f64>,
+    pub gate_improvement: Option<f64>,
+    /// Share of tokens with P∞(true token) > 0.5.
+    pub agreement: f64,
+    /// The same, among sparse estimates.
+    pub agreement_sparse: f64,
+    pub sparse_share: f64,
+    pub mean_effective_n: f64,
+    pub median_effective_n: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AgreementPoint {
+    pub effective_n: usize,
+    pub tokens: usize,
+    pub agreement: f64,
+    pub sparse_tokens: usize,
+    pub agreement_sparse: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Timing {
+    pub neural_seconds: f64,
+    pub infgram_seconds: f64,
+    /// ∞-gram time as a share of neural time.
+    pub infgram_over_neural: f64,
+    pub tokens_per_second: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PplReport {
+    pub model: String,
+    pub index: String,
+    pub window: usize,
+    pub stride: usize,
+    pub lambda_sparse: f64,
+    pub lambda_dense: f64,
+    pub total: Summary,
+    pub by_domain: Vec<Summary>,
+    pub agreement_by_n: Vec<AgreementPoint>,
+    /// (λ, perplexity) for a fixed λ over all tokens.
+    pub perplexity_by_lambda: Vec<(f64, f64)>,
+    pub timing: Timing,
+}
+
+fn share(part: usize, whole: usize) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
+}
+
+fn median(mut v: Vec<usize>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_unstable();
+    let m = v.len() / 2;
+    if v.len().is_multiple_of(2) {
+        (v[m - 1] + v[m]) as f64 / 2.0
+    } else {
+        v[m] as f64
+    }
+}
+
+/// Per-token λ of one group of tokens under each rule.
+#[derive(Default)]
+struct Lambdas {
+    split: Vec<f64>,
+    domain_split: Vec<f64>,
+    gate: Option<Vec<f64>>,
+}
+
+impl Lambdas {
+    fn of(domain: &str, tokens: &[TokenRecord], params: &MixingParams) -> Result<Self, MixError> {
+        let sparse: Vec<bool> = tokens.iter().map(|t| t.sparse).collect();
+        let features: Vec<_> = tokens.iter().map(|t| t.features).collect();
+        Ok(Self {
+            split: params.lambdas(LambdaRule::Split, None, &sparse, &features)?,
+            domain_split: params.lambdas(
+                LambdaRule::DomainSplit,
+                Some(domain),
+                &sparse,
+                &features,
+            )?,
+            gate: match params.gate {
+                Some(_) => Some(params.lambdas(LambdaRule::Gate, None, &sparse, &features)?),
+                None => None,
+            },
+        })
+    }
+
+    fn extend(&mut self, other: &Lambdas) {
+        self.split.extend(&other.split);
+        self.domain_split.extend(&other.domain_split);
+        self.gate = match (self.gate.take(), &other.gate) {
+            (Some(mut a), Some(b)) => {
+                a.extend(b);
+                Some(a)
+            }
+            (None, Some(b)) if self.split.len() == b.len() => Some(b.clone()),
+            _ => None,
+        };
+    }
+}
+
+fn summarise(
+    domain: &str,
+    documents: usize,
+    tokens: &[&TokenRecord],
+    lambdas: &Lambdas,
+) -> Summary {
+    let evidence: Vec<TokenEvidence> = tokens.iter().map(|t| t.evidence()).collect();
+    let neural = perplexity(&evidence, &vec![0.0; evidence.len()]);
+    let split = perplexity(&evidence, &lambdas.split);
+    let domain_split = perplexity(&evidence, &lambdas.domain_split);
+    let gate = lambdas.gate.as_ref().map(|g| perplexity(&evidence, g));
+    let agrees = |t: &&&TokenRecord| t.infgram_prob > AGREEMENT_PROB;
+    let sparse: Vec<&&TokenRecord> = tokens.iter().filter(|t| t.sparse).collect();
+    let n: Vec<usize> = tokens.iter().map(|t| t.effective_n()).collect();
+    Summary {
+        domain: domain.to_string(),
+        documents,
+        tokens_scored: tokens.len(),
+        neural_perplexity: neural,
+        split_perplexity: split,
+        split_improvement: improvement_percent(split, neural),
+        domain_split_perplexity: domain_split,
+        domain_split_improvement: improvement_percent(domain_split, neural),
+        gate_perplexity: gate,
+        gate_improvement: gate.map(|g| improvement_percent(g, neural)),
+        agreement: share(tokens.iter().filter(agrees).count(), tokens.len()),
+        agreement_sparse: share(sparse.iter().filter(|t| agrees(t)).count(), sparse.len()),
+        sparse_share: share(sparse.len(), tokens.len()),
+        mean_effective_n: n.iter().sum::<usize>() as f64 / n.len().max(1) as f64,
+        median_effective_n: median(n),
+    }
+}
+
+fn agreement_by_n(tokens: &[&TokenRecord]) -> Vec<AgreementPoint> {
+    let mut buckets = vec![(0usize, 0usize, 0usize, 0usize); MAX_PLOTTED_N + 1];
+    for t in tokens {
+        let b = &mut buckets[t.effective_n().min(MAX_PLOTTED_N)];
+        let agrees = (t.infgram_prob > AGREEMENT_PROB) as usize;
+        b.0 += 1;
+        b.1 += agrees;
+        if t.sparse {
+            b.2 += 1;
+            b.3 += agrees;
+        }
+    }
+    buckets
+        .into_iter()
+        .enumerate()
+        .filter(|(_, b)| b.0 > 0)
+        .map(|(n, (all, agree, sparse, agree_sparse))| AgreementPoint {
+            effective_n: n,
+            tokens: all,
+            agreement: share(agree, all),
+            sparse_tokens: sparse,
+            agreement_sparse: share(agree_sparse, sparse),
+        })
+        .collect()
+}
+
+/// The report over all domains' records.
+pub fn build_report(
+    model: String,
+    index: String,
+    window: (usize, usize),
+    domains: &[DomainRecords],
+    params: &MixingParams,
+) -> Result<PplReport, MixError> {
+    let mut by_domain = Vec::new();
+    let mut all_lambdas = Lambdas {
+        gate: params.gate.as_ref().map(|_| Vec::new()),
+        ..Lambdas::default()
+    };
+    for d in domains {
+        let tokens: Vec<&TokenRecord> = d.tokens.iter().collect();
+        let lambdas = Lambdas::of(&d.domain, &d.tokens, params)?;
+        by_domain.push(summarise(&d.domain, d.documents, &tokens, &lambdas));
+        all_lambdas.extend(&lambdas);
+    }
+    let all: Vec<&TokenRecord> = domains.iter().flat_map(|d| &d.tokens).collect();
+    let documents = domains.iter().map(|d| d.documents).sum();
+    let total = summarise("all", documents, &all, &all_lambdas);
+    let evidence: Vec<TokenEvidence> = all.iter().map(|t| t.evidence()).collect();
+    let perplexity_by_lambda = (0..=20)
+        .map(|i| {
+            let l = (i as f64 / 20.0).clamp(crate::mix::LAMBDA_MIN, crate::mix::LAMBDA_MAX);
+            (l, perplexity(&evidence, &vec![l; evidence.len()]))
+        })
+        .collect();
+    let neural_seconds: f64 = domains.iter().map(|d| d.neural_seconds).sum();
+    let infgram_seconds: f64 = domains.iter().map(|d| d.infgram_seconds).sum();
+    Ok(PplReport {
+        model,
+        index,
+        window: window.0,
+        stride: window.1,
+        lambda_sparse: params.lambda_sparse,
+        lambda_dense: params.lambda_dense,
+        total,
+        by_domain,
+        agreement_by_n: agreement_by_n(&all),
+        perplexity_by_lambda,
+        timing: Timing {
+            neural_seconds,
+            infgram_seconds,
+            infgram_over_neural: infgram_seconds / neural_seconds.max(1e-9),
+            tokens_per_second: all.len() as f64 / (neural_seconds + infgram_seconds).max(1e-9),
+        },
+    })
+}
+
+/// The report as a Markdown table, one row per domain and one for all.
+pub fn markdown(report: &PplReport) -> String {
+    let mut out = String::from(
+        "| domain | tokens | neural PPL | mixed PPL (λ1/λ2) | Δ | mixed PPL (domain λ1/λ2) | Δ | mixed PPL (gate) | Δ | agreement | agreement (sparse) | sparse | mean n | median n |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let opt = |v: Option<f64>, decimals: usize, suffix: &str| {
+        v.map_or("–".into(), |v| format!("{v:.decimals$}{suffix}"))
+    };
+    for s in report
+        .by_domain
+        .iter()
+        .chain(std::iter::once(&report.total))
+    {
+        out += &format!(
+            "| {} | {} | {:.2} | {:.2} | {:.1}% | {:.2} | {:.1}% | {} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1} | {:.1} |\n",
+            s.domain,
+            s.tokens_scored,
+            s.neural_perplexity,
+            s.split_perplexity,
+            s.split_improvement,
+            s.domain_split_perplexity,
+            s.domain_split_improvement,
+            opt(s.gate_perplexity, 2, ""),
+            opt(s.gate_improvement, 1, "%"),
+            s.agreement * 100.0,
+            s.agreement_sparse * 100.0,
+            s.sparse_share * 100.0,
+            s.mean_effective_n,
+            s.median_effective_n,
+        );
+    }
+    out += &format!(
+        "\nGlobal λ1 (sparse) = {:.4}, λ2 (non-sparse) = {:.4}. Time: neural {:.1} s, ∞-gram {:.1} s ({:.1}% of neural), {:.1} tokens/s overall.\n",
+        report.lambda_sparse,
+        report.lambda_dense,
+        report.timing.neural_seconds,
+        report.timing.infgram_seconds,
+        report.timing.infgram_over_neural * 100.0,
+        report.timing.tokens_per_second
+    );
+    out
+}

@@ -1,0 +1,308 @@
+//! The mixed next-token distribution, built without a vocabulary-wide ∞-gram vector: the ∞-gram
+//! puts mass on the few tokens that followed the matched suffix, so only those and the neural
+//! model's own top tokens can lead the mixture.
+
+use serde::Serialize;
+
+use super::{mixed_prob, MixError};
+use crate::index::query::NtdResult;
+
+/// The ∞-gram's next-token distribution: the tokens seen after the matched suffix, with probabilities
+/// that sum to one.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SparseDistribution {
+    pub entries: Vec<(u32, f64)>,
+}
+
+impl SparseDistribution {
+    /// From an engine answer (counts, or samples when `approx`), normalised.
+    pub fn from_ntd(ntd: &NtdResult) -> Self {
+        let total: u64 = ntd.dist.values().sum();
+        let entries = match total {
+            0 => Vec::new(),
+            t => ntd
+                .dist
+                .iter()
+                .map(|(&token, &c)| (token, c as f64 / t as f64))
+                .collect(),
+        };
+        Self { entries }
+    }
+
+    pub fn prob(&self, token: u32) -> f64 {
+        self.entries
+            .iter()
+            .find(|(t, _)| *t == token)
+            .map_or(0.0, |(_, p)| *p)
+    }
+}
+
+/// A neural next-token distribution as an inference server has it: every log-prob, or only the top
+/// tokens plus the mass left over for the rest of the vocabulary.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NeuralDistribution {
+    Full {
+        logprobs: Vec<f32>,
+    },
+    TopK {
+        /// (token, log-prob), any order.
+        entries: Vec<(u32, f32)>,
+        /// Probability of all other tokens together; spread evenly over them when one is asked for.
+        rest_mass: f64,
+        vocab_size: usize,
+    },
+}
+
+impl NeuralDistribution {
+    /// From raw logits (log-softmax in f64 for accuracy).
+    pub fn from_logits(logits: &[f32]) -> Result<Self, MixError> {
+        if logits.is_empty() || logits.iter().any(|l| l.is_nan()) {
+            return Err(MixError::Invalid("logits are empty or hold NaN".into()));
+        }
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let log_z = max
+            + logits
+                .iter()
+                .map(|&l| (l as f64 - max).exp())
+                .sum::<f64>()
+                .ln();
+        Ok(Self::Full {
+            logprobs: logits.iter().map(|&l| (l as f64 - log_z) as f32).collect(),
+        })
+    }
+
+    /// From top-k log-probs and the remaining mass, checked for consistency.
+    pub fn from_top_k(
+        entries: Vec<(u32, f32)>,
+        rest_mass: f64,
+        vocab_size: usize,
+    ) -> Result<Self, MixError> {
+        let listed: f64 = entries.iter().map(|(_, lp)| (*lp as f64).exp()).sum();
+        if entries
+            .iter()
+            .any(|(t, lp)| *t as usize >= vocab_size || lp.is_nan() || *lp > 0.0)
+        {
+            return Err(MixError::Invalid(
+                "top-k entries need ids inside the vocabulary and log-probs ≤ 0".into(),
+            ));
+        }
+        if !(0.0..=1.0).contains(&rest_mass) || (listed + rest_mass - 1.0).abs() > 1e-3 {
+            return Err(MixError::Invalid(format!(
+                "top-k mass {listed:.6} plus the rest {rest_mass:.6} must be 1"
+            )));
+        }
+        if entries.len() > vocab_size {
+            return Err(MixError::Invalid(
+                "more top-k entries than the vocabulary".into(),
+            ));
+        }
+        Ok(Self::TopK {
+            entries,
+            rest_mass,
+            vocab_size,
+        })
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            Self::Full { logprobs } => logprobs.len(),
+            Self::TopK { vocab_size, .. } => *vocab_size,
+        }
+    }
+
+    pub fn prob(&self, token: u32) -> f64 {
+        match self {
+            Self::Full { logprobs } => logprobs
+                .get(token as usize)
+                .map_or(0.0, |lp| (*lp as f64).exp()),
+            Self::TopK {
+                entries,
+                rest_mass,
+                vocab_size,
+            } => match entries.iter().find(|(t, _)| *t == token) {
+                Some((_, lp)) => (*lp as f64).exp(),
+                None => rest_mass / (vocab_size - entries.len()).max(1) as f64,
+            },
+        }
+    }
+
+    /// The `k` most likely tokens with their probabilities, most likely first.
+    fn top(&self, k: usize) -> Vec<(u32, f64)> {
+        let mut all: Vec<(u32, f64)> = match self {
+            Self::Full { logprobs } => {
+                let mut idx: Vec<u32> = (0..logprobs.len() as u32).collect();
+                let k = k.min(idx.len());
+                if k > 0 && k < idx.len() {
+                    idx.select_nth_unstable_by(k - 1, |a, b| {
+                        logprobs[*b as usize].total_cmp(&logprobs[*a as usize])
+                    });
+                }
+                idx[..k]
+                    .iter()
+                    .map(|&t| (t, (logprobs[t as usize] as f64).exp()))
+                    .collect()
+            }
+            Self::TopK { entries, .. } => entries
+                .iter()
+                .map(|&(t, lp)| (t, (lp as f64).exp()))
+                .collect(),
+        };
+        all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        all.truncate(k);
+        all
+    }
+
+    /// Entropy (nats) and top probability; for top-k input the rest is taken as spread evenly.
+    pub fn entropy_and_top(&self) -> (f64, f64) {
+        let h = |p: f64| if p > 0.0 { -p * p.ln() } else { 0.0 };
+        match self {
+            Self::Full { logprobs } => logprobs.iter().fold((0.0, 0.0), |(e, top), &lp| {
+                let p = (lp as f64).exp();
+                (e + h(p), f64::max(top, p))
+            }),
+            Self::TopK {
+                entries,
+                rest_mass,
+                vocab_size,
+            } => {
+                let others = (vocab_size - entries.len()).max(1) as f64;
+                let (mut e, mut top) = (others * h(rest_mass / others), rest_mass / others);
+                for (_, lp) in entries {
+                    let p = (*lp as f64).exp();
+                    e += h(p);
+                    top = top.max(p);
+                }
+                (e, top)
+            }
+        }
+    }
+}
+
+/// The head of a mixed distribution.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MixedDistribution {
+    /// (token, probability), most likely first.
+    pub top: Vec<(u32, f64)>,
+    /// Probability of every token not listed, together.
+    pub rest_mass: f64,
+    pub lambda: f64,
+}
+
+/// The `top_k` most likely tokens of λ·P∞ + (1−λ)·P_neural. Only tokens in the ∞-gram's support or
+/// the neural top-k can be among them: any other token has at most (1−λ) times the k-th neural
+/// probability, which every neural top-k token reaches.
+pub fn mix(
+    infgram: &SparseDistribution,
+    neural: &NeuralDistribution,
+    lambda: f64,
+    top_k: usize,
+) -> MixedDistribution {
+    let mut candidates: Vec<u32> = neural.top(top_k).into_iter().map(|(t, _)| t).collect();
+    candidates.extend(infgram.entries.iter().map(|(t, _)| *t));
+    candidates.sort_unstable();
+    candidates.dedup();
+    let mut top: Vec<(u32, f64)> = candidates
+        .into_iter()
+        .filter(|&t| (t as usize) < neural.vocab_size())
+        .map(|t| (t, mixed_prob(infgram.prob(t), neural.prob(t), lambda)))
+        .collect();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    top.truncate(top_k);
+    let listed: f64 = top.iter().map(|(_, p)| p).sum();
+    MixedDistribution {
+        top,
+        rest_mass: (1.0 - listed).max(0.0),
+        lambda,
+    }
+}
+
+/// The whole mixed distribution as one vector (for callers that want every probability).
+pub fn mix_full(
+    infgram: &SparseDistribution,
+    neural: &NeuralDistribution,
+    lambda: f64,
+) -> Vec<f64> {
+    let mut out: Vec<f64> = (0..neural.vocab_size() as u32)
+        .map(|t| (1.0 - lambda) * neural.prob(t))
+        .collect();
+    for &(t, p) in &infgram.entries {
+        if let Some(slot) = out.get_mut(t as usize) {
+            *slot += lambda * p;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits() -> Vec<f32> {
+        vec![2.0, 1.0, 0.5, -1.0, 3.0, 0.0]
+    }
+
+    #[test]
+    fn full_mixture_sums_to_one_and_top_k_agrees_with_it() {
+        let nn = NeuralDistribution::from_logits(&logits()).unwrap();
+        let inf = SparseDistribution {
+            entries: vec![(3, 0.75), (5, 0.25)],
+        };
+        for lambda in [0.0, 0.2, 0.5, 0.9] {
+            let full = mix_full(&inf, &nn, lambda);
+            assert!((full.iter().sum::<f64>() - 1.0).abs() < 1e-6);
+            let mixed = mix(&inf, &nn, lambda, 3);
+            // Brute force: sort the full vector.
+            let mut order: Vec<(u32, f64)> = full
+                .iter()
+                .enumerate()
+                .map(|(t, p)| (t as u32, *p))
+                .collect();
+            order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            assert_eq!(mixed.top.len(), 3);
+            for (got, want) in mixed.top.iter().zip(&order) {
+                assert_eq!(got.0, want.0, "λ={lambda}");
+                assert!((got.1 - want.1).abs() < 1e-12);
+            }
+            let listed: f64 = order[..3].iter().map(|x| x.1).sum();
+            assert!((mixed.rest_mass - (1.0 - listed)).abs() < 1e-12);
+        }
+    }
+
+    #[test]
+    fn by_hand() {
+        // p_nn = softmax([0, 0]) = (0.5, 0.5); ∞-gram: all on token 1; λ = 0.4.
+        let nn = NeuralDistribution::from_logits(&[0.0, 0.0]).unwrap();
+        let inf = SparseDistribution {
+            entries: vec![(1, 1.0)],
+        };
+        let m = mix(&inf, &nn, 0.4, 2);
+        assert_eq!(m.top[0].0, 1);
+        assert!((m.top[0].1 - 0.7).abs() < 1e-7);
+        assert!((m.top[1].1 - 0.3).abs() < 1e-7);
+    }
+
+    #[test]
+    fn top_k_input_spreads_the_rest_evenly() {
+        let nn =
+            NeuralDistribution::from_top_k(vec![(0, 0.5f32.ln()), (1, 0.25f32.ln())], 0.25, 10)
+                .unwrap();
+        // 8 other tokens share 0.25.
+        assert!((nn.prob(7) - 0.25 / 8.0).abs() < 1e-9);
+        let inf = SparseDistribution {
+            entries: vec![(7, 1.0)],
+        };
+        let m = mix(&inf, &nn, 0.5, 2);
+        assert_eq!(m.top[0].0, 7);
+        assert!((m.top[0].1 - (0.5 + 0.5 * 0.25 / 8.0)).abs() < 1e-7);
+        assert!(NeuralDistribution::from_top_k(vec![(0, -0.1)], 0.5, 10).is_err());
+        assert!(NeuralDistribution::from_top_k(vec![(12, -0.1)], 0.0, 10).is_err());
+    }
+
+    #[test]
+    fn entropy_by_hand() {
+        let nn = NeuralDistribution::from_logits(&[0.0, 0.0, 0.0, 0.0]).unwrap();
+        let (h, top) = nn.entropy_and_top();
+        assert!((h - 4f64.ln()).abs() < 1e-6);
+        assert!((top - 0.25).abs() < 1e-6);
+    }
+}

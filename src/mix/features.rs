@@ -1,0 +1,122 @@
+//! What the gate sees at each position, before the next token is known: the paper's features (the
+//! suffix lengths up to the effective n and how often each suffix occurs in the reference data), plus
+//! cheap extras: the sparse flag, how many distinct tokens followed the match, the ∞-gram's top
+//! probability, and the neural model's entropy and top probability.
+
+use serde::{Deserialize, Serialize};
+
+use super::MixError;
+use crate::index::dense::TokenScore;
+use crate::index::Index;
+
+/// Suffix lengths whose corpus counts the gate sees (a fixed-size vector, log-spaced).
+pub const SUFFIX_LENGTHS: [usize; 10] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32];
+/// Matches sampled to estimate the ∞-gram's distinct continuations and top probability: exact below
+/// this count, the engine's even subsample above it (one read per sample).
+pub const SUPPORT_SAMPLES: u64 = 256;
+
+pub const NUM_FEATURES: usize = 7 + SUFFIX_LENGTHS.len();
+pub type GateFeatures = [f64; NUM_FEATURES];
+
+/// Names of the features, in vector order (for reports and feature importances).
+pub fn feature_names() -> Vec<String> {
+    let mut names: Vec<String> = [
+        "ln(1+suffix_len)",
+        "sparse",
+        "ln(1+prompt_cnt)",
+        "ln(distinct continuations)",
+        "infgram top prob",
+        "neural entropy",
+        "neural top prob",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    names.extend(
+        SUFFIX_LENGTHS
+            .iter()
+            .map(|k| format!("ln(1+cnt of last {k})")),
+    );
+    names
+}
+
+/// What the ∞-gram knows about a context.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InfgramContext {
+    /// Longest suffix of the context found in the reference data (effective n − 1).
+    pub suffix_len: usize,
+    pub prompt_cnt: u64,
+    pub sparse: bool,
+    /// Distinct next tokens after that suffix (estimated from at most [`SUPPORT_SAMPLES`] matches).
+    pub distinct: u64,
+    pub top_prob: f64,
+    /// Count of the last k tokens, for k in [`SUFFIX_LENGTHS`] (0 beyond the longest match).
+    pub suffix_counts: [u64; SUFFIX_LENGTHS.len()],
+}
+
+/// What the neural model knows about a context.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct NeuralContext {
+    pub entropy: f64,
+    pub top_prob: f64,
+}
+
+impl InfgramContext {
+    /// The context of the token scored by `score`, whose preceding tokens are `prefix`.
+    pub fn new(index: &Index, prefix: &[u32], score: &TokenScore) -> Result<Self, MixError> {
+        let len = score.suffix_len.min(prefix.len());
+        let ntd = index.ntd(&prefix[prefix.len() - len..], Some(SUPPORT_SAMPLES))?;
+        let total: u64 = ntd.dist.values().sum();
+        let top = ntd.dist.values().copied().max().unwrap_or(0);
+        let mut suffix_counts = [0u64; SUFFIX_LENGTHS.len()];
+        for (slot, &k) in suffix_counts.iter_mut().zip(&SUFFIX_LENGTHS) {
+            *slot = match k {
+                k if k > len => 0,
+                k if k == len => score.prompt_cnt,
+                k => index.count(&prefix[prefix.len() - k..])?,
+            };
+        }
+        Ok(Self {
+            suffix_len: score.suffix_len,
+            prompt_cnt: score.prompt_cnt,
+            sparse: score.sparse,
+            distinct: ntd.dist.len() as u64,
+            top_prob: if total == 0 {
+                0.0
+            } else {
+                top as f64 / total as f64
+            },
+            suffix_counts,
+        })
+    }
+
+    /// Contexts of every position of a document, from its dense scores.
+    pub fn for_document(
+        index: &Index,
+        tokens: &[u32],
+        scores: &[TokenScore],
+    ) -> Result<Vec<Self>, MixError> {
+        scores
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Self::new(index, &tokens[..i], s))
+            .collect()
+    }
+}
+
+/// The gate's input vector.
+pub fn gate_features(inf: &InfgramContext, nn: &NeuralContext) -> GateFeatures {
+    let ln1p = |x: f64| x.ln_1p();
+    let mut f = [0.0; NUM_FEATURES];
+    f[0] = ln1p(inf.suffix_len as f64);
+    f[1] = inf.sparse as u8 as f64;
+    f[2] = ln1p(inf.prompt_cnt as f64);
+    f[3] = (inf.distinct.max(1) as f64).ln();
+    f[4] = inf.top_prob;
+    f[5] = nn.entropy;
+    f[6] = nn.top_prob;
+    for (slot, &c) in f[7..].iter_mut().zip(&inf.suffix_counts) {
+        *slot = ln1p(c as f64);
+    }
+    f
+}

@@ -1,0 +1,165 @@
+//! The mixing file that `eval fit` writes and the evaluator and the service load: λ1/λ2, the gate,
+//! and what they were fitted on (model, index, tokenizer), so a mismatched pairing is refused.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::features::GateFeatures;
+use super::gate::Gate;
+use super::{MixError, LAMBDA_MAX, LAMBDA_MIN};
+
+const FORMAT: &str = "infini-sidecar-mixing";
+const VERSION: u32 = 1;
+
+/// How λ is chosen for a token.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LambdaRule {
+    Fixed(f64),
+    /// λ1 for sparse ∞-gram estimates, λ2 otherwise.
+    Split,
+    /// λ1/λ2 of the token's domain when they were fitted, else the global pair.
+    DomainSplit,
+    Gate,
+}
+
+/// λ1/λ2 fitted on one domain's validation tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DomainLambdas {
+    pub lambda_sparse: f64,
+    pub lambda_dense: f64,
+    pub tokens: usize,
+}
+
+/// Validation figures recorded at fitting time.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FitRecord {
+    pub input: Vec<String>,
+    pub tokens: usize,
+    pub neural_perplexity: f64,
+    pub split_perplexity: f64,
+    pub gate_perplexity: Option<f64>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MixingParams {
+    pub format: String,
+    pub version: u32,
+    pub model: String,
+    pub index: String,
+    pub tokenizer_fingerprint: String,
+    /// λ1: for sparse ∞-gram estimates.
+    pub lambda_sparse: f64,
+    /// λ2: for the rest.
+    pub lambda_dense: f64,
+    /// λ1/λ2 per domain (`meta.pile_set_name`), for domains with enough validation tokens: the
+    /// ∞-gram's reliability differs by domain far more than one global pair can express.
+    #[serde(default)]
+    pub by_domain: BTreeMap<String, DomainLambdas>,
+    pub gate: Option<Gate>,
+    pub fitted_on: FitRecord,
+}
+
+impl MixingParams {
+    pub fn new(
+        model: String,
+        index: String,
+        tokenizer_fingerprint: String,
+        split: (f64, f64),
+        gate: Option<Gate>,
+        fitted_on: FitRecord,
+    ) -> Self {
+        Self {
+            format: FORMAT.into(),
+            version: VERSION,
+            model,
+            index,
+            tokenizer_fingerprint,
+            lambda_sparse: split.0,
+            lambda_dense: split.1,
+            by_domain: BTreeMap::new(),
+            gate,
+            fitted_on,
+        }
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), MixError> {
+        let json = serde_json::to_string(self).map_err(|e| MixError::Format(e.to_string()))?;
+        std::fs::write(path, json).map_err(|e| MixError::Io(format!("{}: {e}", path.display())))
+    }
+
+    /// Reads a mixing file, checking its format and that its λ are usable.
+    pub fn load(path: &Path) -> Result<Self, MixError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| MixError::Io(format!("{}: {e}", path.display())))?;
+        let params: Self = serde_json::from_str(&text)
+            .map_err(|e| MixError::Format(format!("{}: {e}", path.display())))?;
+        if params.format != FORMAT || params.version != VERSION {
+            return Err(MixError::Format(format!(
+                "{}: format {:?} version {}, expected {FORMAT:?} version {VERSION}",
+                path.display(),
+                params.format,
+                params.version
+            )));
+        }
+        let domain_lambdas = params
+            .by_domain
+            .values()
+            .flat_map(|d| [d.lambda_sparse, d.lambda_dense]);
+        for l in [params.lambda_sparse, params.lambda_dense]
+            .into_iter()
+            .chain(domain_lambdas)
+        {
+            if !(0.0..=1.0).contains(&l) {
+                return Err(MixError::Format(format!(
+                    "{}: λ {l} is outside [0, 1]",
+                    path.display()
+                )));
+            }
+        }
+        Ok(params)
+    }
+
+    /// Refuses an index or model whose tokenizer differs from the one the λ were fitted with.
+    pub fn check_tokenizer(&self, fingerprint: &str) -> Result<(), MixError> {
+        if fingerprint != self.tokenizer_fingerprint {
+            return Err(MixError::Invalid(format!(
+                "the mixing file was fitted with tokenizer {}, this pairing uses {fingerprint}",
+                self.tokenizer_fingerprint
+            )));
+        }
+        Ok(())
+    }
+
+    /// (λ1, λ2) for a domain: its own pair when fitted, else the global one.
+    pub fn split_for(&self, domain: Option<&str>) -> (f64, f64) {
+        match domain.and_then(|d| self.by_domain.get(d)) {
+            Some(d) => (d.lambda_sparse, d.lambda_dense),
+            None => (self.lambda_sparse, self.lambda_dense),
+        }
+    }
+
+    /// λ of every token of one domain (when known) under `rule`.
+    pub fn lambdas(
+        &self,
+        rule: LambdaRule,
+        domain: Option<&str>,
+        sparse: &[bool],
+        features: &[GateFeatures],
+    ) -> Result<Vec<f64>, MixError> {
+        let pick = |(l1, l2): (f64, f64)| -> Vec<f64> {
+            sparse.iter().map(|&s| if s { l1 } else { l2 }).collect()
+        };
+        match rule {
+            LambdaRule::Fixed(l) => Ok(vec![l.clamp(LAMBDA_MIN, LAMBDA_MAX); sparse.len()]),
+            LambdaRule::Split => Ok(pick(self.split_for(None))),
+            LambdaRule::DomainSplit => Ok(pick(self.split_for(domain))),
+            LambdaRule::Gate => match &self.gate {
+                Some(g) => g.predict(features),
+                None => Err(MixError::Invalid("the mixing file has no gate".into())),
+            },
+        }
+    }
+}
