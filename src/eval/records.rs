@@ -110,7 +110,7 @@ impl Collector<'_> {
             .collect();
         self.work_dir
             .as_ref()
-            .map(|d| d.join(format!("{safe}.records.json")))
+            .map(|d| d.join(format!("{safe}.records.bin")))
     }
 
     fn domain(&self, domain: &str, docs: &[&EvalDocument]) -> Result<DomainRecords> {
@@ -173,9 +173,11 @@ impl Collector<'_> {
     }
 }
 
+/// Saved records are bincode, not JSON: a rerun from them must see bit-identical floats, and JSON
+/// number parsing may be one ulp off.
 fn load_saved(path: &Path, key: &str) -> Option<DomainRecords> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let records: DomainRecords = serde_json::from_str(&text).ok()?;
+    let bytes = std::fs::read(path).ok()?;
+    let records: DomainRecords = bincode::deserialize(&bytes).ok()?;
     (records.key == key).then_some(records)
 }
 
@@ -185,7 +187,7 @@ fn save(path: &Path, records: &DomainRecords) -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let tmp = path.with_extension("partial");
-    std::fs::write(&tmp, serde_json::to_vec(records)?)
+    std::fs::write(&tmp, bincode::serialize(records)?)
         .with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
     Ok(())
