@@ -17,6 +17,10 @@ use crate::mix::fit::TokenEvidence;
 use crate::model::{Model, WindowOptions};
 use crate::progress::token_bar;
 
+/// Version of [`TokenRecord`] and of the gate features in it: bump when either changes, so saved
+/// records from older code are recomputed instead of reused.
+const RECORD_FORMAT: u32 = 1;
+
 /// Everything measured at one scored token.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TokenRecord {
@@ -84,6 +88,7 @@ impl Collector<'_> {
 
     fn key(&self, docs: &[&EvalDocument]) -> String {
         let mut h = Xxh3::new();
+        h.update(&RECORD_FORMAT.to_le_bytes());
         h.update(self.model.source().display().to_string().as_bytes());
         h.update(self.index.dir().display().to_string().as_bytes());
         h.update(&(self.window.window as u64).to_le_bytes());

@@ -122,14 +122,9 @@ impl Lambdas {
     fn extend(&mut self, other: &Lambdas) {
         self.split.extend(&other.split);
         self.domain_split.extend(&other.domain_split);
-        self.gate = match (self.gate.take(), &other.gate) {
-            (Some(mut a), Some(b)) => {
-                a.extend(b);
-                Some(a)
-            }
-            (None, Some(b)) if self.split.len() == b.len() => Some(b.clone()),
-            _ => None,
-        };
+        if let (Some(a), Some(b)) = (self.gate.as_mut(), &other.gate) {
+            a.extend(b);
+        }
     }
 }
 

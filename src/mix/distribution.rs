@@ -8,13 +8,24 @@ use super::{mixed_prob, MixError};
 use crate::index::query::NtdResult;
 
 /// The ∞-gram's next-token distribution: the tokens seen after the matched suffix, with probabilities
-/// that sum to one.
+/// that sum to one, sorted by token so a lookup is a binary search (the support of a short suffix
+/// can be most of the vocabulary).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SparseDistribution {
-    pub entries: Vec<(u32, f64)>,
+    entries: Vec<(u32, f64)>,
 }
 
 impl SparseDistribution {
+    pub fn new(mut entries: Vec<(u32, f64)>) -> Self {
+        entries.sort_by_key(|(t, _)| *t);
+        Self { entries }
+    }
+
+    /// (token, probability), by token.
+    pub fn entries(&self) -> &[(u32, f64)] {
+        &self.entries
+    }
+
     /// From an engine answer (counts, or samples when `approx`), normalised.
     pub fn from_ntd(ntd: &NtdResult) -> Self {
         let total: u64 = ntd.dist.values().sum();
@@ -31,9 +42,8 @@ impl SparseDistribution {
 
     pub fn prob(&self, token: u32) -> f64 {
         self.entries
-            .iter()
-            .find(|(t, _)| *t == token)
-            .map_or(0.0, |(_, p)| *p)
+            .binary_search_by_key(&token, |(t, _)| *t)
+            .map_or(0.0, |i| self.entries[i].1)
     }
 }
 
@@ -244,9 +254,7 @@ mod tests {
     #[test]
     fn full_mixture_sums_to_one_and_top_k_agrees_with_it() {
         let nn = NeuralDistribution::from_logits(&logits()).unwrap();
-        let inf = SparseDistribution {
-            entries: vec![(3, 0.75), (5, 0.25)],
-        };
+        let inf = SparseDistribution::new(vec![(3, 0.75), (5, 0.25)]);
         for lambda in [0.0, 0.2, 0.5, 0.9] {
             let full = mix_full(&inf, &nn, lambda);
             assert!((full.iter().sum::<f64>() - 1.0).abs() < 1e-6);
@@ -272,9 +280,12 @@ mod tests {
     fn by_hand() {
         // p_nn = softmax([0, 0]) = (0.5, 0.5); ∞-gram: all on token 1; λ = 0.4.
         let nn = NeuralDistribution::from_logits(&[0.0, 0.0]).unwrap();
-        let inf = SparseDistribution {
-            entries: vec![(1, 1.0)],
-        };
+        let unsorted = SparseDistribution::new(vec![(9, 0.5), (2, 0.25), (4, 0.25)]);
+        assert_eq!(
+            (unsorted.prob(2), unsorted.prob(9), unsorted.prob(3)),
+            (0.25, 0.5, 0.0)
+        );
+        let inf = SparseDistribution::new(vec![(1, 1.0)]);
         let m = mix(&inf, &nn, 0.4, 2);
         assert_eq!(m.top[0].0, 1);
         assert!((m.top[0].1 - 0.7).abs() < 1e-7);
@@ -288,9 +299,7 @@ mod tests {
                 .unwrap();
         // 8 other tokens share 0.25.
         assert!((nn.prob(7) - 0.25 / 8.0).abs() < 1e-9);
-        let inf = SparseDistribution {
-            entries: vec![(7, 1.0)],
-        };
+        let inf = SparseDistribution::new(vec![(7, 1.0)]);
         let m = mix(&inf, &nn, 0.5, 2);
         assert_eq!(m.top[0].0, 7);
         assert!((m.top[0].1 - (0.5 + 0.5 * 0.25 / 8.0)).abs() < 1e-7);
