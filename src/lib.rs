@@ -8,4 +8,5 @@ pub mod mix;
 pub mod model;
 pub mod progress;
 pub mod protocol;
+pub mod server;
 pub mod tokenizer;

@@ -22,6 +22,7 @@ use infini_sidecar::model::{
 };
 use infini_sidecar::progress;
 use infini_sidecar::protocol;
+use infini_sidecar::server::{self, config::ServeConfig};
 use infini_sidecar::tokenizer::Tokenizer;
 
 #[derive(Parser)]
@@ -48,6 +49,11 @@ enum Command {
     /// Mix the ∞-gram with the model: fit λ on validation text, evaluate perplexity on test text.
     #[command(subcommand)]
     Eval(EvalCommand),
+    /// Serve the gRPC API (sidecar.v1) with the index, tokenizer and mixing file of a config.
+    Serve {
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Print the token ids of a text (one JSON list).
     Tokenize {
         #[arg(long)]
@@ -453,6 +459,40 @@ fn index_info(index: &Index) -> serde_json::Value {
     })
 }
 
+fn run_serve(path: &Path) -> Result<()> {
+    let config = ServeConfig::load(path)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(config.bind)
+            .await
+            .with_context(|| format!("binding {}", config.bind))?;
+        server::serve(config, listener, shutdown_signal()).await
+    })
+}
+
+/// Ctrl-C or SIGTERM: stop accepting, let in-flight requests finish.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {},
+                    _ = term.recv() => {},
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    tracing::info!("shutting down: finishing in-flight requests");
+}
+
 /// Model, index and inputs of an evaluation, checked to belong together.
 fn eval_setup(args: &EvalArgs) -> Result<(Model, Index, EvalInputs)> {
     let model = load_model(&args.model)?;
@@ -617,6 +657,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Model(ModelCommand::Generate(args)) => run_generate(args),
         Command::Eval(EvalCommand::Fit(args)) => run_fit(args),
         Command::Eval(EvalCommand::Ppl(args)) => run_ppl(args),
+        Command::Serve { config } => run_serve(&config),
         Command::Tokenize { tokenizer, text } => {
             let ids = Tokenizer::from_file(Path::new(&tokenizer))?.encode(&text)?;
             println!("{}", serde_json::to_string(&ids)?);

@@ -26,6 +26,7 @@ type Result<T> = std::result::Result<T, TokenizerError>;
 /// GGUF `token_type` of control tokens (`<|endoftext|>` and the like).
 const GGUF_CONTROL: u64 = 3;
 
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     fingerprint: String,

@@ -1,0 +1,16 @@
+//! Generates the gRPC code of `proto/` at build time with protox (a protobuf compiler in Rust), so no
+//! `protoc` is needed; the descriptor set it writes feeds gRPC reflection.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=proto");
+    let descriptors = protox::compile(["sidecar/v1/sidecar.proto"], ["proto"])?;
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out.join("sidecar_v1_descriptor.bin"),
+        prost::Message::encode_to_vec(&descriptors),
+    )?;
+    tonic_prost_build::configure().compile_fds(descriptors)?;
+    Ok(())
+}

@@ -1,0 +1,72 @@
+//! Binding the service: health and reflection beside it, the bearer token on the sidecar's RPCs,
+//! message size limits, and a graceful shutdown that lets in-flight requests finish.
+
+use std::future::Future;
+
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
+use tonic::{Request, Status};
+
+use super::config::ServeConfig;
+use super::pb::sidecar_server::SidecarServer;
+use super::{pb, SidecarService};
+
+/// Checks `authorization: Bearer TOKEN` when a token is configured.
+fn bearer_check(
+    token: Option<String>,
+) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
+    move |request: Request<()>| {
+        let Some(expected) = &token else {
+            return Ok(request);
+        };
+        let given = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match given {
+            Some(t) if t == expected => Ok(request),
+            _ => Err(Status::unauthenticated("a valid bearer token is required")),
+        }
+    }
+}
+
+/// Serves `config` until `shutdown` resolves, then drains in-flight requests.
+pub async fn serve(
+    config: ServeConfig,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let token = match &config.auth_token_env {
+        Some(var) => Some(
+            std::env::var(var)
+                .map_err(|_| anyhow::anyhow!("auth_token_env names {var}, which is not set"))?,
+        ),
+        None => None,
+    };
+    if token.is_none() && !listener.local_addr()?.ip().is_loopback() {
+        tracing::warn!("serving beyond loopback without a bearer token");
+    }
+    let service = SidecarService::open(&config)?;
+    let limit = config.limits.max_message_bytes;
+    let sidecar = SidecarServer::new(service)
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+    let sidecar =
+        tonic::service::interceptor::InterceptedService::new(sidecar, bearer_check(token));
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<SidecarServer<SidecarService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    tracing::info!("serving on {}", listener.local_addr()?);
+    Server::builder()
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(sidecar)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}

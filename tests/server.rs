@@ -1,0 +1,294 @@
+//! The real gRPC server on a loopback port, called with a real tonic client: answers equal the
+//! library's, bad inputs get their status codes, and the bearer token is enforced.
+
+mod common;
+
+use std::path::Path;
+
+use infini_sidecar::index::build::{build, BuildOptions};
+use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
+use infini_sidecar::mix::features::GateFeatures;
+use infini_sidecar::mix::params::FitRecord;
+use infini_sidecar::mix::{
+    self, Gate, GateOptions, MixingParams, NeuralDistribution, SparseDistribution, NUM_FEATURES,
+};
+use infini_sidecar::server::config::ServeConfig;
+use infini_sidecar::server::pb::sidecar_client::SidecarClient;
+use infini_sidecar::server::pb::{self, mix_request};
+use tonic::transport::Channel;
+use tonic::Code;
+
+const TOKEN: &str = "s3cret";
+
+/// An index over 200 real mini-Pile train documents, with the SmolLM2 tokenizer.
+fn build_index(dir: &Path) -> std::path::PathBuf {
+    let tokenizer = common::smollm2_tokenizer();
+    let out = dir.join("index");
+    let vocab = tokenizer.vocab_size();
+    let opts = BuildOptions {
+        tokenizer: Some(&tokenizer),
+        ..BuildOptions::new(out.clone(), TokenWidth::for_vocab(vocab), 0, vocab)
+    };
+    let docs = common::minipile_docs("train", 200).into_iter().map(Ok);
+    build(docs, &opts).unwrap();
+    out
+}
+
+/// A mixing file with λ1/λ2 = 0.4/0.05 and a small gate trained on synthetic features.
+fn write_mixing(dir: &Path) -> std::path::PathBuf {
+    let rows: Vec<GateFeatures> = (0..300)
+        .map(|i| {
+            let mut f = [0.0; NUM_FEATURES];
+            f[0] = (i % 7) as f64;
+            f
+        })
+        .collect();
+    let targets: Vec<f64> = rows.iter().map(|f| f[0] / 10.0).collect();
+    let opts = GateOptions {
+        trees: 4,
+        min_samples_leaf: 5,
+        ..GateOptions::default()
+    };
+    let gate = Gate::train(&rows, &targets, opts).unwrap();
+    let fingerprint = common::smollm2_tokenizer().fingerprint().to_string();
+    let params = MixingParams::new(
+        "test".into(),
+        "test".into(),
+        fingerprint,
+        (0.4, 0.05),
+        Some(gate),
+        FitRecord::default(),
+    );
+    let path = dir.join("mixing.json");
+    params.save(&path).unwrap();
+    path
+}
+
+async fn start(
+    dir: &Path,
+    auth: bool,
+) -> (SidecarClient<Channel>, tokio::sync::oneshot::Sender<()>) {
+    let index = build_index(dir);
+    let mixing = Some(write_mixing(dir));
+    let env = format!("SIDECAR_TEST_TOKEN_{}", std::process::id());
+    std::env::set_var(&env, TOKEN);
+    let config = ServeConfig {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        index,
+        mixing,
+        auth_token_env: auth.then_some(env),
+        limits: Default::default(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        infini_sidecar::server::serve(config, listener, async {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap();
+    });
+    let channel = loop {
+        match Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+        {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+        }
+    };
+    (SidecarClient::new(channel), stop)
+}
+
+fn authed<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rpc_answers_as_the_library_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut client, stop) = start(dir.path(), true).await;
+    let index = Index::open(&dir.path().join("index"), &OpenOptions::default()).unwrap();
+    let tokenizer = common::smollm2_tokenizer();
+
+    // Without the token: refused.
+    let err = client.info(pb::InfoRequest {}).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+
+    let info = client
+        .info(authed(pb::InfoRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.index_tokens, index.total_tokens());
+    assert_eq!(info.vocab_size, index.vocab_size());
+    assert_eq!(info.tokenizer_fingerprint, tokenizer.fingerprint());
+
+    let text = "The kernel uses a";
+    let ids = client
+        .tokenize(authed(pb::TokenizeRequest { text: text.into() }))
+        .await
+        .unwrap()
+        .into_inner()
+        .ids;
+    assert_eq!(ids, tokenizer.encode(text).unwrap());
+    let back = client
+        .detokenize(authed(pb::DetokenizeRequest { ids: ids.clone() }))
+        .await
+        .unwrap()
+        .into_inner()
+        .text;
+    assert_eq!(back, text);
+
+    let count = client
+        .count(authed(pb::CountRequest {
+            ids: ids[..2].to_vec(),
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .count;
+    assert_eq!(count, index.count(&ids[..2]).unwrap());
+
+    let ntd = client
+        .next_token_distribution(authed(pb::NextTokenDistributionRequest {
+            prompt: ids.clone(),
+            infinite: true,
+            max_support: 0,
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    let want = index.infgram_ntd(&ids, None).unwrap();
+    assert_eq!(ntd.suffix_len as usize, want.suffix_len);
+    assert_eq!(ntd.sparse, want.sparse);
+    assert_eq!(ntd.prompt_cnt, want.ntd.prompt_cnt);
+    let got: Vec<(u32, u64)> = ntd.dist.iter().map(|t| (t.token, t.cont_cnt)).collect();
+    let want_dist: Vec<(u32, u64)> = want.ntd.dist.iter().map(|(&t, &c)| (t, c)).collect();
+    assert_eq!(got, want_dist);
+
+    // Mix with caller logits, against the library's mixture.
+    let vocab = index.vocab_size() as usize;
+    let logits: Vec<f32> = (0..vocab)
+        .map(|i| ((i * 7919) % 1000) as f32 / 200.0)
+        .collect();
+    let mixed = client
+        .mix(authed(pb::MixRequest {
+            context: ids.clone(),
+            neural: Some(mix_request::Neural::Logits(pb::NeuralLogits {
+                logits: logits.clone(),
+            })),
+            lambda: Some(mix_request::Lambda::FixedLambda(0.3)),
+            top_k: 5,
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    let lib = mix::mix(
+        &SparseDistribution::from_ntd(&want.ntd),
+        &NeuralDistribution::from_logits(&logits).unwrap(),
+        0.3,
+        5,
+    );
+    let got: Vec<(u32, f64)> = mixed.top.iter().map(|t| (t.token, t.prob)).collect();
+    assert_eq!(got, lib.top);
+    assert_eq!(mixed.suffix_len as usize, want.suffix_len);
+
+    // Bad inputs: status codes with messages, the server keeps serving.
+    let bad_id = pb::CountRequest {
+        ids: vec![vocab as u32 + 5],
+    };
+    assert_eq!(
+        client.count(authed(bad_id)).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    let mut nan = logits.clone();
+    nan[3] = f32::NAN;
+    let bad_mix = |neural, top_k, lambda| pb::MixRequest {
+        context: ids.clone(),
+        neural,
+        lambda,
+        top_k,
+    };
+    let fixed = Some(mix_request::Lambda::FixedLambda(0.3));
+    for (req, what) in [
+        (
+            bad_mix(
+                Some(mix_request::Neural::Logits(pb::NeuralLogits {
+                    logits: nan,
+                })),
+                5,
+                fixed,
+            ),
+            "NaN",
+        ),
+        (
+            bad_mix(
+                Some(mix_request::Neural::Logits(pb::NeuralLogits {
+                    logits: vec![0.0; 10],
+                })),
+                5,
+                fixed,
+            ),
+            "short",
+        ),
+        (
+            bad_mix(
+                Some(mix_request::Neural::Logits(pb::NeuralLogits {
+                    logits: logits.clone(),
+                })),
+                0,
+                fixed,
+            ),
+            "top_k 0",
+        ),
+        (bad_mix(None, 5, fixed), "no neural"),
+        (
+            bad_mix(
+                Some(mix_request::Neural::Logits(pb::NeuralLogits {
+                    logits: logits.clone(),
+                })),
+                5,
+                Some(mix_request::Lambda::FixedLambda(1.5)),
+            ),
+            "λ",
+        ),
+    ] {
+        let err = client.mix(authed(req)).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{what}: {err:?}");
+        assert!(!err.message().is_empty());
+    }
+    // λ1/λ2 and the gate of the mixing file.
+    let params = MixingParams::load(&dir.path().join("mixing.json")).unwrap();
+    let with = |lambda| {
+        let neural = mix_request::Neural::Logits(pb::NeuralLogits {
+            logits: logits.clone(),
+        });
+        bad_mix(Some(neural), 5, lambda)
+    };
+    let split = client
+        .mix(authed(with(Some(mix_request::Lambda::Split(true)))))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(split.lambda, if split.sparse { 0.4 } else { 0.05 });
+    let gated = client
+        .mix(authed(with(Some(mix_request::Lambda::Gate(true)))))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(gated.gate_features.len(), NUM_FEATURES);
+    assert_eq!(gated.gate_feature_names.len(), NUM_FEATURES);
+    assert_eq!(gated.gate_features[0], (gated.suffix_len as f64).ln_1p());
+    let features: GateFeatures = gated.gate_features.clone().try_into().unwrap();
+    let want = params.gate.as_ref().unwrap().predict(&[features]).unwrap()[0];
+    assert_eq!(gated.lambda, want);
+    let still = client.info(authed(pb::InfoRequest {})).await.unwrap();
+    assert_eq!(still.into_inner().index_tokens, index.total_tokens());
+    let _ = stop.send(());
+}
