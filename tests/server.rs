@@ -6,6 +6,7 @@ mod common;
 use std::path::Path;
 
 use infini_sidecar::index::build::{build, BuildOptions};
+use infini_sidecar::index::docs::SearchOptions;
 use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
 use infini_sidecar::mix::features::GateFeatures;
 use infini_sidecar::mix::params::FitRecord;
@@ -171,6 +172,60 @@ async fn every_rpc_answers_as_the_library_does() {
     let got: Vec<(u32, u64)> = ntd.dist.iter().map(|t| (t.token, t.cont_cnt)).collect();
     let want_dist: Vec<(u32, u64)> = want.ntd.dist.iter().map(|(&t, &c)| (t, c)).collect();
     assert_eq!(got, want_dist);
+
+    // Documents: one n-gram, then a CNF (n-gram AND (n-gram OR n-gram)).
+    let ngram = |ids: &[u32]| pb::NGram { ids: ids.to_vec() };
+    let search = |cnf: Vec<Vec<&[u32]>>| pb::SearchDocumentsRequest {
+        cnf: cnf
+            .into_iter()
+            .map(|c| pb::Clause {
+                ngrams: c.into_iter().map(ngram).collect(),
+            })
+            .collect(),
+        maxnum: 3,
+        max_disp_len: 50,
+        max_clause_freq: 0,
+    };
+    let opts = SearchOptions {
+        maxnum: 3,
+        max_disp_len: 50,
+        ..SearchOptions::default()
+    };
+    for cnf in [
+        vec![vec![&ids[1..3]]],
+        vec![vec![&ids[1..2]], vec![&ids[2..3], &ids[3..4]]],
+    ] {
+        let got = client
+            .search_documents(authed(search(cnf.clone())))
+            .await
+            .unwrap()
+            .into_inner();
+        let lib_cnf: Vec<Vec<Vec<u32>>> = cnf
+            .iter()
+            .map(|c| c.iter().map(|g| g.to_vec()).collect())
+            .collect();
+        let want = index.search_docs_cnf(&lib_cnf, opts).unwrap();
+        assert_eq!((got.cnt, got.approx), (want.cnt, want.approx));
+        let got_docs: Vec<(u64, Vec<u32>)> = got
+            .documents
+            .iter()
+            .map(|d| (d.doc_ix, d.token_ids.clone()))
+            .collect();
+        let want_docs: Vec<(u64, Vec<u32>)> = want
+            .documents
+            .iter()
+            .map(|d| (d.doc_ix, d.token_ids.clone()))
+            .collect();
+        assert_eq!(got_docs, want_docs);
+    }
+    let empty = pb::SearchDocumentsRequest {
+        cnf: vec![],
+        maxnum: 1,
+        max_disp_len: 0,
+        max_clause_freq: 0,
+    };
+    let err = client.search_documents(authed(empty)).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
 
     // Mix with caller logits, against the library's mixture.
     let vocab = index.vocab_size() as usize;

@@ -14,6 +14,7 @@ use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status};
 
 use crate::index::dense::TokenScore;
+use crate::index::docs::SearchOptions;
 use crate::index::query::InfgramNtdResult;
 use crate::index::{Index, IndexError, OpenOptions};
 use crate::mix::features::{
@@ -233,6 +234,56 @@ impl Sidecar for SidecarService {
                 approx: ntd.approx,
                 suffix_len: suffix_len as u32,
                 sparse,
+            })
+        })
+        .await
+    }
+
+    async fn search_documents(
+        &self,
+        request: Request<pb::SearchDocumentsRequest>,
+    ) -> Result<Response<pb::SearchDocumentsResponse>, Status> {
+        let r = request.into_inner();
+        self.run(move |s| {
+            let cnf: Vec<Vec<Vec<u32>>> = r
+                .cnf
+                .into_iter()
+                .map(|c| c.ngrams.into_iter().map(|g| g.ids).collect())
+                .collect();
+            let tokens: usize = cnf.iter().flatten().map(Vec::len).sum();
+            Self::check_len(&s.limits, "the CNF", tokens)?;
+            let defaults = SearchOptions::default();
+            let or_default = |v: u64, d: u64| if v == 0 { d } else { v };
+            let maxnum = or_default(r.maxnum.into(), defaults.maxnum as u64) as usize;
+            if maxnum > s.limits.max_top_k {
+                return Err(Status::invalid_argument(format!(
+                    "maxnum must be at most {}",
+                    s.limits.max_top_k
+                )));
+            }
+            let opts = SearchOptions {
+                maxnum,
+                max_disp_len: or_default(r.max_disp_len.into(), defaults.max_disp_len as u64)
+                    as usize,
+                max_clause_freq: or_default(r.max_clause_freq, defaults.max_clause_freq),
+            };
+            let found = s.index.search_docs_cnf(&cnf, opts).map_err(index_status)?;
+            Ok(pb::SearchDocumentsResponse {
+                cnt: found.cnt,
+                approx: found.approx,
+                documents: found
+                    .documents
+                    .into_iter()
+                    .map(|d| pb::Document {
+                        doc_ix: d.doc_ix,
+                        doc_len: d.doc_len,
+                        disp_len: d.disp_len,
+                        needle_offset: d.needle_offset,
+                        metadata: d.metadata.unwrap_or_default(),
+                        token_ids: d.token_ids,
+                        text: d.text.unwrap_or_default(),
+                    })
+                    .collect(),
             })
         })
         .await
