@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::Xxh3;
 
 use crate::corpus::{self, Content};
 use crate::index::{IndexError, Result};
@@ -36,9 +36,13 @@ pub struct DecontaminationRecord {
     pub tokens_dropped: u64,
 }
 
+/// Streams the tokens into the hasher: no allocation per n-gram (a build hashes every position).
 fn hash(gram: &[u32]) -> u64 {
-    let bytes: Vec<u8> = gram.iter().flat_map(|t| t.to_le_bytes()).collect();
-    xxh3_64(&bytes)
+    let mut h = Xxh3::new();
+    for t in gram {
+        h.update(&t.to_le_bytes());
+    }
+    h.digest()
 }
 
 impl Decontaminator {

@@ -54,20 +54,34 @@ pub enum NeuralDistribution {
     Full {
         logprobs: Vec<f32>,
     },
-    TopK {
-        /// (token, log-prob), any order.
-        entries: Vec<(u32, f32)>,
-        /// Probability of all other tokens together; spread evenly over them when one is asked for.
-        rest_mass: f64,
-        vocab_size: usize,
-    },
+    /// Built by [`NeuralDistribution::from_top_k`], which checks and sorts it.
+    TopK(TopKLogprobs),
+}
+
+/// Top-k log-probs plus the rest, sorted by token so a lookup is a binary search (a caller may send
+/// thousands of entries, and `mix` looks up every candidate).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopKLogprobs {
+    entries: Vec<(u32, f32)>,
+    /// Probability of all other tokens together; spread evenly over them when one is asked for.
+    rest_mass: f64,
+    vocab_size: usize,
+}
+
+impl TopKLogprobs {
+    /// The probability of each token outside the list.
+    fn other_prob(&self) -> f64 {
+        self.rest_mass / (self.vocab_size - self.entries.len()).max(1) as f64
+    }
 }
 
 impl NeuralDistribution {
     /// From raw logits (log-softmax in f64 for accuracy).
     pub fn from_logits(logits: &[f32]) -> Result<Self, MixError> {
-        if logits.is_empty() || logits.iter().any(|l| l.is_nan()) {
-            return Err(MixError::Invalid("logits are empty or hold NaN".into()));
+        if logits.is_empty() || logits.iter().any(|l| !l.is_finite()) {
+            return Err(MixError::Invalid(
+                "logits must be non-empty and finite".into(),
+            ));
         }
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
         let log_z = max
@@ -83,7 +97,7 @@ impl NeuralDistribution {
 
     /// From top-k log-probs and the remaining mass, checked for consistency.
     pub fn from_top_k(
-        entries: Vec<(u32, f32)>,
+        mut entries: Vec<(u32, f32)>,
         rest_mass: f64,
         vocab_size: usize,
     ) -> Result<Self, MixError> {
@@ -106,17 +120,23 @@ impl NeuralDistribution {
                 "more top-k entries than the vocabulary".into(),
             ));
         }
-        Ok(Self::TopK {
+        entries.sort_by_key(|(t, _)| *t);
+        if entries.windows(2).any(|w| w[0].0 == w[1].0) {
+            return Err(MixError::Invalid(
+                "a token appears twice in the top-k".into(),
+            ));
+        }
+        Ok(Self::TopK(TopKLogprobs {
             entries,
             rest_mass,
             vocab_size,
-        })
+        }))
     }
 
     pub fn vocab_size(&self) -> usize {
         match self {
             Self::Full { logprobs } => logprobs.len(),
-            Self::TopK { vocab_size, .. } => *vocab_size,
+            Self::TopK(t) => t.vocab_size,
         }
     }
 
@@ -125,13 +145,9 @@ impl NeuralDistribution {
             Self::Full { logprobs } => logprobs
                 .get(token as usize)
                 .map_or(0.0, |lp| (*lp as f64).exp()),
-            Self::TopK {
-                entries,
-                rest_mass,
-                vocab_size,
-            } => match entries.iter().find(|(t, _)| *t == token) {
-                Some((_, lp)) => (*lp as f64).exp(),
-                None => rest_mass / (vocab_size - entries.len()).max(1) as f64,
+            Self::TopK(t) => match t.entries.binary_search_by_key(&token, |(tok, _)| *tok) {
+                Ok(i) => (t.entries[i].1 as f64).exp(),
+                Err(_) => t.other_prob(),
             },
         }
     }
@@ -152,7 +168,8 @@ impl NeuralDistribution {
                     .map(|&t| (t, (logprobs[t as usize] as f64).exp()))
                     .collect()
             }
-            Self::TopK { entries, .. } => entries
+            Self::TopK(t) => t
+                .entries
                 .iter()
                 .map(|&(t, lp)| (t, (lp as f64).exp()))
                 .collect(),
@@ -170,14 +187,10 @@ impl NeuralDistribution {
                 let p = (lp as f64).exp();
                 (e + h(p), f64::max(top, p))
             }),
-            Self::TopK {
-                entries,
-                rest_mass,
-                vocab_size,
-            } => {
-                let others = (vocab_size - entries.len()).max(1) as f64;
-                let (mut e, mut top) = (others * h(rest_mass / others), rest_mass / others);
-                for (_, lp) in entries {
+            Self::TopK(t) => {
+                let others = (t.vocab_size - t.entries.len()).max(1) as f64;
+                let (mut e, mut top) = (others * h(t.other_prob()), t.other_prob());
+                for (_, lp) in &t.entries {
                     let p = (*lp as f64).exp();
                     e += h(p);
                     top = top.max(p);

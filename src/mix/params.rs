@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::features::GateFeatures;
+use super::features::{feature_names, GateFeatures};
 use super::gate::Gate;
 use super::{MixError, LAMBDA_MAX, LAMBDA_MIN};
 
@@ -116,6 +116,17 @@ impl MixingParams {
                 return Err(MixError::Format(format!(
                     "{}: λ {l} is outside [0, 1]",
                     path.display()
+                )));
+            }
+        }
+        // A gate over other features would index past its input (smartcore panics there).
+        if let Some(g) = &params.gate {
+            if g.feature_names != feature_names() {
+                return Err(MixError::Format(format!(
+                    "{}: the gate was trained on features {:?}, this build computes {:?}",
+                    path.display(),
+                    g.feature_names,
+                    feature_names()
                 )));
             }
         }

@@ -18,7 +18,7 @@ use crate::index::docs::SearchOptions;
 use crate::index::query::InfgramNtdResult;
 use crate::index::{Index, IndexError, OpenOptions};
 use crate::mix::features::{
-    feature_names, gate_features, GateFeatures, InfgramContext, NeuralContext,
+    feature_names, gate_features, GateFeatures, InfgramContext, NeuralContext, NUM_FEATURES,
 };
 use crate::mix::{
     self, LambdaRule, MixError, MixingParams, NeuralDistribution, SparseDistribution,
@@ -311,9 +311,6 @@ impl Sidecar for SidecarService {
                             l.logits.len()
                         )));
                     }
-                    if l.logits.iter().any(|x| !x.is_finite()) {
-                        return Err(Status::invalid_argument("logits must be finite"));
-                    }
                     NeuralDistribution::from_logits(&l.logits).map_err(mix_status)?
                 }
                 Some(pb::mix_request::Neural::TopKLogprobs(t)) => {
@@ -336,11 +333,6 @@ impl Sidecar for SidecarService {
                 .index
                 .infgram_ntd(&r.context, None)
                 .map_err(index_status)?;
-            let mixing = || {
-                s.mixing.as_ref().ok_or_else(|| {
-                    Status::failed_precondition("no mixing file is configured: pass fixed_lambda")
-                })
-            };
             let mut features = Vec::new();
             let lambda = match r.lambda {
                 Some(pb::mix_request::Lambda::FixedLambda(l)) if (0.0..=1.0).contains(&l) => l,
@@ -350,18 +342,10 @@ impl Sidecar for SidecarService {
                 Some(pb::mix_request::Lambda::Gate(_)) => {
                     let f = gate_input(s, &r.context, &infgram, &neural)?;
                     features = f.to_vec();
-                    let lambdas = mixing()?
-                        .lambdas(LambdaRule::Gate, None, &[infgram.sparse], &[f])
-                        .map_err(mix_status)?;
-                    lambdas.first().copied().unwrap_or(0.0)
+                    fitted_lambda(s, LambdaRule::Gate, infgram.sparse, f)?
                 }
                 Some(pb::mix_request::Lambda::Split(_)) | None => {
-                    let (l1, l2) = mixing()?.split_for(None);
-                    if infgram.sparse {
-                        l1
-                    } else {
-                        l2
-                    }
+                    fitted_lambda(s, LambdaRule::Split, infgram.sparse, [0.0; NUM_FEATURES])?
                 }
             };
             let sparse = SparseDistribution::from_ntd(&infgram.ntd);
@@ -391,6 +375,25 @@ impl Sidecar for SidecarService {
         })
         .await
     }
+}
+
+/// λ for one token from the mixing file's rule.
+fn fitted_lambda(
+    s: &State,
+    rule: LambdaRule,
+    sparse: bool,
+    features: GateFeatures,
+) -> Result<f64, Status> {
+    let mixing = s.mixing.as_ref().ok_or_else(|| {
+        Status::failed_precondition("no mixing file is configured: pass fixed_lambda")
+    })?;
+    let lambdas = mixing
+        .lambdas(rule, None, &[sparse], &[features])
+        .map_err(mix_status)?;
+    lambdas
+        .first()
+        .copied()
+        .ok_or_else(|| Status::internal("no λ for the token"))
 }
 
 /// The gate's features for a context, from the ∞-gram's match and the caller's distribution.
