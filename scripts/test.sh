@@ -6,6 +6,10 @@ cd "$(dirname "$0")/.."
 source scripts/env.sh
 python3 scripts/fetch_assets.py
 ensure_reference_engine
+if ! cargo nextest --version >/dev/null 2>&1; then
+  cargo install --locked cargo-nextest
+fi
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings
 cargo nextest run --no-fail-fast
