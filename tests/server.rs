@@ -3,117 +3,23 @@
 
 mod common;
 
-use std::path::Path;
-
-use infini_sidecar::index::build::{build, BuildOptions};
+use common::server::{authed, build_index, config, start, Running};
 use infini_sidecar::index::docs::SearchOptions;
-use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
+use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::mix::features::GateFeatures;
-use infini_sidecar::mix::params::FitRecord;
 use infini_sidecar::mix::{
-    self, Gate, GateOptions, MixingParams, NeuralDistribution, SparseDistribution, NUM_FEATURES,
+    self, MixingParams, NeuralDistribution, SparseDistribution, NUM_FEATURES,
 };
-use infini_sidecar::server::config::ServeConfig;
-use infini_sidecar::server::pb::sidecar_client::SidecarClient;
 use infini_sidecar::server::pb::{self, mix_request};
-use tonic::transport::Channel;
 use tonic::Code;
-
-const TOKEN: &str = "s3cret";
-
-/// An index over 200 real mini-Pile train documents, with the SmolLM2 tokenizer.
-fn build_index(dir: &Path) -> std::path::PathBuf {
-    let tokenizer = common::smollm2_tokenizer();
-    let out = dir.join("index");
-    let vocab = tokenizer.vocab_size();
-    let opts = BuildOptions {
-        tokenizer: Some(&tokenizer),
-        ..BuildOptions::new(out.clone(), TokenWidth::for_vocab(vocab), 0, vocab)
-    };
-    let docs = common::minipile_docs("train", 200).into_iter().map(Ok);
-    build(docs, &opts).unwrap();
-    out
-}
-
-/// A mixing file with λ1/λ2 = 0.4/0.05 and a small gate trained on synthetic features.
-fn write_mixing(dir: &Path) -> std::path::PathBuf {
-    let rows: Vec<GateFeatures> = (0..300)
-        .map(|i| {
-            let mut f = [0.0; NUM_FEATURES];
-            f[0] = (i % 7) as f64;
-            f
-        })
-        .collect();
-    let targets: Vec<f64> = rows.iter().map(|f| f[0] / 10.0).collect();
-    let opts = GateOptions {
-        trees: 4,
-        min_samples_leaf: 5,
-        ..GateOptions::default()
-    };
-    let gate = Gate::train(&rows, &targets, opts).unwrap();
-    let fingerprint = common::smollm2_tokenizer().fingerprint().to_string();
-    let params = MixingParams::new(
-        "test".into(),
-        "test".into(),
-        fingerprint,
-        (0.4, 0.05),
-        Some(gate),
-        FitRecord::default(),
-    );
-    let path = dir.join("mixing.json");
-    params.save(&path).unwrap();
-    path
-}
-
-async fn start(
-    dir: &Path,
-    auth: bool,
-) -> (SidecarClient<Channel>, tokio::sync::oneshot::Sender<()>) {
-    let index = build_index(dir);
-    let mixing = Some(write_mixing(dir));
-    let env = format!("SIDECAR_TEST_TOKEN_{}", std::process::id());
-    std::env::set_var(&env, TOKEN);
-    let config = ServeConfig {
-        bind: "127.0.0.1:0".parse().unwrap(),
-        index,
-        mixing,
-        auth_token_env: auth.then_some(env),
-        limits: Default::default(),
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        infini_sidecar::server::serve(config, listener, async {
-            let _ = stopped.await;
-        })
-        .await
-        .unwrap();
-    });
-    let channel = loop {
-        match Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-        {
-            Ok(c) => break c,
-            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
-        }
-    };
-    (SidecarClient::new(channel), stop)
-}
-
-fn authed<T>(msg: T) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(msg);
-    r.metadata_mut()
-        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
-    r
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_rpc_answers_as_the_library_does() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut client, stop) = start(dir.path(), true).await;
+    let index_dir = build_index(dir.path());
+    let Running {
+        mut client, stop, ..
+    } = start(config(dir.path(), index_dir, true)).await;
     let index = Index::open(&dir.path().join("index"), &OpenOptions::default()).unwrap();
     let tokenizer = common::smollm2_tokenizer();
 

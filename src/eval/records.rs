@@ -139,36 +139,17 @@ impl Collector<'_> {
             infgram_seconds: 0.0,
         };
         for doc in docs {
-            let t = Instant::now();
-            let neural =
-                self.model
-                    .transformer()
-                    .score_document(&doc.tokens, self.window, |n| bar.inc(n as u64))?;
-            records.neural_seconds += t.elapsed().as_secs_f64();
-            let t = Instant::now();
-            let scores = self.index.score(&doc.tokens)?;
-            let contexts = InfgramContext::for_document(self.index, &doc.tokens, &scores)?;
-            // Neural position scores start at token 1 (token 0 is only context).
-            let infgram = scores.iter().zip(&contexts).skip(1);
-            for (offset, (nn, (inf, context))) in neural.positions.iter().zip(infgram).enumerate() {
-                let position = offset + 1;
-                let neural_context = NeuralContext {
-                    entropy: nn.entropy as f64,
-                    top_prob: nn.top_prob as f64,
-                };
-                records.tokens.push(TokenRecord {
-                    doc: doc.index,
-                    position,
-                    token: doc.tokens[position],
-                    neural_logprob: nn.logprob,
-                    infgram_prob: inf.prob,
-                    suffix_len: inf.suffix_len,
-                    prompt_cnt: inf.prompt_cnt,
-                    sparse: inf.sparse,
-                    features: gate_features(context, &neural_context),
-                });
-            }
-            records.infgram_seconds += t.elapsed().as_secs_f64();
+            let scored = document_records(
+                self.model,
+                self.index,
+                self.window,
+                doc.index,
+                &doc.tokens,
+                |n| bar.inc(n as u64),
+            )?;
+            records.tokens.extend(scored.tokens);
+            records.neural_seconds += scored.neural_seconds;
+            records.infgram_seconds += scored.infgram_seconds;
         }
         bar.finish_and_clear();
         if let Some(path) = saved {
@@ -176,6 +157,64 @@ impl Collector<'_> {
         }
         Ok(records)
     }
+}
+
+/// The records of one document's tokens `1..n` and what they cost.
+pub struct DocumentRecords {
+    pub tokens: Vec<TokenRecord>,
+    pub neural_seconds: f64,
+    pub infgram_seconds: f64,
+}
+
+/// Scores one document (`doc` is its index in the input): the model with the window protocol, the
+/// index densely, and the gate features of every position. `progress` hears of scored tokens.
+pub fn document_records(
+    model: &Model,
+    index: &Index,
+    window: WindowOptions,
+    doc: usize,
+    tokens: &[u32],
+    progress: impl FnMut(usize),
+) -> Result<DocumentRecords> {
+    let t = Instant::now();
+    let neural = model
+        .transformer()
+        .score_document(tokens, window, progress)?;
+    let neural_seconds = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let scores = index.score(tokens)?;
+    let contexts = InfgramContext::for_document(index, tokens, &scores)?;
+    // Neural position scores start at token 1 (token 0 is only context).
+    let infgram = scores.iter().zip(&contexts).skip(1);
+    let records = neural
+        .positions
+        .iter()
+        .zip(infgram)
+        .enumerate()
+        .map(|(offset, (nn, (inf, context)))| {
+            let position = offset + 1;
+            let neural_context = NeuralContext {
+                entropy: nn.entropy as f64,
+                top_prob: nn.top_prob as f64,
+            };
+            TokenRecord {
+                doc,
+                position,
+                token: tokens[position],
+                neural_logprob: nn.logprob,
+                infgram_prob: inf.prob,
+                suffix_len: inf.suffix_len,
+                prompt_cnt: inf.prompt_cnt,
+                sparse: inf.sparse,
+                features: gate_features(context, &neural_context),
+            }
+        })
+        .collect();
+    Ok(DocumentRecords {
+        tokens: records,
+        neural_seconds,
+        infgram_seconds: t.elapsed().as_secs_f64(),
+    })
 }
 
 /// Saved records are bincode, not JSON: a rerun from them must see bit-identical floats, and JSON

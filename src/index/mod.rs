@@ -11,6 +11,7 @@ pub mod query;
 pub mod reader;
 pub mod sa;
 pub mod shard;
+pub mod suffix;
 
 pub use error::{IndexError, Result};
 pub use format::TokenWidth;

@@ -363,16 +363,26 @@ impl Index {
     ) -> Result<InfgramNtdResult> {
         self.check_ids(prompt)?;
         let (suffix_len, m) = self.longest_suffix(prompt);
-        let ntd = self.ntd_given(&m, max_support);
+        Ok(self.infgram_ntd_given(suffix_len, &m, max_support))
+    }
+
+    /// The ∞-gram distribution of a suffix of `suffix_len` tokens already located.
+    pub(crate) fn infgram_ntd_given(
+        &self,
+        suffix_len: usize,
+        m: &Matches,
+        max_support: Option<u64>,
+    ) -> InfgramNtdResult {
+        let ntd = self.ntd_given(m, max_support);
         let sparse = if ntd.approx {
-            self.is_sparse(&m)
+            self.is_sparse(m)
         } else {
             ntd.dist.len() == 1
         };
-        Ok(InfgramNtdResult {
+        InfgramNtdResult {
             ntd,
             suffix_len,
             sparse,
-        })
+        }
     }
 }

@@ -15,6 +15,13 @@ pub struct ServeConfig {
     pub index: PathBuf,
     /// The mixing file of `eval fit` (λ1/λ2 for `Mix` with `split`).
     pub mixing: Option<PathBuf>,
+    /// The sidecar's own model (a `.gguf` file or HF folder), for `Score`, `own_model` mixing and
+    /// sessions with `use_model`. Its tokenizer must be the index's.
+    pub model: Option<PathBuf>,
+    /// CPU threads of the model's kernels (default: all cores).
+    pub model_threads: Option<usize>,
+    /// Where Prometheus scrapes `GET /metrics`; no endpoint when unset.
+    pub metrics_bind: Option<SocketAddr>,
     /// Name of an environment variable holding a bearer token every RPC must present.
     pub auth_token_env: Option<String>,
     #[serde(default)]
@@ -30,6 +37,8 @@ pub struct Limits {
     /// Requests doing CPU work at once; more are refused with RESOURCE_EXHAUSTED.
     pub max_in_flight: usize,
     pub max_message_bytes: usize,
+    /// Decoding sessions open at once.
+    pub max_sessions: usize,
 }
 
 impl Default for Limits {
@@ -39,6 +48,7 @@ impl Default for Limits {
             max_top_k: 1_000,
             max_in_flight: 64,
             max_message_bytes: 4 << 20,
+            max_sessions: 256,
         }
     }
 }
@@ -57,6 +67,7 @@ impl ServeConfig {
         let base = path.parent().unwrap_or(Path::new("."));
         config.index = resolve(base, &config.index);
         config.mixing = config.mixing.map(|m| resolve(base, &m));
+        config.model = config.model.map(|m| resolve(base, &m));
         Ok(config)
     }
 }

@@ -2,12 +2,14 @@
 //! message size limits, and a graceful shutdown that lets in-flight requests finish.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 use tonic::{Request, Status};
 
 use super::config::ServeConfig;
+use super::metrics::{serve_metrics, Metrics};
 use super::pb::sidecar_server::SidecarServer;
 use super::{pb, SidecarService};
 
@@ -31,6 +33,15 @@ fn bearer_check(
     }
 }
 
+/// Stops a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Serves `config` until `shutdown` resolves, then drains in-flight requests.
 pub async fn serve(
     config: ServeConfig,
@@ -47,7 +58,19 @@ pub async fn serve(
     if token.is_none() && !listener.local_addr()?.ip().is_loopback() {
         tracing::warn!("serving beyond loopback without a bearer token");
     }
-    let service = SidecarService::open(&config)?;
+    let metrics = Arc::new(Metrics::default());
+    let service = SidecarService::open_with_metrics(&config, Arc::clone(&metrics))?;
+    // Dropped (and the endpoint closed) when serving ends.
+    let _metrics_endpoint = match config.metrics_bind {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("metrics_bind {addr}: {e}"))?;
+            tracing::info!("metrics on http://{}/metrics", listener.local_addr()?);
+            Some(AbortOnDrop(tokio::spawn(serve_metrics(listener, metrics))))
+        }
+        None => None,
+    };
     let limit = config.limits.max_message_bytes;
     let sidecar = SidecarServer::new(service)
         .max_decoding_message_size(limit)

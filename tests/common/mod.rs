@@ -1,6 +1,8 @@
 //! Shared helpers of the integration tests: the real assets fetched by `scripts/fetch_assets.py`.
 #![allow(dead_code)]
 
+pub mod server;
+
 use std::path::PathBuf;
 
 use infini_sidecar::corpus::{expand_inputs, text_documents, InputDoc};

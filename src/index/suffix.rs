@@ -1,0 +1,111 @@
+//! The longest matching suffix of a growing sequence, kept up to date as tokens are appended or taken
+//! back. The effective n after one more token is at most one more than before (App. A), so an append
+//! either extends the match inside its own ranges or shrinks it by binary search over a suffix of at
+//! most the old length: the cost depends on the match length, never on how long the sequence is.
+//! Dense scoring, decoding sessions and the drafter stand on it.
+
+use crate::index::query::{InfgramNtdResult, Matches};
+use crate::index::{Index, Result};
+
+/// The longest suffix of a sequence that occurs in the reference data, with its matches.
+pub struct SuffixMatch {
+    /// `lens[i]`: the match length after the first `i` tokens, so a truncation restores it at once.
+    lens: Vec<u32>,
+    matches: Matches,
+}
+
+impl SuffixMatch {
+    /// The match of the empty sequence: every position of the corpus.
+    pub fn new(index: &Index) -> Self {
+        Self {
+            lens: vec![0],
+            matches: index.everything(),
+        }
+    }
+
+    /// The match of `seq`, built one token at a time.
+    pub fn of(index: &Index, seq: &[u32]) -> Result<Self> {
+        index.check_ids(seq)?;
+        let mut m = Self::new(index);
+        for i in 0..seq.len() {
+            m.advance(index, &seq[..=i]);
+        }
+        Ok(m)
+    }
+
+    /// Tokens seen.
+    pub fn seen(&self) -> usize {
+        self.lens.len() - 1
+    }
+
+    /// Length of the longest matching suffix (effective n − 1).
+    pub fn suffix_len(&self) -> usize {
+        self.lens.last().copied().unwrap_or(0) as usize
+    }
+
+    /// Occurrences of the matched suffix.
+    pub fn prompt_cnt(&self) -> u64 {
+        self.matches.count()
+    }
+
+    pub(crate) fn matches(&self) -> &Matches {
+        &self.matches
+    }
+
+    /// Takes in the last token of `seq` (the whole sequence so far; only its tail is read). Returns how
+    /// often the old suffix was followed by that literal token. Ids must have been checked.
+    pub(crate) fn advance(&mut self, index: &Index, seq: &[u32]) -> u64 {
+        let Some(&token) = seq.last() else {
+            return 0;
+        };
+        let len = self.suffix_len();
+        let extended = index.extend(&self.matches, token);
+        let followed = extended.count();
+        let new_len = if followed > 0 {
+            self.matches = extended;
+            len + 1
+        } else {
+            let (l, m) = index.shrink_to_match(seq, len);
+            self.matches = m;
+            l
+        };
+        self.lens.push(new_len as u32);
+        followed
+    }
+
+    /// Forgets every token past `seq.len()` (`seq` is the sequence truncated): one lookup, whatever
+    /// was taken back.
+    pub(crate) fn truncate(&mut self, index: &Index, seq: &[u32]) {
+        if seq.len() >= self.seen() {
+            return;
+        }
+        self.lens.truncate(seq.len() + 1);
+        let len = self.suffix_len();
+        self.matches = index.locate(index.encode(&seq[seq.len() - len..]), None);
+    }
+
+    /// The ∞-gram next-token distribution after the sequence, as [`Index::infgram_ntd`] gives it.
+    pub fn infgram_ntd(&self, index: &Index, max_support: Option<u64>) -> InfgramNtdResult {
+        index.infgram_ntd_given(self.suffix_len(), &self.matches, max_support)
+    }
+}
+
+impl Index {
+    /// The longest suffix of `seq` of at most `max_len` tokens that occurs in the corpus. Counts only
+    /// shrink as a suffix grows, so the length is found by binary search.
+    pub(crate) fn shrink_to_match(&self, seq: &[u32], max_len: usize) -> (usize, Matches) {
+        let n = seq.len();
+        let (mut good, mut good_m) = (0usize, self.everything());
+        let mut bad = max_len.min(n) + 1;
+        while bad - good > 1 {
+            let mid = good + (bad - good) / 2;
+            let m = self.locate(self.encode(&seq[n - mid..]), None);
+            if m.count() > 0 {
+                (good, good_m) = (mid, m);
+            } else {
+                bad = mid;
+            }
+        }
+        (good, good_m)
+    }
+}

@@ -1,0 +1,151 @@
+//! The engine's RPCs: tokenizer, counts, next-token distributions and document search.
+
+use std::collections::BTreeMap;
+
+use tonic::Status;
+
+use super::{index_status, pb, State};
+use crate::index::docs::SearchOptions;
+
+pub(super) fn info(s: &State) -> pb::InfoResponse {
+    let (lambda_sparse, lambda_dense, gate) = match &s.mixing {
+        Some(m) => (m.lambda_sparse, m.lambda_dense, m.gate.is_some()),
+        None => (0.0, 0.0, false),
+    };
+    pb::InfoResponse {
+        version: env!("CARGO_PKG_VERSION").into(),
+        index_dir: s.index.dir().display().to_string(),
+        index_shards: s.index.num_shards() as u32,
+        index_tokens: s.index.total_tokens(),
+        index_documents: s.index.total_documents(),
+        vocab_size: s.index.vocab_size(),
+        eos_token_id: s.index.eos_token_id(),
+        tokenizer_fingerprint: s.tokenizer.fingerprint().to_string(),
+        model: s
+            .model
+            .as_ref()
+            .map(|m| m.source().display().to_string())
+            .unwrap_or_default(),
+        lambda_sparse,
+        lambda_dense,
+        gate,
+    }
+}
+
+pub(super) fn tokenize(s: &State, r: pb::TokenizeRequest) -> Result<pb::TokenizeResponse, Status> {
+    let text = r.text;
+    let ids = s
+        .tokenizer
+        .encode(&text)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    Ok(pb::TokenizeResponse { ids })
+}
+
+pub(super) fn detokenize(
+    s: &State,
+    r: pb::DetokenizeRequest,
+) -> Result<pb::DetokenizeResponse, Status> {
+    let ids = r.ids;
+    s.index.check_ids(&ids).map_err(index_status)?;
+    let text = s
+        .tokenizer
+        .decode(&ids)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    Ok(pb::DetokenizeResponse { text })
+}
+
+pub(super) fn count(s: &State, r: pb::CountRequest) -> Result<pb::CountResponse, Status> {
+    let ids = r.ids;
+    s.check_len("the n-gram", ids.len())?;
+    let count = s.index.count(&ids).map_err(index_status)?;
+    Ok(pb::CountResponse { count })
+}
+
+pub(super) fn next_token_distribution(
+    s: &State,
+    r: pb::NextTokenDistributionRequest,
+) -> Result<pb::NextTokenDistributionResponse, Status> {
+    s.check_len("the prompt", r.prompt.len())?;
+    let max_support = (r.max_support > 0).then_some(r.max_support);
+    let (ntd, suffix_len, sparse) = match r.infinite {
+        true => {
+            let a = s
+                .index
+                .infgram_ntd(&r.prompt, max_support)
+                .map_err(index_status)?;
+            (a.ntd, a.suffix_len, a.sparse)
+        }
+        false => {
+            let a = s.index.ntd(&r.prompt, max_support).map_err(index_status)?;
+            let sparse = a.dist.len() == 1;
+            (a, r.prompt.len(), sparse)
+        }
+    };
+    Ok(pb::NextTokenDistributionResponse {
+        prompt_cnt: ntd.prompt_cnt,
+        dist: token_probs(&ntd.dist),
+        approx: ntd.approx,
+        suffix_len: suffix_len as u32,
+        sparse,
+    })
+}
+
+pub(super) fn search_documents(
+    s: &State,
+    r: pb::SearchDocumentsRequest,
+) -> Result<pb::SearchDocumentsResponse, Status> {
+    let cnf: Vec<Vec<Vec<u32>>> = r
+        .cnf
+        .into_iter()
+        .map(|c| c.ngrams.into_iter().map(|g| g.ids).collect())
+        .collect();
+    let tokens: usize = cnf.iter().flatten().map(Vec::len).sum();
+    s.check_len("the CNF", tokens)?;
+    let defaults = SearchOptions::default();
+    let or_default = |v: u64, d: u64| if v == 0 { d } else { v };
+    let maxnum = or_default(r.maxnum.into(), defaults.maxnum as u64) as usize;
+    if maxnum > s.limits.max_top_k {
+        return Err(Status::invalid_argument(format!(
+            "maxnum must be at most {}",
+            s.limits.max_top_k
+        )));
+    }
+    let opts = SearchOptions {
+        maxnum,
+        max_disp_len: or_default(r.max_disp_len.into(), defaults.max_disp_len as u64) as usize,
+        max_clause_freq: or_default(r.max_clause_freq, defaults.max_clause_freq),
+    };
+    let found = s.index.search_docs_cnf(&cnf, opts).map_err(index_status)?;
+    Ok(pb::SearchDocumentsResponse {
+        cnt: found.cnt,
+        approx: found.approx,
+        documents: found
+            .documents
+            .into_iter()
+            .map(|d| pb::Document {
+                doc_ix: d.doc_ix,
+                doc_len: d.doc_len,
+                disp_len: d.disp_len,
+                needle_offset: d.needle_offset,
+                metadata: d.metadata.unwrap_or_default(),
+                token_ids: d.token_ids,
+                text: d.text.unwrap_or_default(),
+            })
+            .collect(),
+    })
+}
+
+pub(super) fn token_probs(dist: &BTreeMap<u32, u64>) -> Vec<pb::TokenProb> {
+    let total: u64 = dist.values().sum();
+    dist.iter()
+        .map(|(&token, &c)| pb::TokenProb {
+            token,
+            prob: if total == 0 {
+                0.0
+            } else {
+                c as f64 / total as f64
+            },
+            cont_cnt: c,
+        })
+        .collect()
+}

@@ -1,0 +1,141 @@
+//! Prometheus metrics of the service (requests and errors by method and status code, latency
+//! histograms, requests doing work, open sessions) and the small HTTP endpoint that serves them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodCode {
+    method: &'static str,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Method {
+    method: &'static str,
+}
+
+/// 10 µs to ≈ 84 s in factors of 2: `Mix` is tens of µs, `Score` of a long document seconds.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1e-5, 2.0, 24))
+}
+
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<MethodCode, Counter>,
+    latency: Family<Method, Histogram, fn() -> Histogram>,
+    /// Requests holding an in-flight permit: the depth of the bounded work queue.
+    pub in_flight: Gauge,
+    pub sessions: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("sidecar");
+        let requests = Family::<MethodCode, Counter>::default();
+        let latency =
+            Family::<Method, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
+        let in_flight = Gauge::default();
+        let sessions = Gauge::default();
+        registry.register(
+            "requests",
+            "Finished requests (and session steps) by method and gRPC status code",
+            requests.clone(),
+        );
+        registry.register(
+            "request_seconds",
+            "Time to answer, by method",
+            latency.clone(),
+        );
+        registry.register(
+            "in_flight",
+            "Requests doing CPU work now (bounded by limits.max_in_flight)",
+            in_flight.clone(),
+        );
+        registry.register("sessions", "Open decoding sessions", sessions.clone());
+        Self {
+            registry,
+            requests,
+            latency,
+            in_flight,
+            sessions,
+        }
+    }
+}
+
+impl Metrics {
+    /// Records one finished request; `code` is `None` for success.
+    pub fn observe(&self, method: &'static str, elapsed: Duration, code: Option<tonic::Code>) {
+        let code = format!("{:?}", code.unwrap_or(tonic::Code::Ok));
+        self.requests
+            .get_or_create(&MethodCode { method, code })
+            .inc();
+        self.latency
+            .get_or_create(&Method { method })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Largest HTTP request head read from a scraper; anything longer is cut off.
+const MAX_REQUEST_HEAD: usize = 8 << 10;
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Serves `GET /metrics` on `listener` until the task is dropped.
+pub async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let metrics = Arc::clone(&metrics);
+        tokio::spawn(async move {
+            if let Err(e) = tokio::time::timeout(SCRAPE_TIMEOUT, answer(stream, &metrics)).await {
+                tracing::debug!("metrics scrape timed out: {e}");
+            }
+        });
+    }
+}
+
+async fn answer(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 512];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST_HEAD {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let request_line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let (status, content_type, body) = if request_line.starts_with(b"GET /metrics ") {
+        (
+            "200 OK",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            metrics.render(),
+        )
+    } else {
+        ("404 Not Found", "text/plain", "try GET /metrics\n".into())
+    };
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}

@@ -1,0 +1,137 @@
+//! `Score`: documents scored with the evaluator's protocol (the model over 1024-token windows, stride
+//! 512; the ∞-gram densely over the whole prefix), streamed back one document at a time. The work
+//! stops at the deadline or as soon as the client goes away.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+
+use super::mixing::{lambdas, LambdaChoice};
+use super::{check_deadline, pb, State, WorkPermit};
+use crate::eval::records::document_records;
+use crate::mix::{mixed_prob, LambdaRule};
+use crate::model::WindowOptions;
+
+/// Documents scored ahead of a slow reader.
+const STREAM_BUFFER: usize = 2;
+
+/// Checks the request and starts scoring on the blocking pool.
+pub(super) fn start(
+    state: Arc<State>,
+    request: pb::ScoreRequest,
+    deadline: Option<Instant>,
+) -> Result<ReceiverStream<Result<pb::ScoreResponse, Status>>, Status> {
+    state.model()?;
+    let lambda = LambdaChoice::or_split(request.lambda.map(Into::into))?;
+    let rule = lambda.rule(&state)?;
+    for (i, d) in request.documents.iter().enumerate() {
+        if d.token_ids.is_empty() {
+            return Err(Status::invalid_argument(format!("document {i} is empty")));
+        }
+        state.check_len(&format!("document {i}"), d.token_ids.len())?;
+        state
+            .index
+            .check_ids(&d.token_ids)
+            .map_err(super::index_status)?;
+    }
+    let permit = state.permit()?;
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        let outcome = score_all(&state, request, rule, deadline, &tx, permit);
+        if let Err(status) = &outcome {
+            // The client may be gone already; nothing else to tell.
+            let _ = tx.blocking_send(Err(status.clone()));
+        }
+        state
+            .metrics
+            .observe("Score", started.elapsed(), outcome.err().map(|s| s.code()));
+    });
+    Ok(ReceiverStream::new(rx))
+}
+
+type Sender = mpsc::Sender<Result<pb::ScoreResponse, Status>>;
+
+fn score_all(
+    s: &State,
+    request: pb::ScoreRequest,
+    rule: LambdaRule,
+    deadline: Option<Instant>,
+    tx: &Sender,
+    _permit: WorkPermit,
+) -> Result<(), Status> {
+    let model = s.model()?;
+    let mut totals = pb::ScoreTotals::default();
+    for (i, doc) in request.documents.into_iter().enumerate() {
+        check_deadline(deadline)?;
+        let scored = score_document(s, model, i, doc, rule, request.per_token)?;
+        totals.documents += 1;
+        totals.tokens += scored.tokens;
+        totals.neural_nll += scored.neural_nll;
+        totals.mixed_nll += scored.mixed_nll;
+        let item = pb::score_response::Item::Document(scored);
+        if tx
+            .blocking_send(Ok(pb::ScoreResponse { item: Some(item) }))
+            .is_err()
+        {
+            tracing::debug!("Score: the client left after {} documents", i + 1);
+            return Ok(());
+        }
+    }
+    let per_token = |nll: f64| (nll / totals.tokens.max(1) as f64).exp();
+    totals.neural_perplexity = per_token(totals.neural_nll);
+    totals.mixed_perplexity = per_token(totals.mixed_nll);
+    let item = pb::score_response::Item::Totals(totals);
+    let _ = tx.blocking_send(Ok(pb::ScoreResponse { item: Some(item) }));
+    Ok(())
+}
+
+fn score_document(
+    s: &State,
+    model: &crate::model::Model,
+    index: usize,
+    doc: pb::ScoreDocument,
+    rule: LambdaRule,
+    per_token: bool,
+) -> Result<pb::DocumentScore, Status> {
+    let records = document_records(
+        model,
+        &s.index,
+        WindowOptions::default(),
+        index,
+        &doc.token_ids,
+        |_| {},
+    )
+    .map_err(|e| Status::internal(format!("scoring document {index}: {e:#}")))?
+    .tokens;
+    let sparse: Vec<bool> = records.iter().map(|r| r.sparse).collect();
+    let features: Vec<_> = records.iter().map(|r| r.features).collect();
+    let domain = (!doc.domain.is_empty()).then_some(doc.domain.as_str());
+    let lambdas = lambdas(s, rule, domain, &sparse, &features)?;
+    let mut out = pb::DocumentScore {
+        document: index as u32,
+        tokens: records.len() as u64,
+        ..Default::default()
+    };
+    for (r, &lambda) in records.iter().zip(&lambdas) {
+        let p_neural = (r.neural_logprob as f64).exp();
+        let mixed_logprob = mixed_prob(r.infgram_prob, p_neural, lambda).ln();
+        out.neural_nll -= r.neural_logprob as f64;
+        out.mixed_nll -= mixed_logprob;
+        if per_token {
+            out.token_scores.push(pb::TokenScore {
+                token: r.token,
+                neural_logprob: r.neural_logprob,
+                infgram_prob: r.infgram_prob,
+                mixed_logprob,
+                lambda,
+                suffix_len: r.suffix_len as u32,
+                sparse: r.sparse,
+            });
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,312 @@
+//! Decoding sessions: the sidecar keeps a sequence's ∞-gram match (and, with `use_model`, its own
+//! model's KV cache), so appending a token, taking tokens back and asking for the mixed distribution
+//! cost O(new tokens) whatever the context's length. Each `Session` stream owns one session, listed
+//! by id while the stream lives so other RPCs (drafting) can reach it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Status, Streaming};
+
+use super::metrics::Metrics;
+use super::mixing::{mixed, neural_distribution, LambdaChoice};
+use super::{index_status, model_status, pb, State};
+use crate::index::suffix::SuffixMatch;
+use crate::model::KvCache;
+
+/// One sequence of a decoding loop.
+pub(super) struct Session {
+    tokens: Vec<u32>,
+    suffix: SuffixMatch,
+    neural: Option<NeuralCache>,
+}
+
+/// The own model's cache of the sequence's first `cache.len()` tokens, and the logits after the
+/// whole sequence once computed. Tokens are run lazily, when logits are asked for.
+struct NeuralCache {
+    cache: KvCache,
+    logits: Option<Vec<f32>>,
+}
+
+impl Session {
+    fn new(s: &State, start: pb::SessionStart) -> Result<Self, Status> {
+        s.check_len("the context", start.context.len())?;
+        let suffix = SuffixMatch::of(&s.index, &start.context).map_err(index_status)?;
+        let neural = match start.use_model {
+            true => Some(NeuralCache {
+                cache: s.model()?.transformer().new_cache(),
+                logits: None,
+            }),
+            false => None,
+        };
+        Ok(Self {
+            tokens: start.context,
+            suffix,
+            neural,
+        })
+    }
+
+    pub(super) fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    pub(super) fn suffix(&self) -> &SuffixMatch {
+        &self.suffix
+    }
+
+    fn append(&mut self, s: &State, tokens: &[u32]) -> Result<(), Status> {
+        s.index.check_ids(tokens).map_err(index_status)?;
+        s.check_len("the session", self.tokens.len() + tokens.len())?;
+        for &t in tokens {
+            self.tokens.push(t);
+            self.suffix.advance(&s.index, &self.tokens);
+        }
+        if let Some(n) = &mut self.neural {
+            n.logits = None;
+        }
+        Ok(())
+    }
+
+    fn truncate(&mut self, s: &State, length: u64) -> Result<(), Status> {
+        let len = usize::try_from(length)
+            .ok()
+            .filter(|&l| l <= self.tokens.len())
+            .ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "cannot keep {length} tokens of a session of {}",
+                    self.tokens.len()
+                ))
+            })?;
+        self.tokens.truncate(len);
+        self.suffix.truncate(&s.index, &self.tokens);
+        if let Some(n) = &mut self.neural {
+            n.cache.truncate(len);
+            n.logits = None;
+        }
+        Ok(())
+    }
+
+    /// The own model's logits after the sequence, running only the tokens its cache lacks.
+    fn own_logits(&mut self, s: &State) -> Result<Vec<f32>, Status> {
+        let model = s.model()?.transformer();
+        let n = self.tokens.len();
+        let cache = self.neural.as_mut().ok_or_else(|| {
+            Status::failed_precondition("own_model needs a session started with use_model")
+        })?;
+        if n == 0 {
+            return Err(Status::invalid_argument("the session has no tokens yet"));
+        }
+        if cache.logits.is_none() {
+            // The last token is always run, so its logits come out even when it was cached.
+            let keep = cache.cache.len().min(n - 1);
+            cache.cache.truncate(keep);
+            let logits = model
+                .forward_last(&self.tokens[keep..], &mut cache.cache)
+                .and_then(|t| Ok(t.to_vec1::<f32>()?))
+                .map_err(model_status)?;
+            cache.logits = Some(logits);
+        }
+        Ok(cache.logits.clone().unwrap_or_default())
+    }
+
+    fn mix(&mut self, s: &State, m: pb::SessionMix) -> Result<pb::MixResponse, Status> {
+        let top_k = s.check_top_k(m.top_k)?;
+        let lambda = LambdaChoice::or_split(m.lambda.map(Into::into))?;
+        let infgram = self.suffix.infgram_ntd(&s.index, None);
+        let neural = neural_distribution(s, m.neural.map(Into::into), || self.own_logits(s))?;
+        mixed(s, &self.tokens, &infgram, &neural, lambda, top_k)
+    }
+
+    fn state(&self, session_id: u64) -> pb::SessionState {
+        pb::SessionState {
+            session_id,
+            length: self.tokens.len() as u64,
+            suffix_len: self.suffix.suffix_len() as u32,
+            prompt_cnt: self.suffix.prompt_cnt(),
+        }
+    }
+}
+
+type Shared = Arc<Mutex<Session>>;
+
+/// The open sessions, by id.
+pub(super) struct Sessions {
+    max: usize,
+    next_id: AtomicU64,
+    open: Mutex<HashMap<u64, Shared>>,
+    metrics: Arc<Metrics>,
+}
+
+/// A session of a live stream, listed in [`Sessions`] until the stream's task drops it.
+struct OpenSession {
+    id: u64,
+    shared: Shared,
+    state: Arc<State>,
+}
+
+impl Drop for OpenSession {
+    fn drop(&mut self) {
+        self.state.sessions.unregister(self.id);
+    }
+}
+
+fn lock(session: &Shared) -> MutexGuard<'_, Session> {
+    // A step that panicked left the session as it was before it (steps validate first).
+    session.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Sessions {
+    pub(super) fn new(max: usize, metrics: Arc<Metrics>) -> Self {
+        Self {
+            max,
+            next_id: AtomicU64::new(1),
+            open: Mutex::new(HashMap::new()),
+            metrics,
+        }
+    }
+
+    fn table(&self) -> MutexGuard<'_, HashMap<u64, Shared>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn register(&self, session: Shared) -> Result<u64, Status> {
+        let mut table = self.table();
+        if table.len() >= self.max {
+            return Err(Status::resource_exhausted(format!(
+                "{} sessions are open, the limit",
+                self.max
+            )));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        table.insert(id, session);
+        self.metrics.sessions.inc();
+        Ok(id)
+    }
+
+    fn unregister(&self, id: u64) {
+        if self.table().remove(&id).is_some() {
+            self.metrics.sessions.dec();
+        }
+    }
+
+    /// The open session `id`, or NOT_FOUND.
+    pub(super) fn get(&self, id: u64) -> Result<Shared, Status> {
+        self.table()
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| Status::not_found(format!("no open session {id}")))
+    }
+}
+
+/// Serves one `Session` stream: steps run one at a time, in order, on the blocking pool.
+pub(super) fn start(
+    state: Arc<State>,
+    mut inbound: Streaming<pb::SessionRequest>,
+) -> Result<ReceiverStream<Result<pb::SessionResponse, Status>>, Status> {
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut session: Option<OpenSession> = None;
+        while let Ok(Some(request)) = inbound.message().await {
+            let started = Instant::now();
+            let (method, reply) = step(&state, &mut session, request).await;
+            let code = match &reply.result {
+                Some(pb::session_response::Result::Error(e)) => Some(tonic::Code::from(e.code)),
+                _ => None,
+            };
+            state.metrics.observe(method, started.elapsed(), code);
+            if tx.send(Ok(reply)).await.is_err() {
+                break;
+            }
+        }
+    });
+    Ok(ReceiverStream::new(rx))
+}
+
+/// Runs one step and describes the session after it.
+async fn step(
+    state: &Arc<State>,
+    session: &mut Option<OpenSession>,
+    request: pb::SessionRequest,
+) -> (&'static str, pb::SessionResponse) {
+    use pb::session_request::Step;
+    let method = match &request.step {
+        Some(Step::Start(_)) => "Session.start",
+        Some(Step::Append(_)) => "Session.append",
+        Some(Step::Truncate(_)) => "Session.truncate",
+        Some(Step::Mix(_)) => "Session.mix",
+        None => "Session.none",
+    };
+    let outcome = match (request.step, session.as_ref()) {
+        (Some(Step::Start(start)), None) => {
+            let st = Arc::clone(state);
+            match blocking(state, move || Session::new(&st, start)).await {
+                Ok(new) => {
+                    let shared = Arc::new(Mutex::new(new));
+                    state.sessions.register(Arc::clone(&shared)).map(|id| {
+                        *session = Some(OpenSession {
+                            id,
+                            shared,
+                            state: Arc::clone(state),
+                        });
+                        None
+                    })
+                }
+                Err(e) => Err(e),
+            }
+        }
+        (Some(Step::Start(_)), Some(_)) => Err(Status::failed_precondition(
+            "the session has started already",
+        )),
+        (_, None) => Err(Status::failed_precondition(
+            "the first message of a session must be `start`",
+        )),
+        (None, Some(_)) => Err(Status::invalid_argument("an empty step")),
+        (Some(step), Some(open)) => {
+            let (st, shared) = (Arc::clone(state), Arc::clone(&open.shared));
+            blocking(state, move || {
+                let mut s = lock(&shared);
+                match step {
+                    Step::Append(a) => s.append(&st, &a.tokens).map(|_| None),
+                    Step::Truncate(t) => s.truncate(&st, t.length).map(|_| None),
+                    Step::Mix(m) => s.mix(&st, m).map(Some),
+                    Step::Start(_) => Ok(None),
+                }
+            })
+            .await
+        }
+    };
+    let described = session.as_ref().map(|o| lock(&o.shared).state(o.id));
+    let result = match outcome {
+        Ok(Some(mix)) => Some(pb::session_response::Result::Mix(mix)),
+        Ok(None) => None,
+        Err(status) => Some(pb::session_response::Result::Error(pb::StepError {
+            code: status.code() as i32,
+            message: status.message().to_string(),
+        })),
+    };
+    (
+        method,
+        pb::SessionResponse {
+            state: described,
+            result,
+        },
+    )
+}
+
+/// Runs `work` on the blocking pool behind an in-flight permit.
+async fn blocking<T: Send + 'static>(
+    state: &State,
+    work: impl FnOnce() -> Result<T, Status> + Send + 'static,
+) -> Result<T, Status> {
+    let permit = state.permit()?;
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        work()
+    })
+    .await
+    .map_err(|e| Status::internal(format!("worker failed: {e}")))?
+}

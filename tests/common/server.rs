@@ -1,0 +1,127 @@
+//! A real sidecar on a loopback port for the service tests: an index over real mini-Pile documents,
+//! a mixing file, and a tonic client.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use infini_sidecar::index::build::{build, BuildOptions};
+use infini_sidecar::index::TokenWidth;
+use infini_sidecar::mix::features::GateFeatures;
+use infini_sidecar::mix::params::FitRecord;
+use infini_sidecar::mix::{Gate, GateOptions, MixingParams, NUM_FEATURES};
+use infini_sidecar::server::config::ServeConfig;
+use infini_sidecar::server::pb::sidecar_client::SidecarClient;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+pub const TOKEN: &str = "s3cret";
+
+/// An index over 200 real mini-Pile train documents, with the SmolLM2 tokenizer.
+pub fn build_index(dir: &Path) -> std::path::PathBuf {
+    let tokenizer = super::smollm2_tokenizer();
+    let out = dir.join("index");
+    let vocab = tokenizer.vocab_size();
+    let opts = BuildOptions {
+        tokenizer: Some(&tokenizer),
+        ..BuildOptions::new(out.clone(), TokenWidth::for_vocab(vocab), 0, vocab)
+    };
+    let docs = super::minipile_docs("train", 200).into_iter().map(Ok);
+    build(docs, &opts).unwrap();
+    out
+}
+
+/// A mixing file with λ1/λ2 = 0.4/0.05 and a small gate trained on synthetic features.
+pub fn write_mixing(dir: &Path) -> std::path::PathBuf {
+    let rows: Vec<GateFeatures> = (0..300)
+        .map(|i| {
+            let mut f = [0.0; NUM_FEATURES];
+            f[0] = (i % 7) as f64;
+            f
+        })
+        .collect();
+    let targets: Vec<f64> = rows.iter().map(|f| f[0] / 10.0).collect();
+    let opts = GateOptions {
+        trees: 4,
+        min_samples_leaf: 5,
+        ..GateOptions::default()
+    };
+    let gate = Gate::train(&rows, &targets, opts).unwrap();
+    let fingerprint = super::smollm2_tokenizer().fingerprint().to_string();
+    let params = MixingParams::new(
+        "test".into(),
+        "test".into(),
+        fingerprint,
+        (0.4, 0.05),
+        Some(gate),
+        FitRecord::default(),
+    );
+    let path = dir.join("mixing.json");
+    params.save(&path).unwrap();
+    path
+}
+
+/// A config over `index`, with the mixing file of [`write_mixing`] and, when `auth`, a bearer token.
+pub fn config(dir: &Path, index: PathBuf, auth: bool) -> ServeConfig {
+    let env = format!("SIDECAR_TEST_TOKEN_{}", std::process::id());
+    std::env::set_var(&env, TOKEN);
+    ServeConfig {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        index,
+        mixing: Some(write_mixing(dir)),
+        model: None,
+        model_threads: None,
+        metrics_bind: None,
+        auth_token_env: auth.then_some(env),
+        limits: Default::default(),
+    }
+}
+
+/// A serving sidecar: its client, the switch that starts its shutdown, and its task.
+pub struct Running {
+    pub client: SidecarClient<Channel>,
+    pub addr: std::net::SocketAddr,
+    pub stop: oneshot::Sender<()>,
+    pub task: JoinHandle<anyhow::Result<()>>,
+}
+
+pub async fn start(config: ServeConfig) -> Running {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        infini_sidecar::server::serve(config, listener, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let client = SidecarClient::new(connect(addr).await);
+    Running {
+        client,
+        addr,
+        stop,
+        task,
+    }
+}
+
+/// A channel to `addr`, retried while the server comes up (it loads the index, maybe a model).
+pub async fn connect(addr: std::net::SocketAddr) -> Channel {
+    for _ in 0..1500 {
+        if let Ok(c) = Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+        {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the sidecar on {addr} did not come up");
+}
+
+pub fn authed<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    r
+}

@@ -1,0 +1,611 @@
+//! The service with its own model (real SmolLM2): `Score` equals the evaluator's records mixed by
+//! hand, sessions equal the library's cached decoding and fresh ∞-gram lookups, bad steps are
+//! answered in-band and change nothing, metrics count what was served, deadlines stop `Score`, and a
+//! shutdown lets a running `Score` finish while refusing new calls.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use common::server::{build_index, config, start, Running};
+use infini_sidecar::corpus::Content;
+use infini_sidecar::eval::records::document_records;
+use infini_sidecar::index::{Index, OpenOptions};
+use infini_sidecar::mix::{self, LambdaRule, MixingParams, NeuralDistribution, SparseDistribution};
+use infini_sidecar::model::{Model, WindowOptions};
+use infini_sidecar::server::config::ServeConfig;
+use infini_sidecar::server::pb::sidecar_client::SidecarClient;
+use infini_sidecar::server::pb::{self, mix_request, score_response, session_mix, session_request};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+use tonic::Code;
+
+fn model() -> &'static Model {
+    static MODEL: OnceLock<Model> = OnceLock::new();
+    MODEL.get_or_init(|| Model::load(&common::smollm2_gguf(), &Default::default()).unwrap())
+}
+
+/// Real test-split documents, tokenized with the model's BOS.
+fn test_documents(n: usize, max_tokens: usize) -> Vec<Vec<u32>> {
+    common::minipile_docs("test", n)
+        .iter()
+        .map(|d| match &d.content {
+            Content::Text(t) => {
+                let mut ids = model().encode_document(t).unwrap();
+                ids.truncate(max_tokens);
+                ids
+            }
+            Content::Tokens(_) => unreachable!(),
+        })
+        .collect()
+}
+
+fn with_model(dir: &Path) -> ServeConfig {
+    let index = build_index(dir);
+    ServeConfig {
+        model: Some(common::smollm2_gguf()),
+        ..config(dir, index, false)
+    }
+}
+
+fn top_k_request(context: &[u32], lambda: Option<mix_request::Lambda>) -> pb::MixRequest {
+    pb::MixRequest {
+        context: context.to_vec(),
+        neural: Some(mix_request::Neural::TopKLogprobs(caller_top_k())),
+        lambda,
+        top_k: 8,
+    }
+}
+
+/// A caller's top-k log-probs over a few ids, the rest of the mass spread.
+fn caller_top_k() -> pb::NeuralTopK {
+    pb::NeuralTopK {
+        tokens: vec![13, 198, 256, 1000],
+        logprobs: vec![-1.0, -2.0, -2.5, -3.0],
+        rest_mass: 1.0
+            - [-1.0f64, -2.0, -2.5, -3.0]
+                .iter()
+                .map(|l| l.exp())
+                .sum::<f64>(),
+    }
+}
+
+async fn score_all(
+    client: &mut SidecarClient<Channel>,
+    request: tonic::Request<pb::ScoreRequest>,
+) -> Result<Vec<score_response::Item>, tonic::Status> {
+    let mut stream = client.score(request).await?.into_inner();
+    let mut items = Vec::new();
+    while let Some(r) = stream.message().await? {
+        items.extend(r.item);
+    }
+    Ok(items)
+}
+
+/// A session stream: steps go in through the sender, answers come out of the stream.
+async fn open_session(
+    client: &mut SidecarClient<Channel>,
+) -> (
+    mpsc::Sender<pb::SessionRequest>,
+    tonic::Streaming<pb::SessionResponse>,
+) {
+    let (tx, rx) = mpsc::channel(4);
+    let replies = client
+        .session(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    (tx, replies)
+}
+
+async fn step(
+    tx: &mpsc::Sender<pb::SessionRequest>,
+    replies: &mut tonic::Streaming<pb::SessionResponse>,
+    step: session_request::Step,
+) -> pb::SessionResponse {
+    tx.send(pb::SessionRequest { step: Some(step) })
+        .await
+        .unwrap();
+    replies.message().await.unwrap().unwrap()
+}
+
+fn step_error(r: &pb::SessionResponse) -> Option<(Code, String)> {
+    match &r.result {
+        Some(pb::session_response::Result::Error(e)) => {
+            Some((Code::from(e.code), e.message.clone()))
+        }
+        _ => None,
+    }
+}
+
+fn mix_of(r: pb::SessionResponse) -> pb::MixResponse {
+    match r.result {
+        Some(pb::session_response::Result::Mix(m)) => m,
+        other => panic!("expected a mix, got {other:?}"),
+    }
+}
+
+fn session_mix(neural: session_mix::Neural) -> session_request::Step {
+    session_request::Step::Mix(pb::SessionMix {
+        neural: Some(neural),
+        lambda: Some(session_mix::Lambda::FixedLambda(0.3)),
+        top_k: 8,
+    })
+}
+
+fn scrape(addr: std::net::SocketAddr) -> String {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    text
+}
+
+/// The value of one sample line of the exposition.
+fn sample(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn score_sessions_and_own_model_match_the_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = with_model(dir.path());
+    let index = Index::open(&config.index, &OpenOptions::default()).unwrap();
+    let params = MixingParams::load(config.mixing.as_ref().unwrap()).unwrap();
+    // A free port for the metrics endpoint.
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let config = ServeConfig {
+        metrics_bind: Some(metrics_port),
+        ..config
+    };
+    let Running {
+        mut client, stop, ..
+    } = start(config).await;
+    let model = model();
+
+    // Score: two documents, the second of a domain; split λ (domain pair falls back to global).
+    let docs = test_documents(2, 300);
+    let request = pb::ScoreRequest {
+        documents: docs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| pb::ScoreDocument {
+                token_ids: d.clone(),
+                domain: if i == 1 {
+                    "linux-doc".into()
+                } else {
+                    String::new()
+                },
+            })
+            .collect(),
+        lambda: Some(pb::score_request::Lambda::Split(true)),
+        per_token: true,
+    };
+    let items = score_all(&mut client, tonic::Request::new(request))
+        .await
+        .unwrap();
+    assert_eq!(items.len(), 3);
+    let (mut neural_nll, mut mixed_nll, mut tokens) = (0.0, 0.0, 0u64);
+    for (i, (item, doc)) in items.iter().zip(&docs).enumerate() {
+        let score_response::Item::Document(got) = item else {
+            panic!("document {i} missing");
+        };
+        let records =
+            document_records(model, &index, WindowOptions::default(), i, doc, |_| {}).unwrap();
+        let want = &records.tokens;
+        assert_eq!(got.tokens as usize, doc.len() - 1);
+        assert_eq!(got.token_scores.len(), want.len());
+        let domain = (i == 1).then_some("linux-doc");
+        let sparse: Vec<bool> = want.iter().map(|r| r.sparse).collect();
+        let lambdas = params
+            .lambdas(LambdaRule::DomainSplit, domain, &sparse, &[])
+            .unwrap();
+        for ((g, w), l) in got.token_scores.iter().zip(want).zip(&lambdas) {
+            assert_eq!(g.token, w.token);
+            assert_eq!(g.infgram_prob, w.infgram_prob);
+            assert_eq!((g.sparse, g.suffix_len as usize), (w.sparse, w.suffix_len));
+            assert!((g.neural_logprob - w.neural_logprob).abs() < 1e-4);
+            assert_eq!(g.lambda, *l);
+            let p = mix::mixed_prob(w.infgram_prob, (g.neural_logprob as f64).exp(), *l);
+            assert!((g.mixed_logprob - p.ln()).abs() < 1e-9);
+        }
+        neural_nll += got.neural_nll;
+        mixed_nll += got.mixed_nll;
+        tokens += got.tokens;
+    }
+    let score_response::Item::Totals(totals) = &items[2] else {
+        panic!("totals missing");
+    };
+    assert_eq!(totals.tokens, tokens);
+    assert!((totals.mixed_nll - mixed_nll).abs() < 1e-6);
+    assert!((totals.neural_perplexity - (neural_nll / tokens as f64).exp()).abs() < 1e-6);
+
+    // Unary Mix with the own model: the library's next-token logits over the context.
+    let context = &docs[0][..120];
+    let own = client
+        .mix(pb::MixRequest {
+            context: context.to_vec(),
+            neural: Some(mix_request::Neural::OwnModel(true)),
+            lambda: Some(mix_request::Lambda::FixedLambda(0.3)),
+            top_k: 8,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let t = model.transformer();
+    let logits: Vec<f32> = t
+        .forward_last(context, &mut t.new_cache())
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let infgram = index.infgram_ntd(context, None).unwrap();
+    let want = mix::mix(
+        &SparseDistribution::from_ntd(&infgram.ntd),
+        &NeuralDistribution::from_logits(&logits).unwrap(),
+        0.3,
+        8,
+    );
+    let got: Vec<(u32, f64)> = own.top.iter().map(|t| (t.token, t.prob)).collect();
+    assert_eq!(got, want.top);
+
+    // A session: every step's ∞-gram view equals a fresh lookup of the whole context, and its own
+    // model equals the library's cached decoding (prefill, then one token at a time).
+    let (tx, mut replies) = open_session(&mut client).await;
+    let early = step(
+        &tx,
+        &mut replies,
+        session_mix(session_mix::Neural::OwnModel(true)),
+    )
+    .await;
+    assert_eq!(step_error(&early).unwrap().0, Code::FailedPrecondition);
+    let started = step(
+        &tx,
+        &mut replies,
+        session_request::Step::Start(pb::SessionStart {
+            context: context.to_vec(),
+            use_model: true,
+        }),
+    )
+    .await;
+    let state = started.state.unwrap();
+    assert_eq!(state.length as usize, context.len());
+    assert_eq!(state.suffix_len as usize, infgram.suffix_len);
+    let first = mix_of(
+        step(
+            &tx,
+            &mut replies,
+            session_mix(session_mix::Neural::OwnModel(true)),
+        )
+        .await,
+    );
+    let got: Vec<(u32, f64)> = first.top.iter().map(|t| (t.token, t.prob)).collect();
+    assert_eq!(got, want.top);
+
+    let mut cache = t.new_cache();
+    t.forward_last(context, &mut cache).unwrap();
+    let mut seq = context.to_vec();
+    for &next in &docs[0][120..130] {
+        seq.push(next);
+        let logits: Vec<f32> = t
+            .forward_last(&[next], &mut cache)
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let appended = step(
+            &tx,
+            &mut replies,
+            session_request::Step::Append(pb::SessionAppend { tokens: vec![next] }),
+        )
+        .await;
+        assert!(step_error(&appended).is_none());
+        let m = mix_of(
+            step(
+                &tx,
+                &mut replies,
+                session_mix(session_mix::Neural::OwnModel(true)),
+            )
+            .await,
+        );
+        let infgram = index.infgram_ntd(&seq, None).unwrap();
+        let want = mix::mix(
+            &SparseDistribution::from_ntd(&infgram.ntd),
+            &NeuralDistribution::from_logits(&logits).unwrap(),
+            0.3,
+            8,
+        );
+        let got: Vec<(u32, f64)> = m.top.iter().map(|t| (t.token, t.prob)).collect();
+        assert_eq!(got, want.top);
+        assert_eq!(m.suffix_len as usize, infgram.suffix_len);
+        assert_eq!(m.prompt_cnt, infgram.ntd.prompt_cnt);
+    }
+    // Caller top-k in a session equals the unary Mix of the same context, with λ1/λ2.
+    let split_mix = session_request::Step::Mix(pb::SessionMix {
+        neural: Some(session_mix::Neural::TopKLogprobs(caller_top_k())),
+        lambda: Some(session_mix::Lambda::Split(true)),
+        top_k: 8,
+    });
+    let in_session = mix_of(step(&tx, &mut replies, split_mix.clone()).await);
+    let unary = client
+        .mix(top_k_request(&seq, Some(mix_request::Lambda::Split(true))))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(in_session, unary);
+
+    // Taking tokens back: the state is that of the shorter context, own model included.
+    let back = step(
+        &tx,
+        &mut replies,
+        session_request::Step::Truncate(pb::SessionTruncate { length: 125 }),
+    )
+    .await;
+    assert_eq!(back.state.as_ref().unwrap().length, 125);
+    let after = mix_of(step(&tx, &mut replies, split_mix.clone()).await);
+    let unary = client
+        .mix(top_k_request(
+            &seq[..125],
+            Some(mix_request::Lambda::Split(true)),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(after, unary);
+    // The session's cache holds the context's prefill, then tokens decoded one at a time.
+    let mut cache = t.new_cache();
+    t.forward_last(context, &mut cache).unwrap();
+    let mut logits = Vec::new();
+    for &next in &seq[120..125] {
+        logits = t
+            .forward_last(&[next], &mut cache)
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+    }
+    let m = mix_of(
+        step(
+            &tx,
+            &mut replies,
+            session_mix(session_mix::Neural::OwnModel(true)),
+        )
+        .await,
+    );
+    let infgram = index.infgram_ntd(&seq[..125], None).unwrap();
+    let want = mix::mix(
+        &SparseDistribution::from_ntd(&infgram.ntd),
+        &NeuralDistribution::from_logits(&logits).unwrap(),
+        0.3,
+        8,
+    );
+    let got: Vec<(u32, f64)> = m.top.iter().map(|t| (t.token, t.prob)).collect();
+    assert_eq!(got, want.top);
+
+    // Bad steps: answered in-band, the session unchanged.
+    let vocab = index.vocab_size() as u32;
+    for (bad, code) in [
+        (
+            session_request::Step::Append(pb::SessionAppend {
+                tokens: vec![5, vocab + 1],
+            }),
+            Code::InvalidArgument,
+        ),
+        (
+            session_request::Step::Truncate(pb::SessionTruncate { length: 10_000 }),
+            Code::InvalidArgument,
+        ),
+        (
+            session_request::Step::Start(pb::SessionStart {
+                context: vec![1],
+                use_model: false,
+            }),
+            Code::FailedPrecondition,
+        ),
+        (
+            session_request::Step::Mix(pb::SessionMix {
+                neural: Some(session_mix::Neural::TopKLogprobs(caller_top_k())),
+                lambda: None,
+                top_k: 0,
+            }),
+            Code::InvalidArgument,
+        ),
+    ] {
+        let r = step(&tx, &mut replies, bad).await;
+        assert_eq!(step_error(&r).unwrap().0, code, "{r:?}");
+        assert_eq!(r.state.as_ref().unwrap().length, 125);
+    }
+    let again = mix_of(step(&tx, &mut replies, split_mix).await);
+    assert_eq!(again, after);
+    drop(tx);
+    assert!(replies.message().await.unwrap().is_none());
+
+    // A session without the model cannot use it.
+    let (tx, mut replies) = open_session(&mut client).await;
+    let start = session_request::Step::Start(pb::SessionStart {
+        context: context.to_vec(),
+        use_model: false,
+    });
+    assert!(step_error(&step(&tx, &mut replies, start).await).is_none());
+    let r = step(
+        &tx,
+        &mut replies,
+        session_mix(session_mix::Neural::OwnModel(true)),
+    )
+    .await;
+    assert_eq!(step_error(&r).unwrap().0, Code::FailedPrecondition);
+    drop(tx);
+
+    // A deadline stops Score between documents.
+    let long = test_documents(3, 1000);
+    let mut request = tonic::Request::new(pb::ScoreRequest {
+        documents: long
+            .into_iter()
+            .map(|d| pb::ScoreDocument {
+                token_ids: d,
+                domain: String::new(),
+            })
+            .collect(),
+        lambda: Some(pb::score_request::Lambda::FixedLambda(0.2)),
+        per_token: false,
+    });
+    request.set_timeout(Duration::from_millis(300));
+    let err = score_all(&mut client, request).await.unwrap_err();
+    assert!(
+        matches!(err.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{err:?}"
+    );
+
+    // Metrics: what was served, by method and code.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let text = tokio::task::spawn_blocking(move || scrape(metrics_port))
+        .await
+        .unwrap();
+    assert_eq!(
+        sample(
+            &text,
+            "sidecar_requests_total{method=\"Score\",code=\"Ok\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, "sidecar_requests_total{method=\"Mix\",code=\"Ok\"}"),
+        3.0
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "sidecar_requests_total{method=\"Session.append\",code=\"InvalidArgument\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "sidecar_request_seconds_count{method=\"Session.append\"}"
+        ),
+        11.0
+    );
+    assert_eq!(sample(&text, "sidecar_in_flight "), 0.0);
+    assert_eq!(sample(&text, "sidecar_sessions "), 0.0);
+    let _ = stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_model_or_mixing_file_the_preconditions_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = build_index(dir.path());
+    let Running {
+        mut client, stop, ..
+    } = start(ServeConfig {
+        mixing: None,
+        ..config(dir.path(), index, false)
+    })
+    .await;
+    let context = vec![504, 3458, 281];
+    let err = client
+        .mix(top_k_request(
+            &context,
+            Some(mix_request::Lambda::Split(true)),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    let err = client
+        .mix(top_k_request(
+            &context,
+            Some(mix_request::Lambda::Gate(true)),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    let ok = client
+        .mix(top_k_request(
+            &context,
+            Some(mix_request::Lambda::FixedLambda(0.5)),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ok.lambda, 0.5);
+    let own = pb::MixRequest {
+        neural: Some(mix_request::Neural::OwnModel(true)),
+        ..top_k_request(&context, Some(mix_request::Lambda::FixedLambda(0.5)))
+    };
+    assert_eq!(
+        client.mix(own).await.unwrap_err().code(),
+        Code::FailedPrecondition
+    );
+    let score = pb::ScoreRequest {
+        documents: vec![pb::ScoreDocument {
+            token_ids: context.clone(),
+            domain: String::new(),
+        }],
+        lambda: Some(pb::score_request::Lambda::FixedLambda(0.5)),
+        per_token: false,
+    };
+    let err = score_all(&mut client, tonic::Request::new(score))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    let _ = stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_finishes_in_flight_work_and_refuses_new_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = with_model(dir.path());
+    let Running {
+        mut client,
+        addr,
+        stop,
+        task,
+    } = start(config).await;
+    let docs = test_documents(3, 400);
+    let request = pb::ScoreRequest {
+        documents: docs
+            .iter()
+            .map(|d| pb::ScoreDocument {
+                token_ids: d.clone(),
+                domain: String::new(),
+            })
+            .collect(),
+        lambda: Some(pb::score_request::Lambda::FixedLambda(0.2)),
+        per_token: false,
+    };
+    let mut stream = client.score(request).await.unwrap().into_inner();
+    // Scoring has begun when the first document arrives; then the shutdown starts.
+    let first = stream.message().await.unwrap().unwrap();
+    assert!(matches!(
+        first.item,
+        Some(score_response::Item::Document(_))
+    ));
+    let _ = stop.send(());
+    let mut rest = Vec::new();
+    while let Some(r) = stream.message().await.unwrap() {
+        rest.extend(r.item);
+    }
+    assert_eq!(rest.len(), 3, "two more documents and the totals");
+    assert!(matches!(rest[2], score_response::Item::Totals(_)));
+    task.await.unwrap().unwrap();
+    // The listener is gone: a new connection is refused.
+    let refused = tokio::time::timeout(
+        Duration::from_secs(2),
+        tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect(),
+    )
+    .await;
+    assert!(!matches!(refused, Ok(Ok(_))), "a new call was accepted");
+}
