@@ -10,6 +10,16 @@ DEFAULT_INDEX="$INFINI_SIDECAR_ASSETS/index-minipile-train-decon-smollm2"
 SMOLLM2_GGUF="$INFINI_SIDECAR_ASSETS/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # The reference engine, for the peer tests and benchmarks.
+# Python for the gRPC client examples (examples/python) and their test.
+CLIENT_VENV="$CACHE/venv-client"
+export SIDECAR_PYTHON="${SIDECAR_PYTHON:-$CLIENT_VENV/bin/python}"
+ensure_client_python() {
+  if ! "$SIDECAR_PYTHON" -c 'import grpc, grpc_tools' 2>/dev/null; then
+    python3 -m venv "$CLIENT_VENV"
+    "$CLIENT_VENV/bin/python" -m pip install -q grpcio==1.85.1 grpcio-tools==1.85.1
+  fi
+}
+
 ensure_reference_engine() {
   if ! "$INFINI_GRAM_PYTHON" -c 'import infini_gram.engine' 2>/dev/null; then
     python3 -m venv "$REFERENCE_VENV"

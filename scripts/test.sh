@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 source scripts/env.sh
 python3 scripts/fetch_assets.py
 ensure_reference_engine
+ensure_client_python
 if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install --locked cargo-nextest
 fi

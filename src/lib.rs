@@ -2,6 +2,7 @@
 //! service built on it.
 
 pub mod corpus;
+pub mod draft;
 pub mod eval;
 pub mod index;
 pub mod mix;

@@ -8,11 +8,13 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 use infini_sidecar::corpus;
+use infini_sidecar::draft::{spec, DraftOptions};
 use infini_sidecar::eval::documents::{load_documents, TokenBudget};
 use infini_sidecar::eval::experiment::{self, EvalInputs, Pairing};
 use infini_sidecar::eval::neural::score_documents;
 use infini_sidecar::eval::records::DomainRecords;
 use infini_sidecar::eval::report as eval_report;
+use infini_sidecar::eval::spec::{self as eval_spec, SpecEvalOptions};
 use infini_sidecar::index::build::{build, BuildOptions};
 use infini_sidecar::index::decontam::{self, Decontaminator};
 use infini_sidecar::index::{Index, IndexError, OpenOptions, TokenWidth};
@@ -69,10 +71,14 @@ enum EvalCommand {
     Fit(FitArgs),
     /// Neural vs mixed perplexity per domain (JSON and Markdown), per-token output on request.
     Ppl(PplArgs),
+    /// Speculative greedy decoding with ∞-gram drafts vs plain greedy decoding, per domain and draft
+    /// source: acceptance, drafter cost, speed-up.
+    Spec(SpecArgs),
 }
 
+/// A model, an index built with its tokenizer, and evaluation text.
 #[derive(Args)]
-struct EvalArgs {
+struct PairingArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// The reference index (built with the model's tokenizer).
@@ -81,6 +87,37 @@ struct EvalArgs {
     /// Pile-style JSON lines (`text`, `meta.pile_set_name`), text files or folders.
     #[arg(long = "input", num_args = 1.., required = true)]
     inputs: Vec<PathBuf>,
+}
+
+#[derive(Args)]
+struct SpecArgs {
+    #[command(flatten)]
+    pairing: PairingArgs,
+    #[arg(long, default_value_t = 4)]
+    prompts_per_domain: usize,
+    /// Tokens of each document given as the prompt.
+    #[arg(long, default_value_t = 128)]
+    prompt_tokens: usize,
+    /// Tokens generated after each prompt.
+    #[arg(long, default_value_t = 64)]
+    new_tokens: usize,
+    /// Longest draft (at most 14: one pass verifies the pending token and the draft).
+    #[arg(long, default_value_t = DraftOptions::default().max_tokens)]
+    max_draft: usize,
+    #[arg(long, default_value_t = DraftOptions::default().min_token_prob)]
+    min_token_prob: f64,
+    /// Draft at most this many tokens per matched context token (0: fixed length).
+    #[arg(long, default_value_t = DraftOptions::default().match_len_factor)]
+    match_len_factor: f64,
+    /// Folder for spec.json and spec.md (default: print the Markdown).
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct EvalArgs {
+    #[command(flatten)]
+    pairing: PairingArgs,
     /// Score only the first N tokens of each domain.
     #[arg(long)]
     max_tokens: Option<usize>,
@@ -494,11 +531,16 @@ async fn shutdown_signal() {
 }
 
 /// Model, index and inputs of an evaluation, checked to belong together.
-fn eval_setup(args: &EvalArgs) -> Result<(Model, Index, EvalInputs)> {
+fn open_pairing(args: &PairingArgs) -> Result<(Model, Index)> {
     let model = load_model(&args.model)?;
     let index = Index::open(&args.index, &OpenOptions::default())?;
+    Ok((model, index))
+}
+
+fn eval_setup(args: &EvalArgs) -> Result<(Model, Index, EvalInputs)> {
+    let (model, index) = open_pairing(&args.pairing)?;
     let inputs = EvalInputs {
-        inputs: args.inputs.clone(),
+        inputs: args.pairing.inputs.clone(),
         max_tokens_per_domain: args.max_tokens,
         max_doc_tokens: args.max_doc_tokens,
         window: WindowOptions {
@@ -560,6 +602,40 @@ fn run_ppl(args: PplArgs) -> Result<()> {
         }
         None => println!("{}", serde_json::to_string_pretty(&report)?),
     }
+    Ok(())
+}
+
+fn run_spec(args: SpecArgs) -> Result<()> {
+    if args.max_draft + 1 > spec::MAX_VERIFY_ROWS {
+        anyhow::bail!("--max-draft must be at most {}", spec::MAX_VERIFY_ROWS - 1);
+    }
+    let (model, index) = open_pairing(&args.pairing)?;
+    Pairing::new(&model, &index)?;
+    let docs = load_documents(
+        &args.pairing.inputs,
+        &model,
+        TokenBudget::All,
+        Some(args.prompt_tokens + args.new_tokens),
+    )?;
+    let opts = SpecEvalOptions {
+        prompts_per_domain: args.prompts_per_domain,
+        prompt_tokens: args.prompt_tokens,
+        new_tokens: args.new_tokens,
+        draft: DraftOptions {
+            max_tokens: args.max_draft,
+            min_token_prob: args.min_token_prob,
+            match_len_factor: args.match_len_factor,
+            ..DraftOptions::default()
+        },
+    };
+    let rows = eval_spec::run(&model, &index, &docs, &opts)?;
+    let md = eval_spec::markdown(&rows);
+    if let Some(dir) = &args.out_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::write(dir.join("spec.json"), serde_json::to_string_pretty(&rows)?)?;
+        std::fs::write(dir.join("spec.md"), &md)?;
+    }
+    print!("{md}");
     Ok(())
 }
 
@@ -657,6 +733,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Model(ModelCommand::Generate(args)) => run_generate(args),
         Command::Eval(EvalCommand::Fit(args)) => run_fit(args),
         Command::Eval(EvalCommand::Ppl(args)) => run_ppl(args),
+        Command::Eval(EvalCommand::Spec(args)) => run_spec(args),
         Command::Serve { config } => run_serve(&config),
         Command::Tokenize { tokenizer, text } => {
             let ids = Tokenizer::from_file(Path::new(&tokenizer))?.encode(&text)?;

@@ -3,14 +3,15 @@
 
 mod common;
 
-use common::server::{authed, build_index, config, start, Running};
+use common::server::{authed, build_index, config, open_session, start, step, Running};
+use infini_sidecar::draft::{DraftOptions, Sequence};
 use infini_sidecar::index::docs::SearchOptions;
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::mix::features::GateFeatures;
 use infini_sidecar::mix::{
     self, MixingParams, NeuralDistribution, SparseDistribution, NUM_FEATURES,
 };
-use infini_sidecar::server::pb::{self, mix_request};
+use infini_sidecar::server::pb::{self, draft_request, mix_request, session_request};
 use tonic::Code;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -249,6 +250,83 @@ async fn every_rpc_answers_as_the_library_does() {
     let features: GateFeatures = gated.gate_features.clone().try_into().unwrap();
     let want = params.gate.as_ref().unwrap().predict(&[features]).unwrap()[0];
     assert_eq!(gated.lambda, want);
+    // Drafts: for a context, and for an open session by id (the same sequence), as the library's.
+    let doc = &index.search_docs(&ids[1..3], opts).unwrap().documents[0].token_ids;
+    let context = doc[..doc.len() / 2].to_vec();
+    let want = Sequence::new(&index, context.clone())
+        .unwrap()
+        .draft(&index, &DraftOptions::default());
+    assert!(!want.is_empty());
+    let draft_of = |target| {
+        authed(pb::DraftRequest {
+            target: Some(target),
+            options: None,
+        })
+    };
+    let got = client
+        .draft(draft_of(draft_request::Target::Context(pb::TokenIds {
+            ids: context.clone(),
+        })))
+        .await
+        .unwrap()
+        .into_inner();
+    let as_tree = |r: &pb::DraftResponse| (r.token_ids.clone(), r.parents.clone(), r.probs.clone());
+    assert_eq!(
+        as_tree(&got),
+        (
+            want.token_ids.clone(),
+            want.parents.clone(),
+            want.probs.clone()
+        )
+    );
+    let (tx, mut replies) = open_session(&mut client).await;
+    let started = step(
+        &tx,
+        &mut replies,
+        session_request::Step::Start(pb::SessionStart {
+            context: context.clone(),
+            use_model: false,
+        }),
+    )
+    .await;
+    let id = started.state.unwrap().session_id;
+    let in_session = step(
+        &tx,
+        &mut replies,
+        session_request::Step::Draft(Default::default()),
+    )
+    .await;
+    let Some(pb::session_response::Result::Draft(in_session)) = in_session.result else {
+        panic!("no draft in the session's answer");
+    };
+    assert_eq!(in_session, got);
+    let by_id = client
+        .draft(draft_of(draft_request::Target::SessionId(id)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(by_id, got);
+    drop(tx);
+    while replies.message().await.unwrap().is_some() {}
+    let gone = client
+        .draft(draft_of(draft_request::Target::SessionId(id)))
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
+    let bad = pb::DraftRequest {
+        target: Some(draft_request::Target::Context(pb::TokenIds {
+            ids: context,
+        })),
+        options: Some(pb::DraftOptions {
+            min_token_prob: Some(2.0),
+            ..Default::default()
+        }),
+    };
+    assert_eq!(
+        client.draft(authed(bad)).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+
     let still = client.info(authed(pb::InfoRequest {})).await.unwrap();
     assert_eq!(still.into_inner().index_tokens, index.total_tokens());
     let _ = stop.send(());

@@ -6,11 +6,10 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::server::{build_index, config, start, Running};
+use common::server::{build_index, config, open_session, start, step, with_model, Running};
 use infini_sidecar::corpus::Content;
 use infini_sidecar::eval::records::document_records;
 use infini_sidecar::index::{Index, OpenOptions};
@@ -19,8 +18,6 @@ use infini_sidecar::model::{Model, WindowOptions};
 use infini_sidecar::server::config::ServeConfig;
 use infini_sidecar::server::pb::sidecar_client::SidecarClient;
 use infini_sidecar::server::pb::{self, mix_request, score_response, session_mix, session_request};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -42,14 +39,6 @@ fn test_documents(n: usize, max_tokens: usize) -> Vec<Vec<u32>> {
             Content::Tokens(_) => unreachable!(),
         })
         .collect()
-}
-
-fn with_model(dir: &Path) -> ServeConfig {
-    let index = build_index(dir);
-    ServeConfig {
-        model: Some(common::smollm2_gguf()),
-        ..config(dir, index, false)
-    }
 }
 
 fn top_k_request(context: &[u32], lambda: Option<mix_request::Lambda>) -> pb::MixRequest {
@@ -84,33 +73,6 @@ async fn score_all(
         items.extend(r.item);
     }
     Ok(items)
-}
-
-/// A session stream: steps go in through the sender, answers come out of the stream.
-async fn open_session(
-    client: &mut SidecarClient<Channel>,
-) -> (
-    mpsc::Sender<pb::SessionRequest>,
-    tonic::Streaming<pb::SessionResponse>,
-) {
-    let (tx, rx) = mpsc::channel(4);
-    let replies = client
-        .session(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
-    (tx, replies)
-}
-
-async fn step(
-    tx: &mpsc::Sender<pb::SessionRequest>,
-    replies: &mut tonic::Streaming<pb::SessionResponse>,
-    step: session_request::Step,
-) -> pb::SessionResponse {
-    tx.send(pb::SessionRequest { step: Some(step) })
-        .await
-        .unwrap();
-    replies.message().await.unwrap().unwrap()
 }
 
 fn step_error(r: &pb::SessionResponse) -> Option<(Code, String)> {

@@ -6,3 +6,4 @@ pub mod experiment;
 pub mod neural;
 pub mod records;
 pub mod report;
+pub mod spec;

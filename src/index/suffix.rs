@@ -5,6 +5,7 @@
 //! Dense scoring, decoding sessions and the drafter stand on it.
 
 use crate::index::query::{InfgramNtdResult, Matches};
+use crate::index::shard::{NextKey, END};
 use crate::index::{Index, Result};
 
 /// The longest suffix of a sequence that occurs in the reference data, with its matches.
@@ -107,5 +108,43 @@ impl Index {
             }
         }
         (good, good_m)
+    }
+}
+
+impl SuffixMatch {
+    /// What followed the matched suffix in the reference data: up to `samples` of its occurrences,
+    /// spread evenly over the suffix array (which sorts them by what follows, so each continuation
+    /// is sampled in proportion to its count), each with at most `depth` following tokens, cut at
+    /// the end of its document. Nothing when no suffix matched.
+    pub fn continuations(&self, index: &Index, samples: usize, depth: usize) -> Vec<Vec<u32>> {
+        let total = self.prompt_cnt();
+        if self.suffix_len() == 0 || total == 0 || samples == 0 {
+            return Vec::new();
+        }
+        let qlen = self.matches.bytes.len();
+        let width = index.width().bytes();
+        let stop = |key: NextKey| {
+            key == END
+                || key == index.width().separator() as NextKey
+                || key == index.eos_token_id() as NextKey
+        };
+        let mut out = Vec::with_capacity(samples.min(total as usize));
+        for (shard, range) in index.shards.iter().zip(&self.matches.ranges) {
+            if range.is_empty() {
+                continue;
+            }
+            let share = (samples as u128 * range.len() as u128).div_ceil(total as u128) as u64;
+            let share = share.clamp(1, range.len());
+            for i in 0..share {
+                let rank = range.lo + (i as u128 * range.len() as u128 / share as u128) as u64;
+                let continuation: Vec<u32> = (0..depth)
+                    .map(|j| shard.next_key(rank, qlen + j * width))
+                    .take_while(|&key| !stop(key))
+                    .map(|key| key as u32)
+                    .collect();
+                out.push(continuation);
+            }
+        }
+        out
     }
 }

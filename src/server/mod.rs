@@ -4,6 +4,7 @@
 //! answers RESOURCE_EXHAUSTED instead of queueing without bound.
 
 pub mod config;
+mod drafting;
 mod engine;
 pub mod metrics;
 mod mixing;
@@ -307,6 +308,16 @@ impl Sidecar for SidecarService {
         let deadline = deadline_of(&request);
         let r = request.into_inner();
         self.run("Mix", deadline, move |s| mixing::mix(s, r)).await
+    }
+
+    async fn draft(
+        &self,
+        request: Request<pb::DraftRequest>,
+    ) -> Result<Response<pb::DraftResponse>, Status> {
+        let deadline = deadline_of(&request);
+        let r = request.into_inner();
+        self.run("Draft", deadline, move |s| drafting::draft(s, r))
+            .await
     }
 
     type ScoreStream = ResponseStream<pb::ScoreResponse>;

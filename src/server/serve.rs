@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 use tonic::{Request, Status};
 
@@ -42,6 +42,17 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// Caps glibc's malloc arenas. By default every thread of the blocking pool that runs the model may
+/// get an arena of its own (up to 8 per core), and the model's large, short-lived buffers then
+/// fragment them all: the load test saw the resident set climb by 400 MB in 30 s, flat with 2 arenas.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; it is safe to call at any time.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
 /// Serves `config` until `shutdown` resolves, then drains in-flight requests.
 pub async fn serve(
     config: ServeConfig,
@@ -58,6 +69,7 @@ pub async fn serve(
     if token.is_none() && !listener.local_addr()?.ip().is_loopback() {
         tracing::warn!("serving beyond loopback without a bearer token");
     }
+    limit_malloc_arenas();
     let metrics = Arc::new(Metrics::default());
     let service = SidecarService::open_with_metrics(&config, Arc::clone(&metrics))?;
     // Dropped (and the endpoint closed) when serving ends.
@@ -85,11 +97,13 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     tracing::info!("serving on {}", listener.local_addr()?);
+    // No Nagle: a session's small step messages would otherwise wait for delayed ACKs (≈ 40 ms).
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     Server::builder()
         .add_service(health)
         .add_service(reflection)
         .add_service(sidecar)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())
 }

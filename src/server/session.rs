@@ -14,14 +14,13 @@ use tonic::{Status, Streaming};
 
 use super::metrics::Metrics;
 use super::mixing::{mixed, neural_distribution, LambdaChoice};
-use super::{index_status, model_status, pb, State};
-use crate::index::suffix::SuffixMatch;
+use super::{drafting, index_status, model_status, pb, State};
+use crate::draft::{DraftOptions, DraftTree, Sequence};
 use crate::model::KvCache;
 
 /// One sequence of a decoding loop.
 pub(super) struct Session {
-    tokens: Vec<u32>,
-    suffix: SuffixMatch,
+    seq: Sequence,
     neural: Option<NeuralCache>,
 }
 
@@ -35,7 +34,7 @@ struct NeuralCache {
 impl Session {
     fn new(s: &State, start: pb::SessionStart) -> Result<Self, Status> {
         s.check_len("the context", start.context.len())?;
-        let suffix = SuffixMatch::of(&s.index, &start.context).map_err(index_status)?;
+        let seq = Sequence::new(&s.index, start.context).map_err(index_status)?;
         let neural = match start.use_model {
             true => Some(NeuralCache {
                 cache: s.model()?.transformer().new_cache(),
@@ -43,28 +42,17 @@ impl Session {
             }),
             false => None,
         };
-        Ok(Self {
-            tokens: start.context,
-            suffix,
-            neural,
-        })
+        Ok(Self { seq, neural })
     }
 
-    pub(super) fn tokens(&self) -> &[u32] {
-        &self.tokens
-    }
-
-    pub(super) fn suffix(&self) -> &SuffixMatch {
-        &self.suffix
+    /// A draft continuing the session's sequence.
+    pub(super) fn draft(&self, s: &State, opts: &DraftOptions) -> DraftTree {
+        self.seq.draft(&s.index, opts)
     }
 
     fn append(&mut self, s: &State, tokens: &[u32]) -> Result<(), Status> {
-        s.index.check_ids(tokens).map_err(index_status)?;
-        s.check_len("the session", self.tokens.len() + tokens.len())?;
-        for &t in tokens {
-            self.tokens.push(t);
-            self.suffix.advance(&s.index, &self.tokens);
-        }
+        s.check_len("the session", self.seq.tokens().len() + tokens.len())?;
+        self.seq.append(&s.index, tokens).map_err(index_status)?;
         if let Some(n) = &mut self.neural {
             n.logits = None;
         }
@@ -74,15 +62,14 @@ impl Session {
     fn truncate(&mut self, s: &State, length: u64) -> Result<(), Status> {
         let len = usize::try_from(length)
             .ok()
-            .filter(|&l| l <= self.tokens.len())
+            .filter(|&l| l <= self.seq.tokens().len())
             .ok_or_else(|| {
                 Status::invalid_argument(format!(
                     "cannot keep {length} tokens of a session of {}",
-                    self.tokens.len()
+                    self.seq.tokens().len()
                 ))
             })?;
-        self.tokens.truncate(len);
-        self.suffix.truncate(&s.index, &self.tokens);
+        self.seq.truncate(&s.index, len);
         if let Some(n) = &mut self.neural {
             n.cache.truncate(len);
             n.logits = None;
@@ -93,7 +80,8 @@ impl Session {
     /// The own model's logits after the sequence, running only the tokens its cache lacks.
     fn own_logits(&mut self, s: &State) -> Result<Vec<f32>, Status> {
         let model = s.model()?.transformer();
-        let n = self.tokens.len();
+        let tokens = self.seq.tokens();
+        let n = tokens.len();
         let cache = self.neural.as_mut().ok_or_else(|| {
             Status::failed_precondition("own_model needs a session started with use_model")
         })?;
@@ -105,7 +93,7 @@ impl Session {
             let keep = cache.cache.len().min(n - 1);
             cache.cache.truncate(keep);
             let logits = model
-                .forward_last(&self.tokens[keep..], &mut cache.cache)
+                .forward_last(&tokens[keep..], &mut cache.cache)
                 .and_then(|t| Ok(t.to_vec1::<f32>()?))
                 .map_err(model_status)?;
             cache.logits = Some(logits);
@@ -116,17 +104,17 @@ impl Session {
     fn mix(&mut self, s: &State, m: pb::SessionMix) -> Result<pb::MixResponse, Status> {
         let top_k = s.check_top_k(m.top_k)?;
         let lambda = LambdaChoice::or_split(m.lambda.map(Into::into))?;
-        let infgram = self.suffix.infgram_ntd(&s.index, None);
+        let infgram = self.seq.suffix().infgram_ntd(&s.index, None);
         let neural = neural_distribution(s, m.neural.map(Into::into), || self.own_logits(s))?;
-        mixed(s, &self.tokens, &infgram, &neural, lambda, top_k)
+        mixed(s, self.seq.tokens(), &infgram, &neural, lambda, top_k)
     }
 
     fn state(&self, session_id: u64) -> pb::SessionState {
         pb::SessionState {
             session_id,
-            length: self.tokens.len() as u64,
-            suffix_len: self.suffix.suffix_len() as u32,
-            prompt_cnt: self.suffix.prompt_cnt(),
+            length: self.seq.tokens().len() as u64,
+            suffix_len: self.seq.suffix().suffix_len() as u32,
+            prompt_cnt: self.seq.suffix().prompt_cnt(),
         }
     }
 }
@@ -154,7 +142,7 @@ impl Drop for OpenSession {
     }
 }
 
-fn lock(session: &Shared) -> MutexGuard<'_, Session> {
+pub(super) fn lock(session: &Shared) -> MutexGuard<'_, Session> {
     // A step that panicked left the session as it was before it (steps validate first).
     session.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -226,6 +214,12 @@ pub(super) fn start(
     Ok(ReceiverStream::new(rx))
 }
 
+/// What a step answers beyond the session's state.
+enum Answer {
+    Mix(pb::MixResponse),
+    Draft(pb::DraftResponse),
+}
+
 /// Runs one step and describes the session after it.
 async fn step(
     state: &Arc<State>,
@@ -238,6 +232,7 @@ async fn step(
         Some(Step::Append(_)) => "Session.append",
         Some(Step::Truncate(_)) => "Session.truncate",
         Some(Step::Mix(_)) => "Session.mix",
+        Some(Step::Draft(_)) => "Session.draft",
         None => "Session.none",
     };
     let outcome = match (request.step, session.as_ref()) {
@@ -272,7 +267,11 @@ async fn step(
                 match step {
                     Step::Append(a) => s.append(&st, &a.tokens).map(|_| None),
                     Step::Truncate(t) => s.truncate(&st, t.length).map(|_| None),
-                    Step::Mix(m) => s.mix(&st, m).map(Some),
+                    Step::Mix(m) => s.mix(&st, m).map(|m| Some(Answer::Mix(m))),
+                    Step::Draft(o) => {
+                        let opts = drafting::options(Some(o))?;
+                        Ok(Some(Answer::Draft(drafting::response(s.draft(&st, &opts)))))
+                    }
                     Step::Start(_) => Ok(None),
                 }
             })
@@ -281,7 +280,8 @@ async fn step(
     };
     let described = session.as_ref().map(|o| lock(&o.shared).state(o.id));
     let result = match outcome {
-        Ok(Some(mix)) => Some(pb::session_response::Result::Mix(mix)),
+        Ok(Some(Answer::Mix(mix))) => Some(pb::session_response::Result::Mix(mix)),
+        Ok(Some(Answer::Draft(draft))) => Some(pb::session_response::Result::Draft(draft)),
         Ok(None) => None,
         Err(status) => Some(pb::session_response::Result::Error(pb::StepError {
             code: status.code() as i32,

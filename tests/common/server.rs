@@ -11,8 +11,10 @@ use infini_sidecar::mix::params::FitRecord;
 use infini_sidecar::mix::{Gate, GateOptions, MixingParams, NUM_FEATURES};
 use infini_sidecar::server::config::ServeConfig;
 use infini_sidecar::server::pb::sidecar_client::SidecarClient;
-use tokio::sync::oneshot;
+use infini_sidecar::server::pb::{self, session_request};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 pub const TOKEN: &str = "s3cret";
@@ -77,6 +79,15 @@ pub fn config(dir: &Path, index: PathBuf, auth: bool) -> ServeConfig {
     }
 }
 
+/// [`config`] with the real SmolLM2 as the sidecar's own model, over a fresh index in `dir`.
+pub fn with_model(dir: &Path) -> ServeConfig {
+    let index = build_index(dir);
+    ServeConfig {
+        model: Some(super::smollm2_gguf()),
+        ..config(dir, index, false)
+    }
+}
+
 /// A serving sidecar: its client, the switch that starts its shutdown, and its task.
 pub struct Running {
     pub client: SidecarClient<Channel>,
@@ -124,4 +135,31 @@ pub fn authed<T>(msg: T) -> tonic::Request<T> {
     r.metadata_mut()
         .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
     r
+}
+
+/// A session stream (with the bearer token, which a sidecar without auth ignores): steps go in through the sender, answers come out of the stream.
+pub async fn open_session(
+    client: &mut SidecarClient<Channel>,
+) -> (
+    mpsc::Sender<pb::SessionRequest>,
+    tonic::Streaming<pb::SessionResponse>,
+) {
+    let (tx, rx) = mpsc::channel(4);
+    let replies = client
+        .session(authed(ReceiverStream::new(rx)))
+        .await
+        .unwrap()
+        .into_inner();
+    (tx, replies)
+}
+
+pub async fn step(
+    tx: &mpsc::Sender<pb::SessionRequest>,
+    replies: &mut tonic::Streaming<pb::SessionResponse>,
+    step: session_request::Step,
+) -> pb::SessionResponse {
+    tx.send(pb::SessionRequest { step: Some(step) })
+        .await
+        .unwrap();
+    replies.message().await.unwrap().unwrap()
 }

@@ -1,0 +1,260 @@
+//! The service's costs on the default index (`cargo bench --bench service`; needs the assets of
+//! `scripts/run-default.sh`): `Mix` latency and throughput with caller top-64 log-probs and with a
+//! full 49,152-float vector, in-process (the handler called directly) and over gRPC on loopback, and
+//! the cost of a `Session` step (append one token, mix) at context 40 and 4,000 against resending
+//! the context in a unary `Mix`. Writes `eval/results/service.json`; eval/SERVICE.md discusses it.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use infini_sidecar::corpus::{expand_inputs, text_documents, Content};
+use infini_sidecar::server::config::ServeConfig;
+use infini_sidecar::server::pb::sidecar_client::SidecarClient;
+use infini_sidecar::server::pb::sidecar_server::Sidecar;
+use infini_sidecar::server::pb::{self, mix_request, session_mix, session_request};
+use infini_sidecar::server::SidecarService;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+
+fn assets() -> PathBuf {
+    std::env::var_os("INFINI_SIDECAR_ASSETS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/infini-sidecar/assets")
+        })
+}
+
+fn config() -> ServeConfig {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut c = ServeConfig::load(&repo.join("configs/default.toml")).unwrap();
+    c.model = None;
+    c.metrics_bind = None;
+    c
+}
+
+/// 4,040 tokens of real test-split text.
+fn long_context(service_tokenizer: &infini_sidecar::tokenizer::Tokenizer) -> Vec<u32> {
+    let files = expand_inputs(&[assets().join("minipile/test.jsonl")]).unwrap();
+    let mut ids = Vec::new();
+    for doc in text_documents(files) {
+        if let Content::Text(t) = doc.unwrap().content {
+            ids.extend(service_tokenizer.encode(&t).unwrap());
+        }
+        if ids.len() >= 4_040 + 1_000 {
+            break;
+        }
+    }
+    ids
+}
+
+fn top_64() -> pb::NeuralTopK {
+    let logprobs: Vec<f32> = (0..64).map(|k| -4.0 - 0.05 * k as f32).collect();
+    pb::NeuralTopK {
+        tokens: (0..64).map(|k| k * 701 + 11).collect(),
+        rest_mass: 1.0 - logprobs.iter().map(|&l| (l as f64).exp()).sum::<f64>(),
+        logprobs,
+    }
+}
+
+fn full_logits() -> Vec<f32> {
+    (0..49_152)
+        .map(|i| ((i * 7919) % 1000) as f32 / 100.0)
+        .collect()
+}
+
+fn mix_request(context: &[u32], neural: mix_request::Neural) -> pb::MixRequest {
+    pb::MixRequest {
+        context: context.to_vec(),
+        neural: Some(neural),
+        lambda: Some(mix_request::Lambda::Split(true)),
+        top_k: 16,
+    }
+}
+
+/// p50/p99 (µs) and calls per second of `n` sequential calls.
+async fn measure<F, Fut>(n: usize, mut call: F) -> serde_json::Value
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for i in 0..n / 10 {
+        call(i).await;
+    }
+    let mut micros = Vec::with_capacity(n);
+    let start = Instant::now();
+    for i in 0..n {
+        let t = Instant::now();
+        call(i).await;
+        micros.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let total = start.elapsed();
+    micros.sort_by(f64::total_cmp);
+    let at = |p: f64| micros[((micros.len() - 1) as f64 * p).round() as usize];
+    json!({
+        "calls": n,
+        "p50_us": at(0.5),
+        "p99_us": at(0.99),
+        "per_second": n as f64 / total.as_secs_f64(),
+    })
+}
+
+async fn session_steps(
+    client: &mut SidecarClient<Channel>,
+    context: &[u32],
+    next: &[u32],
+) -> serde_json::Value {
+    let (tx, rx) = mpsc::channel(2);
+    let mut replies = client
+        .session(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let send = |step| pb::SessionRequest { step: Some(step) };
+    tx.send(send(session_request::Step::Start(pb::SessionStart {
+        context: context.to_vec(),
+        use_model: false,
+    })))
+    .await
+    .unwrap();
+    replies.message().await.unwrap().unwrap();
+    let mix = session_request::Step::Mix(pb::SessionMix {
+        neural: Some(session_mix::Neural::TopKLogprobs(top_64())),
+        lambda: Some(session_mix::Lambda::Split(true)),
+        top_k: 16,
+    });
+    let tx = &tx;
+    // Each measured call borrows the reply stream in turn.
+    let replies = tokio::sync::Mutex::new(&mut replies);
+    measure(next.len() * 10 / 11, |i| {
+        let mix = mix.clone();
+        let replies = &replies;
+        async move {
+            let append = session_request::Step::Append(pb::SessionAppend {
+                tokens: vec![next[i]],
+            });
+            tx.send(send(append)).await.unwrap();
+            tx.send(send(mix)).await.unwrap();
+            let mut r = replies.lock().await;
+            for _ in 0..2 {
+                let reply = r.message().await.unwrap().unwrap();
+                assert!(!matches!(
+                    reply.result,
+                    Some(pb::session_response::Result::Error(_))
+                ));
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let config = config();
+    let service = SidecarService::open(&config).unwrap();
+    let tokenizer =
+        infini_sidecar::tokenizer::Tokenizer::from_file(&config.index.join("tokenizer.json"))
+            .unwrap();
+    let ids = long_context(&tokenizer);
+    let (context_4000, next) = (&ids[..4_000], &ids[4_000..5_000]);
+    let context_40 = &context_4000[4_000 - 40..];
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(infini_sidecar::server::serve(config, listener, async {
+        let _ = stopped.await;
+    }));
+    let channel = loop {
+        match Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+        {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let client = SidecarClient::new(channel);
+
+    let mut report = serde_json::Map::new();
+    let cases: [(&str, mix_request::Neural, usize); 2] = [
+        ("top64", mix_request::Neural::TopKLogprobs(top_64()), 3_000),
+        (
+            "full_logits",
+            mix_request::Neural::Logits(pb::NeuralLogits {
+                logits: full_logits(),
+            }),
+            600,
+        ),
+    ];
+    for (name, neural, n) in cases {
+        let request = mix_request(context_40, neural);
+        let in_process = measure(n, |_| {
+            let r = request.clone();
+            let s = &service;
+            async move {
+                s.mix(tonic::Request::new(r)).await.unwrap();
+            }
+        })
+        .await;
+        let grpc = measure(n, |_| {
+            let r = request.clone();
+            let mut c = client.clone();
+            async move {
+                c.mix(r).await.unwrap();
+            }
+        })
+        .await;
+        println!("Mix {name}: in-process {in_process}, gRPC {grpc}");
+        report.insert(format!("mix_{name}_in_process"), in_process);
+        report.insert(format!("mix_{name}_grpc"), grpc);
+    }
+    // Throughput with 4 clients at once.
+    let request = mix_request(context_40, mix_request::Neural::TopKLogprobs(top_64()));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let (mut c, r) = (client.clone(), request.clone());
+            tokio::spawn(async move {
+                for _ in 0..1_000 {
+                    c.mix(r.clone()).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let per_second = 4_000.0 / start.elapsed().as_secs_f64();
+    println!("Mix top64, 4 clients: {per_second:.0}/s");
+    report.insert(
+        "mix_top64_grpc_4_clients_per_second".into(),
+        json!(per_second),
+    );
+
+    for (name, context) in [("40", context_40), ("4000", context_4000)] {
+        let mut c = client.clone();
+        let step = session_steps(&mut c, context, next).await;
+        // Resending: a unary Mix of the whole context, one token longer each call.
+        let mut grown = context.to_vec();
+        let resend = measure(300, |i| {
+            grown.push(next[i % next.len()]);
+            let r = mix_request(&grown, mix_request::Neural::TopKLogprobs(top_64()));
+            let mut c = client.clone();
+            async move {
+                c.mix(r).await.unwrap();
+            }
+        })
+        .await;
+        println!("context {name}: session step {step}, resending {resend}");
+        report.insert(format!("session_step_context_{name}"), step);
+        report.insert(format!("resend_context_{name}"), resend);
+    }
+    let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("eval/results/service.json");
+    std::fs::write(&out, serde_json::to_string_pretty(&report).unwrap()).unwrap();
+    println!("wrote {}", out.display());
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}

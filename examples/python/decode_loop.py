@@ -1,0 +1,77 @@
+"""A greedy decoding loop that mixes its own model's next-token distribution with the sidecar's ∞-gram.
+
+The sidecar keeps the sequence (a Session stream), so each step sends only the new token and the
+client model's top-k log-probs, never the whole context. The "model" here is a bigram model of the
+prompt, standing in for an inference server's logits: replace `client_top_k` with yours.
+
+    python examples/python/decode_loop.py --addr 127.0.0.1:50051 --prompt "The kernel" --steps 20
+
+Prints one JSON object per step (what was sent, what was chosen) and the decoded text.
+"""
+import argparse
+import json
+import math
+from collections import Counter, defaultdict
+
+from sidecar_client import Sidecar
+
+TOP_K = 8
+
+
+class BigramModel:
+    """Add-one bigram counts of the tokens seen so far, over the vocabulary."""
+
+    def __init__(self, vocab_size):
+        self.vocab_size = vocab_size
+        self.follows = defaultdict(Counter)
+
+    def observe(self, tokens):
+        for a, b in zip(tokens, tokens[1:]):
+            self.follows[a][b] += 1
+
+    def top_k(self, last):
+        counts = self.follows[last]
+        total = sum(counts.values()) + self.vocab_size
+        top = counts.most_common(TOP_K)
+        tokens = [t for t, _ in top]
+        logprobs = [math.log((c + 1) / total) for _, c in top]
+        rest = 1.0 - sum(math.exp(l) for l in logprobs)
+        return tokens, logprobs, rest
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--addr", default="127.0.0.1:50051")
+    ap.add_argument("--token", default=None)
+    ap.add_argument("--prompt", required=True)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--fixed-lambda", type=float, help="instead of the sidecar's fitted λ1/λ2")
+    args = ap.parse_args()
+
+    sidecar = Sidecar(args.addr, args.token)
+    vocab = sidecar.info().vocab_size
+    context = sidecar.tokenize(args.prompt)
+    model = BigramModel(vocab)
+    model.observe(context)
+    lambda_rule = {"split": True} if args.fixed_lambda is None else {"fixed_lambda": args.fixed_lambda}
+
+    session = sidecar.session()
+    session.start(context)
+    sequence = list(context)
+    for step in range(args.steps):
+        tokens, logprobs, rest = model.top_k(sequence[-1])
+        mixed = session.mix_top_k(tokens, logprobs, rest, top_k=TOP_K, **lambda_rule)
+        chosen = mixed.top[0].token
+        print(json.dumps({"step": step, "length": len(sequence), "tokens": tokens,
+                          "logprobs": logprobs, "rest_mass": rest, "chosen": chosen,
+                          "lambda": mixed.__getattribute__("lambda"), "suffix_len": mixed.suffix_len}))
+        state = session.append([chosen]).state
+        assert state.length == len(sequence) + 1
+        sequence.append(chosen)
+        model.observe(sequence[-2:])
+    session.close()
+    print(json.dumps({"sequence": sequence}))
+
+
+if __name__ == "__main__":
+    main()

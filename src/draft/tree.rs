@@ -1,0 +1,263 @@
+//! Draft trees in SuffixDecoding's shape: nodes in an order where parents come first, `parents[i]`
+//! is −1 for a child of the context, `probs[i]` is the estimated probability that the target accepts
+//! the path to node i, and `score` (their sum) is the expected number of accepted tokens.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct DraftTree {
+    pub token_ids: Vec<u32>,
+    pub parents: Vec<i32>,
+    pub probs: Vec<f64>,
+    pub score: f64,
+    /// Length of the context suffix the draft was matched on.
+    pub match_len: usize,
+}
+
+impl DraftTree {
+    pub fn is_empty(&self) -> bool {
+        self.token_ids.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    /// The most likely path: at each level the child with the highest probability.
+    pub fn chain(&self) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut parent = -1i32;
+        loop {
+            let best = (0..self.len())
+                .filter(|&i| self.parents[i] == parent)
+                .max_by(|&a, &b| self.probs[a].total_cmp(&self.probs[b]));
+            match best {
+                Some(i) => {
+                    out.push(self.token_ids[i]);
+                    parent = i as i32;
+                }
+                None => return out,
+            }
+        }
+    }
+
+    /// Checks the shape: parents before children, probabilities in (0, 1] and never above the
+    /// parent's, ids inside the vocabulary, the score their sum.
+    pub fn validate(&self, vocab_size: u64) -> Result<(), String> {
+        let n = self.len();
+        if self.parents.len() != n || self.probs.len() != n {
+            return Err("token_ids, parents and probs differ in length".into());
+        }
+        for i in 0..n {
+            let p = self.parents[i];
+            if p < -1 || p >= i as i32 {
+                return Err(format!("node {i} has parent {p}, not an earlier node"));
+            }
+            if !(self.probs[i] > 0.0 && self.probs[i] <= 1.0) {
+                return Err(format!("node {i} has probability {}", self.probs[i]));
+            }
+            if p >= 0 && self.probs[i] > self.probs[p as usize] + 1e-12 {
+                return Err(format!("node {i} is more likely than its parent"));
+            }
+            if self.token_ids[i] as u64 >= vocab_size {
+                return Err(format!(
+                    "node {i} has token {} outside the vocabulary",
+                    self.token_ids[i]
+                ));
+            }
+        }
+        let sum: f64 = self.probs.iter().sum();
+        if (sum - self.score).abs() > 1e-9 * sum.max(1.0) {
+            return Err(format!("score {} is not the sum {sum}", self.score));
+        }
+        Ok(())
+    }
+}
+
+/// Candidate continuations merged into a prefix tree with counts.
+#[derive(Debug, Default)]
+pub struct Trie {
+    /// (token, parent, weight) per node; node 0 is the root (the context).
+    nodes: Vec<(u32, usize, f64)>,
+    children: Vec<Vec<usize>>,
+}
+
+/// A node waiting to be taken into the draft, by path probability.
+struct Frontier {
+    prob: f64,
+    node: usize,
+    /// Position of the parent in the draft, −1 for the root.
+    draft_parent: i32,
+    depth: usize,
+}
+
+impl PartialEq for Frontier {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Frontier {}
+impl PartialOrd for Frontier {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Frontier {
+    /// Likelier first; ties to the earlier-inserted node, so drafts are deterministic.
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.prob
+            .total_cmp(&other.prob)
+            .then_with(|| other.node.cmp(&self.node))
+    }
+}
+
+impl Trie {
+    pub fn new() -> Self {
+        Self {
+            nodes: vec![(0, 0, 0.0)],
+            children: vec![Vec::new()],
+        }
+    }
+
+    /// Adds one continuation with its weight (an occurrence count, or a match's strength).
+    pub fn insert(&mut self, tokens: &[u32], weight: f64) {
+        let mut at = 0;
+        self.nodes[0].2 += weight;
+        for &t in tokens {
+            let next = self.children[at]
+                .iter()
+                .copied()
+                .find(|&c| self.nodes[c].0 == t);
+            at = match next {
+                Some(c) => c,
+                None => {
+                    self.nodes.push((t, at, 0.0));
+                    self.children.push(Vec::new());
+                    let c = self.nodes.len() - 1;
+                    self.children[at].push(c);
+                    c
+                }
+            };
+            self.nodes[at].2 += weight;
+        }
+    }
+
+    /// The best draft of at most `budget` nodes and `max_depth` levels: nodes are taken by path
+    /// probability (child weight over parent weight, multiplied down the path), skipping any whose
+    /// own conditional probability is below `min_prob`. A budget of `max_depth` with `chain` keeps
+    /// only the likeliest child at each level.
+    pub fn best_draft(
+        &self,
+        budget: usize,
+        max_depth: usize,
+        min_prob: f64,
+        chain: bool,
+        match_len: usize,
+    ) -> DraftTree {
+        let mut tree = DraftTree {
+            match_len,
+            ..DraftTree::default()
+        };
+        let mut heap = BinaryHeap::new();
+        self.push_children(&mut heap, 0, 1.0, -1, 0, min_prob, chain);
+        while let Some(f) = heap.pop() {
+            if tree.len() >= budget {
+                break;
+            }
+            if f.depth >= max_depth {
+                continue;
+            }
+            tree.token_ids.push(self.nodes[f.node].0);
+            tree.parents.push(f.draft_parent);
+            tree.probs.push(f.prob);
+            tree.score += f.prob;
+            let me = tree.len() as i32 - 1;
+            self.push_children(&mut heap, f.node, f.prob, me, f.depth + 1, min_prob, chain);
+        }
+        tree
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn push_children(
+        &self,
+        heap: &mut BinaryHeap<Frontier>,
+        node: usize,
+        prob: f64,
+        draft_parent: i32,
+        depth: usize,
+        min_prob: f64,
+        chain: bool,
+    ) {
+        let total = self.nodes[node].2;
+        if total <= 0.0 {
+            return;
+        }
+        let mut kids: Vec<(f64, usize)> = self.children[node]
+            .iter()
+            .map(|&c| (self.nodes[c].2 / total, c))
+            .filter(|&(p, _)| p >= min_prob)
+            .collect();
+        kids.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        if chain {
+            kids.truncate(1);
+        }
+        for (p, c) in kids {
+            heap.push(Frontier {
+                prob: prob * p,
+                node: c,
+                draft_parent,
+                depth,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn best_first_takes_the_likeliest_paths_within_the_budget() {
+        let mut trie = Trie::new();
+        trie.insert(&[1, 2, 3], 3.0);
+        trie.insert(&[1, 4], 1.0);
+        trie.insert(&[5], 1.0);
+        // P(1)=0.8, P(2|1)=0.75 → 0.6, P(3|1,2)=1 → 0.6, P(5)=0.2, P(4|1)=0.25 → 0.2.
+        let tree = trie.best_draft(4, 8, 0.0, false, 2);
+        assert_eq!(tree.token_ids, vec![1, 2, 3, 5]);
+        assert_eq!(tree.parents, vec![-1, 0, 1, -1]);
+        let want = [0.8, 0.6, 0.6, 0.2];
+        for (g, w) in tree.probs.iter().zip(want) {
+            assert!((g - w).abs() < 1e-12);
+        }
+        tree.validate(10).unwrap();
+        assert_eq!(tree.chain(), vec![1, 2, 3]);
+        // min_prob drops 4 (0.25 < 0.3) and 5 (0.2); the chain keeps one child per level.
+        let pruned = trie.best_draft(10, 8, 0.3, false, 2);
+        assert_eq!(pruned.token_ids, vec![1, 2, 3]);
+        let chain = trie.best_draft(10, 2, 0.0, true, 2);
+        assert_eq!(chain.token_ids, vec![1, 2]);
+    }
+
+    #[test]
+    fn validation_catches_bad_shapes() {
+        let good = DraftTree {
+            token_ids: vec![1, 2],
+            parents: vec![-1, 0],
+            probs: vec![0.5, 0.25],
+            score: 0.75,
+            match_len: 1,
+        };
+        good.validate(3).unwrap();
+        let mut bad = good.clone();
+        bad.parents[1] = 1;
+        assert!(bad.validate(3).is_err());
+        let mut bad = good.clone();
+        bad.probs[1] = 0.9;
+        assert!(bad.validate(3).is_err());
+        assert!(good.validate(2).is_err());
+    }
+}

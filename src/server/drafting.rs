@@ -1,0 +1,81 @@
+//! `Draft` and the drafting step of sessions: request options checked and mapped onto the drafter's.
+
+use tonic::Status;
+
+use super::{index_status, pb, State};
+use crate::draft::{DraftOptions, DraftSource, DraftTree, Sequence};
+
+/// Longest draft path and largest tree a request may ask for.
+const MAX_DRAFT_TOKENS: u32 = 64;
+const MAX_TREE_BUDGET: u32 = 1024;
+
+pub(super) fn options(o: Option<pb::DraftOptions>) -> Result<DraftOptions, Status> {
+    let o = o.unwrap_or_default();
+    let defaults = DraftOptions::default();
+    if o.max_tokens > MAX_DRAFT_TOKENS || o.tree_budget > MAX_TREE_BUDGET {
+        return Err(Status::invalid_argument(format!(
+            "max_tokens must be at most {MAX_DRAFT_TOKENS} and tree_budget at most {MAX_TREE_BUDGET}"
+        )));
+    }
+    let min_token_prob = o.min_token_prob.unwrap_or(defaults.min_token_prob);
+    let match_len_factor = o.match_len_factor.unwrap_or(defaults.match_len_factor);
+    if !(0.0..=1.0).contains(&min_token_prob) || !(0.0..=f64::MAX).contains(&match_len_factor) {
+        return Err(Status::invalid_argument(
+            "min_token_prob must be in [0, 1] and match_len_factor at least 0",
+        ));
+    }
+    let source = match pb::DraftSource::try_from(o.source) {
+        Ok(pb::DraftSource::Both) => DraftSource::Both,
+        Ok(pb::DraftSource::Index) => DraftSource::Index,
+        Ok(pb::DraftSource::Prompt) => DraftSource::Prompt,
+        Err(_) => {
+            return Err(Status::invalid_argument(format!(
+                "unknown source {}",
+                o.source
+            )))
+        }
+    };
+    Ok(DraftOptions {
+        max_tokens: if o.max_tokens == 0 {
+            defaults.max_tokens
+        } else {
+            o.max_tokens as usize
+        },
+        tree_budget: o.tree_budget as usize,
+        tree: o.tree_budget > 0,
+        min_token_prob,
+        match_len_factor,
+        source,
+        ..defaults
+    })
+}
+
+pub(super) fn response(tree: DraftTree) -> pb::DraftResponse {
+    pb::DraftResponse {
+        token_ids: tree.token_ids,
+        parents: tree.parents,
+        probs: tree.probs,
+        score: tree.score,
+        match_len: tree.match_len as u32,
+    }
+}
+
+/// The unary `Draft`: an open session's sequence, or a context matched afresh.
+pub(super) fn draft(s: &State, r: pb::DraftRequest) -> Result<pb::DraftResponse, Status> {
+    let opts = options(r.options)?;
+    let tree = match r.target {
+        Some(pb::draft_request::Target::SessionId(id)) => {
+            let session = s.sessions.get(id)?;
+            let session = super::session::lock(&session);
+            session.draft(s, &opts)
+        }
+        Some(pb::draft_request::Target::Context(c)) => {
+            s.check_len("the context", c.ids.len())?;
+            Sequence::new(&s.index, c.ids)
+                .map_err(index_status)?
+                .draft(&s.index, &opts)
+        }
+        None => return Err(Status::invalid_argument("name a session_id or a context")),
+    };
+    Ok(response(tree))
+}

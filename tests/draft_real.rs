@@ -1,0 +1,114 @@
+//! Drafting on a real index (200 mini-Pile documents, SmolLM2 tokenizer): what the index source
+//! reads after a matched suffix equals a brute-force scan of the documents, and drafts, chains and
+//! trees alike, are valid trees of in-vocabulary ids, at every position of real test text.
+
+mod common;
+
+use common::server::build_index;
+use infini_sidecar::corpus::Content;
+use infini_sidecar::draft::{DraftOptions, DraftSource, Sequence};
+use infini_sidecar::index::suffix::SuffixMatch;
+use infini_sidecar::index::{Index, OpenOptions};
+
+fn texts(split: &str, n: usize) -> Vec<Vec<u32>> {
+    let tokenizer = common::smollm2_tokenizer();
+    common::minipile_docs(split, n)
+        .iter()
+        .map(|d| match &d.content {
+            Content::Text(t) => tokenizer.encode(t).unwrap(),
+            Content::Tokens(_) => unreachable!(),
+        })
+        .collect()
+}
+
+/// Every occurrence of `suffix` in the documents, with up to `depth` following tokens.
+fn brute_force(docs: &[Vec<u32>], suffix: &[u32], depth: usize) -> Vec<Vec<u32>> {
+    let mut out = Vec::new();
+    for d in docs {
+        for start in 0..d.len().saturating_sub(suffix.len() - 1) {
+            if d[start..start + suffix.len()] == *suffix {
+                let from = start + suffix.len();
+                out.push(d[from..(from + depth).min(d.len())].to_vec());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn index_continuations_equal_a_brute_force_scan() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = Index::open(&build_index(dir.path()), &OpenOptions::default()).unwrap();
+    let corpus = texts("train", 200);
+    let eos = index.eos_token_id();
+    let mut checked = 0;
+    for doc in texts("test", 5) {
+        for i in 0..doc.len().min(400) {
+            let m = SuffixMatch::of(&index, &doc[..=i]).unwrap();
+            let count = m.prompt_cnt();
+            if m.suffix_len() == 0 || count > 50 {
+                continue;
+            }
+            let suffix = &doc[i + 1 - m.suffix_len()..=i];
+            let mut got = m.continuations(&index, 64, 6);
+            got.sort();
+            // Documents end with eos in the index; the scan stops there too.
+            let want: Vec<Vec<u32>> = brute_force(&corpus, suffix, 6)
+                .into_iter()
+                .map(|c| c.into_iter().take_while(|&t| t != eos).collect())
+                .collect();
+            assert_eq!(got, want, "suffix {suffix:?}");
+            checked += 1;
+        }
+    }
+    assert!(checked > 100, "only {checked} suffixes checked");
+}
+
+#[test]
+fn drafts_are_valid_trees_of_vocabulary_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = Index::open(&build_index(dir.path()), &OpenOptions::default()).unwrap();
+    let vocab = index.vocab_size();
+    let mut nonempty = 0;
+    for doc in texts("test", 4) {
+        let mut seq = Sequence::new(&index, doc[..1].to_vec()).unwrap();
+        for i in 1..doc.len().min(300) {
+            seq.append(&index, &doc[i..=i]).unwrap();
+            for (tree, source) in [
+                (false, DraftSource::Both),
+                (true, DraftSource::Index),
+                (true, DraftSource::Prompt),
+            ] {
+                let opts = DraftOptions {
+                    tree,
+                    tree_budget: 24,
+                    source,
+                    min_token_prob: 0.05,
+                    ..DraftOptions::default()
+                };
+                let draft = seq.draft(&index, &opts);
+                draft.validate(vocab).unwrap();
+                assert!(draft.len() <= if tree { 24 } else { opts.max_tokens });
+                if !tree {
+                    assert!(draft
+                        .parents
+                        .iter()
+                        .enumerate()
+                        .all(|(i, &p)| p == i as i32 - 1));
+                    assert_eq!(draft.chain(), draft.token_ids);
+                }
+                nonempty += usize::from(!draft.is_empty());
+            }
+        }
+        // Taking tokens back gives the drafts of the shorter sequence.
+        let opts = DraftOptions::default();
+        let half = seq.tokens().len() / 2;
+        let before = Sequence::new(&index, seq.tokens()[..half].to_vec())
+            .unwrap()
+            .draft(&index, &opts);
+        seq.truncate(&index, half);
+        assert_eq!(seq.draft(&index, &opts), before);
+    }
+    assert!(nonempty > 500, "only {nonempty} non-empty drafts");
+}
