@@ -224,20 +224,21 @@ mod tests {
         let mut trie = Trie::new();
         trie.insert(&[1, 2, 3], 3.0);
         trie.insert(&[1, 4], 1.0);
-        trie.insert(&[5], 1.0);
-        // P(1)=0.8, P(2|1)=0.75 → 0.6, P(3|1,2)=1 → 0.6, P(5)=0.2, P(4|1)=0.25 → 0.2.
+        trie.insert(&[5], 2.0);
+        // P(1) = 4/6, P(2|1) = 3/4 → 1/2, P(3|1,2) = 1 → 1/2, P(5) = 2/6, P(4|1) = 1/4 → 1/6.
         let tree = trie.best_draft(4, 8, 0.0, false, 2);
         assert_eq!(tree.token_ids, vec![1, 2, 3, 5]);
         assert_eq!(tree.parents, vec![-1, 0, 1, -1]);
-        let want = [0.8, 0.6, 0.6, 0.2];
+        let want = [4.0 / 6.0, 0.5, 0.5, 2.0 / 6.0];
         for (g, w) in tree.probs.iter().zip(want) {
             assert!((g - w).abs() < 1e-12);
         }
         tree.validate(10).unwrap();
         assert_eq!(tree.chain(), vec![1, 2, 3]);
-        // min_prob drops 4 (0.25 < 0.3) and 5 (0.2); the chain keeps one child per level.
+        // With room for everything, min_prob 0.3 still drops 4 (P(4|1) = 0.25).
         let pruned = trie.best_draft(10, 8, 0.3, false, 2);
-        assert_eq!(pruned.token_ids, vec![1, 2, 3]);
+        assert_eq!(pruned.token_ids, vec![1, 2, 3, 5]);
+        assert_eq!(trie.best_draft(10, 8, 0.0, false, 2).len(), 5);
         let chain = trie.best_draft(10, 2, 0.0, true, 2);
         assert_eq!(chain.token_ids, vec![1, 2]);
     }

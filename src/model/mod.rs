@@ -20,6 +20,7 @@ pub use scoring::{
     plan_windows, DocumentScore, NextTokenDistribution, PositionScore, Window, WindowOptions,
 };
 pub use transformer::Transformer;
+pub use weights::set_dense_min_rows;
 
 use crate::tokenizer::Tokenizer;
 

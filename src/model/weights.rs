@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use candle_core::quantized::{gguf_file, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
@@ -15,7 +17,15 @@ use super::ModelError;
 /// matrix when there is one. Below it, reading the quantized blocks wins (decode, short drafts);
 /// above it, gemm's blocked f32 kernel is an order of magnitude faster than candle's per-row
 /// quantized dot products (eval/MODEL.md).
-const DENSE_MIN_ROWS: usize = 16;
+const DEFAULT_DENSE_MIN_ROWS: usize = 16;
+static DENSE_MIN_ROWS: AtomicUsize = AtomicUsize::new(DEFAULT_DENSE_MIN_ROWS);
+
+/// Inputs of at least `rows` rows use the dense copies (default 16). 1 sends decoding through them
+/// too: a pass then costs about the same for 1 row as for 15 (it reads the f32 weights once), which
+/// is what speculative verification needs on CPU, where the quantized kernels cost per row.
+pub fn set_dense_min_rows(rows: usize) {
+    DENSE_MIN_ROWS.store(rows.max(1), Ordering::Relaxed);
+}
 
 /// A weight matrix used as `x · Wᵀ`: quantized blocks from GGUF or a dense f32 tensor, plus, for
 /// quantized ones, an optional dense copy for many-row inputs (window scoring, prompt prefill).
@@ -52,7 +62,7 @@ impl Linear {
     fn for_input(&self, x: &Tensor) -> &QMatMul {
         let rows = x.elem_count() / x.dim(candle_core::D::Minus1).unwrap_or(1).max(1);
         match &self.dense_copy {
-            Some(dense) if rows >= DENSE_MIN_ROWS => dense,
+            Some(dense) if rows >= DENSE_MIN_ROWS.load(Ordering::Relaxed) => dense,
             _ => &self.inner,
         }
     }
