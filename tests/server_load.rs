@@ -214,7 +214,7 @@ async fn concurrent_clients_mix_step_and_score_without_errors_or_growth() {
         tasks
     };
     let mut warm = Tally::default();
-    for t in run(Duration::from_secs(2)) {
+    for t in run(Duration::from_secs(4)) {
         warm.merge(t.await.unwrap());
     }
     assert!(warm.errors.is_empty(), "{:?}", &warm.errors[..1]);
