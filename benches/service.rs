@@ -160,12 +160,21 @@ async fn main() {
     let (context_4000, next) = (&ids[..4_000], &ids[4_000..5_000]);
     let context_40 = &context_4000[4_000 - 40..];
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    // The server runs on a runtime of its own, as it would in its own process.
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    std_listener.set_nonblocking(true).unwrap();
+    let addr = std_listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(infini_sidecar::server::serve(config, listener, async {
-        let _ = stopped.await;
-    }));
+    let server = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+            infini_sidecar::server::serve(config, listener, async {
+                let _ = stopped.await;
+            })
+            .await
+        })
+    });
     let channel = loop {
         match Channel::from_shared(format!("http://{addr}"))
             .unwrap()
@@ -177,8 +186,18 @@ async fn main() {
         }
     };
     let client = SidecarClient::new(channel);
+    // The floor: an RPC that does no work.
+    let info = measure(3_000, |_| {
+        let mut c = client.clone();
+        async move {
+            c.info(pb::InfoRequest {}).await.unwrap();
+        }
+    })
+    .await;
+    println!("Info: {info}");
 
     let mut report = serde_json::Map::new();
+    report.insert("info_grpc".into(), info);
     let cases: [(&str, mix_request::Neural, usize); 2] = [
         ("top64", mix_request::Neural::TopKLogprobs(top_64()), 3_000),
         (
@@ -256,5 +275,5 @@ async fn main() {
     std::fs::write(&out, serde_json::to_string_pretty(&report).unwrap()).unwrap();
     println!("wrote {}", out.display());
     let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    server.join().unwrap().unwrap();
 }
