@@ -1,0 +1,66 @@
+//! The drafter's costs on the default index (`cargo bench --bench draft`; needs the assets of
+//! `scripts/run-default.sh`): keeping a sequence's state as tokens are appended, and drafting from
+//! each source, over real test-split text. Prints µs per appended token, per draft and per drafted
+//! token.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use infini_sidecar::corpus::{expand_inputs, text_documents, Content};
+use infini_sidecar::draft::{DraftOptions, DraftSource, Sequence};
+use infini_sidecar::index::{Index, OpenOptions};
+use infini_sidecar::server::config::ServeConfig;
+
+fn main() {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let config = ServeConfig::load(&repo.join("configs/default.toml")).unwrap();
+    let index = Index::open(&config.index, &OpenOptions::default()).unwrap();
+    let tokenizer = index.tokenizer().unwrap().clone();
+    let assets = config.index.parent().unwrap().to_path_buf();
+    let files = expand_inputs(&[assets.join("minipile/test.jsonl")]).unwrap();
+    let docs: Vec<Vec<u32>> = text_documents(files)
+        .filter_map(|d| match d.unwrap().content {
+            Content::Text(t) => Some(tokenizer.encode(&t).unwrap()),
+            Content::Tokens(_) => None,
+        })
+        .filter(|ids| ids.len() > 600)
+        .take(20)
+        .map(|mut ids| {
+            ids.truncate(600);
+            ids
+        })
+        .collect();
+    for source in [DraftSource::Index, DraftSource::Prompt, DraftSource::Both] {
+        for samples in [16, 64] {
+            let opts = DraftOptions {
+                source,
+                index_samples: samples,
+                ..DraftOptions::default()
+            };
+            let (mut append_s, mut draft_s, mut drafts, mut drafted, mut appended) =
+                (0.0, 0.0, 0usize, 0usize, 0usize);
+            for doc in &docs {
+                let mut seq = Sequence::new(&index, doc[..100].to_vec()).unwrap();
+                for &t in &doc[100..] {
+                    let started = Instant::now();
+                    let draft = seq.draft(&index, &opts);
+                    draft_s += started.elapsed().as_secs_f64();
+                    drafts += 1;
+                    drafted += draft.len();
+                    let started = Instant::now();
+                    seq.append(&index, &[t]).unwrap();
+                    append_s += started.elapsed().as_secs_f64();
+                    appended += 1;
+                }
+            }
+            println!(
+                "{source:?}, {samples} samples: append {:.1} µs/token, draft {:.1} µs/draft, {:.2} tokens/draft, {:.1} µs/drafted token (draft only), {:.1} µs/drafted token (draft + append)",
+                append_s * 1e6 / appended as f64,
+                draft_s * 1e6 / drafts as f64,
+                drafted as f64 / drafts as f64,
+                draft_s * 1e6 / drafted.max(1) as f64,
+                (draft_s + append_s) * 1e6 / drafted.max(1) as f64,
+            );
+        }
+    }
+}
