@@ -20,8 +20,7 @@ use infini_sidecar::index::decontam::{self, Decontaminator};
 use infini_sidecar::index::{Index, IndexError, OpenOptions, TokenWidth};
 use infini_sidecar::mix::{self, GateOptions, LambdaRule, MixingParams};
 use infini_sidecar::model::{
-    self, set_dense_min_rows, DeviceChoice, GenerateOptions, LoadOptions, Model, ModelError,
-    WindowOptions,
+    self, DeviceChoice, GenerateOptions, LoadOptions, Model, ModelError, WindowOptions,
 };
 use infini_sidecar::progress;
 use infini_sidecar::protocol;
@@ -110,10 +109,6 @@ struct SpecArgs {
     /// Draft at most this many tokens per matched context token (0: fixed length).
     #[arg(long, default_value_t = DraftOptions::default().match_len_factor)]
     match_len_factor: f64,
-    /// Decode through the dense f32 copies, for the baseline and the drafts alike. On CPU a pass
-    /// then costs about the same for 1 row as for 15, where the quantized kernels cost per row.
-    #[arg(long)]
-    dense_decode: bool,
     /// Folder for spec.json and spec.md (default: print the Markdown).
     #[arg(long)]
     out_dir: Option<PathBuf>,
@@ -616,9 +611,6 @@ fn run_spec(args: SpecArgs) -> Result<()> {
     }
     let (model, index) = open_pairing(&args.pairing)?;
     Pairing::new(&model, &index)?;
-    if args.dense_decode {
-        set_dense_min_rows(1);
-    }
     let docs = load_documents(
         &args.pairing.inputs,
         &model,

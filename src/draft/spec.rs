@@ -14,7 +14,8 @@ use crate::index::Index;
 use crate::model::{ModelError, Transformer};
 
 /// Rows verified per pass, pending token included: below the model's dense-copy threshold, so every
-/// pass uses the same kernels as one-token decoding and greedy output stays bit-identical.
+/// pass uses the same kernels as one-token decoding (the Q4_1 kernel, row-by-row attention) and
+/// greedy output stays bit-identical.
 pub const MAX_VERIFY_ROWS: usize = 15;
 
 #[derive(Debug, Clone, Copy)]

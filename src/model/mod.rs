@@ -5,6 +5,7 @@
 mod cache;
 pub mod config;
 mod generate;
+mod q4_1;
 mod scoring;
 mod transformer;
 mod weights;
@@ -20,7 +21,6 @@ pub use scoring::{
     plan_windows, DocumentScore, NextTokenDistribution, PositionScore, Window, WindowOptions,
 };
 pub use transformer::Transformer;
-pub use weights::set_dense_min_rows;
 
 use crate::tokenizer::Tokenizer;
 

@@ -214,7 +214,11 @@ impl Transformer {
         let k = apply_rope(&k, rope, pos, c.rope_layout)?;
         let (keys, values) = cache.append(index, &k, &v)?;
         let window = c.layer_window(index);
-        let attn = attention(&q, &keys, &values, c, masks.get(window))?;
+        let attn = if n < ROWWISE_ATTENTION_BELOW {
+            attention_by_row(&q, &keys, &values, c, pos, window)?
+        } else {
+            attention(&q, &keys, &values, c, masks.get(window))?
+        };
         let mut attn = w.wo.forward(&attn)?;
         if let Some(nw) = &w.post_attn_norm {
             attn = rms_norm(&attn, nw, c.rms_norm_eps)?;
@@ -292,6 +296,41 @@ fn attention(
         .reshape((b, c.num_heads, n, d))?
         .transpose(1, 2)?
         .reshape((b, n, c.num_heads * d))
+}
+
+/// Queries of passes shorter than this attend one row at a time (decoding, draft verification).
+const ROWWISE_ATTENTION_BELOW: usize = 16;
+
+/// Attention of each query over exactly the keys it sees, as a one-token decoding step computes it.
+/// Softmax and the value product then sum the same numbers in the same groups whether a row is
+/// decoded alone or verified with a draft, so greedy speculative decoding reproduces plain greedy
+/// decoding bit for bit (a batched pass would pad each row with masked keys and regroup the sums).
+fn attention_by_row(
+    q: &Tensor,
+    keys: &Tensor,
+    values: &Tensor,
+    c: &ModelConfig,
+    pos: usize,
+    window: Option<usize>,
+) -> candle_core::Result<Tensor> {
+    let n = q.dim(2)?;
+    let rows = (0..n)
+        .map(|i| {
+            let end = pos + i + 1;
+            let mask = Mask {
+                first_key: window.map_or(0, |w| end.saturating_sub(w)),
+                bias: None,
+            };
+            attention(
+                &q.narrow(2, i, 1)?,
+                &keys.narrow(2, 0, end)?,
+                &values.narrow(2, 0, end)?,
+                c,
+                &mask,
+            )
+        })
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Tensor::cat(&rows, 1)
 }
 
 /// Which keys a chunk's queries see: keys `first_key..pos + n`, plus an additive bias `(n, len)`

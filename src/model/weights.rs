@@ -5,27 +5,20 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use candle_core::quantized::{gguf_file, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use super::config::ModelConfig;
+use super::q4_1::Q4_1Matrix;
 use super::ModelError;
 
 /// Inputs with at least this many rows (tokens × sequences) use the dense f32 copy of a quantized
 /// matrix when there is one. Below it, reading the quantized blocks wins (decode, short drafts);
 /// above it, gemm's blocked f32 kernel is an order of magnitude faster than candle's per-row
 /// quantized dot products (eval/MODEL.md).
-const DEFAULT_DENSE_MIN_ROWS: usize = 16;
-static DENSE_MIN_ROWS: AtomicUsize = AtomicUsize::new(DEFAULT_DENSE_MIN_ROWS);
-
-/// Inputs of at least `rows` rows use the dense copies (default 16). 1 sends decoding through them
-/// too: a pass then costs about the same for 1 row as for 15 (it reads the f32 weights once), which
-/// is what speculative verification needs on CPU, where the quantized kernels cost per row.
-pub fn set_dense_min_rows(rows: usize) {
-    DENSE_MIN_ROWS.store(rows.max(1), Ordering::Relaxed);
-}
+const DENSE_MIN_ROWS: usize = 16;
 
 /// A weight matrix used as `x · Wᵀ`: quantized blocks from GGUF or a dense f32 tensor, plus, for
 /// quantized ones, an optional dense copy for many-row inputs (window scoring, prompt prefill).
@@ -33,11 +26,14 @@ pub fn set_dense_min_rows(rows: usize) {
 pub struct Linear {
     inner: QMatMul,
     dense_copy: Option<QMatMul>,
+    /// Our own kernel for Q4_1 matrices and few-row inputs (see `q4_1`).
+    q4_1: Option<Arc<Q4_1Matrix>>,
 }
 
 impl Linear {
     fn quantized(q: QTensor) -> candle_core::Result<Self> {
         Ok(Self {
+            q4_1: Q4_1Matrix::from_qtensor(&q)?.map(Arc::new),
             inner: QMatMul::from_qtensor(q)?,
             dense_copy: None,
         })
@@ -47,6 +43,7 @@ impl Linear {
         Self {
             inner: QMatMul::Tensor(w),
             dense_copy: None,
+            q4_1: None,
         }
     }
 
@@ -58,17 +55,24 @@ impl Linear {
         Ok(())
     }
 
+    fn many_rows(&self, x: &Tensor) -> bool {
+        let rows = x.elem_count() / x.dim(candle_core::D::Minus1).unwrap_or(1).max(1);
+        self.dense_copy.is_some() && rows >= DENSE_MIN_ROWS
+    }
+
     /// The matrix that serves `x`: the dense copy for many rows, else the stored one.
     fn for_input(&self, x: &Tensor) -> &QMatMul {
-        let rows = x.elem_count() / x.dim(candle_core::D::Minus1).unwrap_or(1).max(1);
         match &self.dense_copy {
-            Some(dense) if rows >= DENSE_MIN_ROWS.load(Ordering::Relaxed) => dense,
+            Some(dense) if self.many_rows(x) => dense,
             _ => &self.inner,
         }
     }
 
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        self.for_input(x).forward(x)
+        match &self.q4_1 {
+            Some(q) if !self.many_rows(x) && x.device().is_cpu() => q.forward(x),
+            _ => self.for_input(x).forward(x),
+        }
     }
 
     /// `x · Wᵢᵀ` for several matrices that share the input (Q/K/V, gate/up): candle's fused kernel
