@@ -46,8 +46,10 @@ fn greedy_speculative_decoding_equals_plain_greedy() {
         assert_eq!(want.steps, 20);
         let source = [DraftSource::Both, DraftSource::Index, DraftSource::Prompt][i % 3];
         let spec = SpecOptions {
+            // A low bar, so that many drafts are verified (and some rejected).
             draft: Some(DraftOptions {
                 source,
+                min_token_prob: 0.1,
                 ..DraftOptions::default()
             }),
             ..plain

@@ -33,7 +33,8 @@ pub struct DraftOptions {
     /// Most nodes of a tree; `tree: false` drafts a single chain.
     pub tree_budget: usize,
     pub tree: bool,
-    /// A token whose probability given its parent is below this is not drafted.
+    /// A token whose probability given its parent is below this is not drafted. 0.4 measured best
+    /// in `eval spec` (eval/RESULTS.md): a weaker bar spends verification rows on unlikely tokens.
     pub min_token_prob: f64,
     /// Adaptive length: at most this many draft tokens per matched token (0: off). Short matches
     /// predict poorly, so they get short drafts, and a rejected draft costs little.
@@ -49,7 +50,7 @@ impl Default for DraftOptions {
             max_tokens: 8,
             tree_budget: 32,
             tree: false,
-            min_token_prob: 0.1,
+            min_token_prob: 0.4,
             match_len_factor: 1.0,
             index_samples: 64,
             source: DraftSource::Both,
