@@ -18,6 +18,7 @@ use infini_sidecar::model::{Model, WindowOptions};
 use infini_sidecar::server::config::ServeConfig;
 use infini_sidecar::server::pb::sidecar_client::SidecarClient;
 use infini_sidecar::server::pb::{self, mix_request, score_response, session_mix, session_request};
+use tokio::sync::mpsc;
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -97,6 +98,37 @@ fn session_mix(neural: session_mix::Neural) -> session_request::Step {
         lambda: Some(session_mix::Lambda::FixedLambda(0.3)),
         top_k: 8,
     })
+}
+
+/// The library's top 8 of the mixture at λ 0.3 for `context`, with these model logits.
+fn library_mix(index: &Index, context: &[u32], logits: &[f32]) -> Vec<(u32, f64)> {
+    let infgram = index.infgram_ntd(context, None).unwrap();
+    mix::mix(
+        &SparseDistribution::from_ntd(&infgram.ntd),
+        &NeuralDistribution::from_logits(logits).unwrap(),
+        0.3,
+        8,
+    )
+    .top
+}
+
+fn top_of(m: &pb::MixResponse) -> Vec<(u32, f64)> {
+    m.top.iter().map(|t| (t.token, t.prob)).collect()
+}
+
+/// One `mix` step with the sidecar's own model.
+async fn own_model_mix(
+    tx: &mpsc::Sender<pb::SessionRequest>,
+    replies: &mut tonic::Streaming<pb::SessionResponse>,
+) -> pb::MixResponse {
+    mix_of(
+        step(
+            tx,
+            replies,
+            session_mix(session_mix::Neural::OwnModel(true)),
+        )
+        .await,
+    )
 }
 
 fn scrape(addr: std::net::SocketAddr) -> String {
@@ -215,14 +247,8 @@ async fn score_sessions_and_own_model_match_the_library() {
         .to_vec1()
         .unwrap();
     let infgram = index.infgram_ntd(context, None).unwrap();
-    let want = mix::mix(
-        &SparseDistribution::from_ntd(&infgram.ntd),
-        &NeuralDistribution::from_logits(&logits).unwrap(),
-        0.3,
-        8,
-    );
-    let got: Vec<(u32, f64)> = own.top.iter().map(|t| (t.token, t.prob)).collect();
-    assert_eq!(got, want.top);
+    let want = library_mix(&index, context, &logits);
+    assert_eq!(top_of(&own), want);
 
     // A session: every step's ∞-gram view equals a fresh lookup of the whole context, and its own
     // model equals the library's cached decoding (prefill, then one token at a time).
@@ -246,16 +272,8 @@ async fn score_sessions_and_own_model_match_the_library() {
     let state = started.state.unwrap();
     assert_eq!(state.length as usize, context.len());
     assert_eq!(state.suffix_len as usize, infgram.suffix_len);
-    let first = mix_of(
-        step(
-            &tx,
-            &mut replies,
-            session_mix(session_mix::Neural::OwnModel(true)),
-        )
-        .await,
-    );
-    let got: Vec<(u32, f64)> = first.top.iter().map(|t| (t.token, t.prob)).collect();
-    assert_eq!(got, want.top);
+    let first = own_model_mix(&tx, &mut replies).await;
+    assert_eq!(top_of(&first), want);
 
     let mut cache = t.new_cache();
     t.forward_last(context, &mut cache).unwrap();
@@ -274,23 +292,9 @@ async fn score_sessions_and_own_model_match_the_library() {
         )
         .await;
         assert!(step_error(&appended).is_none());
-        let m = mix_of(
-            step(
-                &tx,
-                &mut replies,
-                session_mix(session_mix::Neural::OwnModel(true)),
-            )
-            .await,
-        );
+        let m = own_model_mix(&tx, &mut replies).await;
         let infgram = index.infgram_ntd(&seq, None).unwrap();
-        let want = mix::mix(
-            &SparseDistribution::from_ntd(&infgram.ntd),
-            &NeuralDistribution::from_logits(&logits).unwrap(),
-            0.3,
-            8,
-        );
-        let got: Vec<(u32, f64)> = m.top.iter().map(|t| (t.token, t.prob)).collect();
-        assert_eq!(got, want.top);
+        assert_eq!(top_of(&m), library_mix(&index, &seq, &logits));
         assert_eq!(m.suffix_len as usize, infgram.suffix_len);
         assert_eq!(m.prompt_cnt, infgram.ntd.prompt_cnt);
     }
@@ -337,23 +341,8 @@ async fn score_sessions_and_own_model_match_the_library() {
             .to_vec1()
             .unwrap();
     }
-    let m = mix_of(
-        step(
-            &tx,
-            &mut replies,
-            session_mix(session_mix::Neural::OwnModel(true)),
-        )
-        .await,
-    );
-    let infgram = index.infgram_ntd(&seq[..125], None).unwrap();
-    let want = mix::mix(
-        &SparseDistribution::from_ntd(&infgram.ntd),
-        &NeuralDistribution::from_logits(&logits).unwrap(),
-        0.3,
-        8,
-    );
-    let got: Vec<(u32, f64)> = m.top.iter().map(|t| (t.token, t.prob)).collect();
-    assert_eq!(got, want.top);
+    let m = own_model_mix(&tx, &mut replies).await;
+    assert_eq!(top_of(&m), library_mix(&index, &seq[..125], &logits));
 
     // Bad steps: answered in-band, the session unchanged.
     let vocab = index.vocab_size() as u32;

@@ -64,7 +64,7 @@ def main():
         chosen = mixed.top[0].token
         print(json.dumps({"step": step, "length": len(sequence), "tokens": tokens,
                           "logprobs": logprobs, "rest_mass": rest, "chosen": chosen,
-                          "lambda": mixed.__getattribute__("lambda"), "suffix_len": mixed.suffix_len}))
+                          "lambda": getattr(mixed, "lambda"), "suffix_len": mixed.suffix_len}))
         state = session.append([chosen]).state
         assert state.length == len(sequence) + 1
         sequence.append(chosen)

@@ -7,6 +7,7 @@ needed, into a folder beside this file's cache, so they always match the proto o
 """
 import importlib
 import os
+import queue
 import sys
 import tempfile
 from pathlib import Path
@@ -75,8 +76,7 @@ class Session:
     Session stream, answered in order."""
 
     def __init__(self, sidecar):
-        self._requests = []
-        self._queue = __import__("queue").Queue()
+        self._queue = queue.Queue()
         self._replies = sidecar.stub.Session(iter(self._queue.get, None), metadata=sidecar.metadata)
 
     def _step(self, **step):

@@ -135,9 +135,7 @@ impl Sequence {
             opts.draft_from(&conts, self.suffix.suffix_len())
         };
         let from_prompt = || {
-            let (conts, len) = self
-                .lookup
-                .continuations(&self.tokens, opts.depth_for(usize::MAX));
+            let (conts, len) = self.lookup.continuations(&self.tokens, opts.max_tokens);
             opts.draft_from(&conts, len)
         };
         match opts.source {

@@ -11,12 +11,11 @@ use serde::Serialize;
 
 use super::{DraftOptions, Sequence};
 use crate::index::Index;
-use crate::model::{ModelError, Transformer};
+use crate::model::{ModelError, Transformer, SHORT_PASS_ROWS};
 
-/// Rows verified per pass, pending token included: below the model's dense-copy threshold, so every
-/// pass uses the same kernels as one-token decoding (the Q4_1 kernel, row-by-row attention) and
-/// greedy output stays bit-identical.
-pub const MAX_VERIFY_ROWS: usize = 15;
+/// Rows verified per pass, pending token included: a short pass, computed row for row as one-token
+/// decoding computes it, so greedy output stays bit-identical.
+pub const MAX_VERIFY_ROWS: usize = SHORT_PASS_ROWS - 1;
 
 #[derive(Debug, Clone, Copy)]
 pub struct SpecOptions {
@@ -112,10 +111,13 @@ impl Verifier {
                 }
                 Verifier::Sampling { temperature, rng } => {
                     let mut p = softmax(row, *temperature);
-                    match drafted {
-                        Some(d) if rng.next() < p[d as usize] => {}
-                        Some(d) => {
-                            p[d as usize] = 0.0;
+                    // A drafted id beyond the model's vocabulary has probability 0: rejected.
+                    match drafted.map(|d| (d as usize, p.get(d as usize).copied().unwrap_or(0.0))) {
+                        Some((_, q)) if rng.next() < q => {}
+                        Some((d, _)) => {
+                            if let Some(x) = p.get_mut(d) {
+                                *x = 0.0;
+                            }
                             return (i, sample(&p, rng.next()));
                         }
                         None => return (i, sample(&p, rng.next())),
@@ -147,8 +149,12 @@ pub fn decode(
             rng: Uniform(opts.seed),
         },
     };
+    // The drafter's state, kept only when drafting.
     let t = Instant::now();
-    let mut seq = Sequence::new(index, prompt.to_vec())?;
+    let mut drafter = opts
+        .draft
+        .map(|d| Sequence::new(index, prompt.to_vec()).map(|seq| (seq, d)))
+        .transpose()?;
     run.draft_seconds += t.elapsed().as_secs_f64();
     let mut cache = model.new_cache();
     if !head.is_empty() {
@@ -163,8 +169,8 @@ pub fn decode(
         }
         let t = Instant::now();
         let room = (opts.max_new_tokens - run.tokens.len() - 1).min(MAX_VERIFY_ROWS - 1);
-        let mut draft = match &opts.draft {
-            Some(d) => seq.draft(index, d).chain(),
+        let mut draft = match &drafter {
+            Some((seq, d)) => seq.draft(index, d).chain(),
             None => Vec::new(),
         };
         draft.truncate(room);
@@ -187,16 +193,17 @@ pub fn decode(
         if let Some(i) = stop_at {
             new.truncate(i + 1);
         }
-        let t = Instant::now();
-        seq.append(index, &new)?;
-        run.draft_seconds += t.elapsed().as_secs_f64();
+        if let Some((seq, _)) = &mut drafter {
+            let t = Instant::now();
+            seq.append(index, &new)?;
+            run.draft_seconds += t.elapsed().as_secs_f64();
+        }
         run.tokens.extend(&new);
         pending = next;
         if stop_at.is_some() {
             break;
         }
     }
-    run.tokens.truncate(opts.max_new_tokens);
     run.seconds = started.elapsed().as_secs_f64();
     Ok(run)
 }

@@ -80,8 +80,8 @@ impl DraftTree {
 /// Candidate continuations merged into a prefix tree with counts.
 #[derive(Debug, Default)]
 pub struct Trie {
-    /// (token, parent, weight) per node; node 0 is the root (the context).
-    nodes: Vec<(u32, usize, f64)>,
+    /// (token, weight) per node; node 0 is the root (the context).
+    nodes: Vec<(u32, f64)>,
     children: Vec<Vec<usize>>,
 }
 
@@ -117,7 +117,7 @@ impl Ord for Frontier {
 impl Trie {
     pub fn new() -> Self {
         Self {
-            nodes: vec![(0, 0, 0.0)],
+            nodes: vec![(0, 0.0)],
             children: vec![Vec::new()],
         }
     }
@@ -125,7 +125,7 @@ impl Trie {
     /// Adds one continuation with its weight (an occurrence count, or a match's strength).
     pub fn insert(&mut self, tokens: &[u32], weight: f64) {
         let mut at = 0;
-        self.nodes[0].2 += weight;
+        self.nodes[0].1 += weight;
         for &t in tokens {
             let next = self.children[at]
                 .iter()
@@ -134,14 +134,14 @@ impl Trie {
             at = match next {
                 Some(c) => c,
                 None => {
-                    self.nodes.push((t, at, 0.0));
+                    self.nodes.push((t, 0.0));
                     self.children.push(Vec::new());
                     let c = self.nodes.len() - 1;
                     self.children[at].push(c);
                     c
                 }
             };
-            self.nodes[at].2 += weight;
+            self.nodes[at].1 += weight;
         }
     }
 
@@ -191,13 +191,13 @@ impl Trie {
         min_prob: f64,
         chain: bool,
     ) {
-        let total = self.nodes[node].2;
+        let total = self.nodes[node].1;
         if total <= 0.0 {
             return;
         }
         let mut kids: Vec<(f64, usize)> = self.children[node]
             .iter()
-            .map(|&c| (self.nodes[c].2 / total, c))
+            .map(|&c| (self.nodes[c].1 / total, c))
             .filter(|&(p, _)| p >= min_prob)
             .collect();
         kids.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));

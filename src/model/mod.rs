@@ -15,6 +15,12 @@ use std::path::{Path, PathBuf};
 use candle_core::Device;
 
 pub use cache::KvCache;
+
+/// Passes of fewer rows than this are short (decoding, draft verification): they run on the
+/// quantized weights and attend row by row, so every row comes out exactly as a one-token step
+/// computes it. Longer passes (window scoring, prefill) use the dense f32 copies and batched
+/// attention, an order of magnitude faster per row (eval/MODEL.md).
+pub const SHORT_PASS_ROWS: usize = 16;
 pub use config::{Activation, Architecture, ModelConfig};
 pub use generate::{GenerateOptions, Generation};
 pub use scoring::{

@@ -8,7 +8,7 @@ use candle_core::{Device, Tensor};
 use super::cache::KvCache;
 use super::config::{Activation, ModelConfig, RopeLayout};
 use super::weights::{LayerWeights, Linear, Weights};
-use super::ModelError;
+use super::{ModelError, SHORT_PASS_ROWS};
 
 /// cos/sin tables of one RoPE base, `(positions, head_dim / 2)`.
 #[derive(Debug, Clone)]
@@ -153,9 +153,12 @@ impl Transformer {
         if c.scale_embeddings {
             x = (x * (c.hidden_size as f64).sqrt())?;
         }
-        let masks = Masks::new(n, pos, c.sliding_window, &self.device)?;
+        // Short passes attend row by row and need no masks.
+        let masks = (n >= SHORT_PASS_ROWS)
+            .then(|| Masks::new(n, pos, c.sliding_window, &self.device))
+            .transpose()?;
         for (i, layer) in self.weights.layers.iter().enumerate() {
-            x = self.layer_forward(i, layer, &x, pos, cache, &masks)?;
+            x = self.layer_forward(i, layer, &x, pos, cache, masks.as_ref())?;
         }
         cache.advance(n);
         Ok(rms_norm(&x, &self.weights.final_norm, c.rms_norm_eps)?)
@@ -191,7 +194,7 @@ impl Transformer {
         x: &Tensor,
         pos: usize,
         cache: &mut KvCache,
-        masks: &Masks,
+        masks: Option<&Masks>,
     ) -> Result<Tensor, ModelError> {
         let c = &self.config;
         let (batch, n, _) = x.dims3()?;
@@ -214,10 +217,9 @@ impl Transformer {
         let k = apply_rope(&k, rope, pos, c.rope_layout)?;
         let (keys, values) = cache.append(index, &k, &v)?;
         let window = c.layer_window(index);
-        let attn = if n < ROWWISE_ATTENTION_BELOW {
-            attention_by_row(&q, &keys, &values, c, pos, window)?
-        } else {
-            attention(&q, &keys, &values, c, masks.get(window))?
+        let attn = match masks {
+            Some(masks) => attention(&q, &keys, &values, c, masks.get(window))?,
+            None => attention_by_row(&q, &keys, &values, c, pos, window)?,
         };
         let mut attn = w.wo.forward(&attn)?;
         if let Some(nw) = &w.post_attn_norm {
@@ -297,9 +299,6 @@ fn attention(
         .transpose(1, 2)?
         .reshape((b, n, c.num_heads * d))
 }
-
-/// Queries of passes shorter than this attend one row at a time (decoding, draft verification).
-const ROWWISE_ATTENTION_BELOW: usize = 16;
 
 /// Attention of each query over exactly the keys it sees, as a one-token decoding step computes it.
 /// Softmax and the value product then sum the same numbers in the same groups whether a row is

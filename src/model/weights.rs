@@ -13,12 +13,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use super::config::ModelConfig;
 use super::q4_1::Q4_1Matrix;
 use super::ModelError;
-
-/// Inputs with at least this many rows (tokens × sequences) use the dense f32 copy of a quantized
-/// matrix when there is one. Below it, reading the quantized blocks wins (decode, short drafts);
-/// above it, gemm's blocked f32 kernel is an order of magnitude faster than candle's per-row
-/// quantized dot products (eval/MODEL.md).
-const DENSE_MIN_ROWS: usize = 16;
+use super::SHORT_PASS_ROWS;
 
 /// A weight matrix used as `x · Wᵀ`: quantized blocks from GGUF or a dense f32 tensor, plus, for
 /// quantized ones, an optional dense copy for many-row inputs (window scoring, prompt prefill).
@@ -55,23 +50,23 @@ impl Linear {
         Ok(())
     }
 
-    fn many_rows(&self, x: &Tensor) -> bool {
+    /// The dense copy when it serves `x`: inputs of [`SHORT_PASS_ROWS`] rows (tokens × sequences)
+    /// or more.
+    fn dense_for(&self, x: &Tensor) -> Option<&QMatMul> {
         let rows = x.elem_count() / x.dim(candle_core::D::Minus1).unwrap_or(1).max(1);
-        self.dense_copy.is_some() && rows >= DENSE_MIN_ROWS
+        self.dense_copy.as_ref().filter(|_| rows >= SHORT_PASS_ROWS)
     }
 
     /// The matrix that serves `x`: the dense copy for many rows, else the stored one.
     fn for_input(&self, x: &Tensor) -> &QMatMul {
-        match &self.dense_copy {
-            Some(dense) if self.many_rows(x) => dense,
-            _ => &self.inner,
-        }
+        self.dense_for(x).unwrap_or(&self.inner)
     }
 
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        match &self.q4_1 {
-            Some(q) if !self.many_rows(x) && x.device().is_cpu() => q.forward(x),
-            _ => self.for_input(x).forward(x),
+        match (self.dense_for(x), &self.q4_1) {
+            (Some(dense), _) => dense.forward(x),
+            (None, Some(q)) if x.device().is_cpu() => q.forward(x),
+            (None, _) => self.inner.forward(x),
         }
     }
 

@@ -159,7 +159,10 @@ pub(super) fn mixed(
         None,
         &[infgram.sparse],
         &[features.unwrap_or([0.0; NUM_FEATURES])],
-    )?[0];
+    )?
+    .first()
+    .copied()
+    .ok_or_else(|| Status::internal("no λ for the token"))?;
     let sparse = SparseDistribution::from_ntd(&infgram.ntd);
     let mixed = mix::mix(&sparse, neural, lambda, top_k);
     Ok(pb::MixResponse {

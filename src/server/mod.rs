@@ -209,7 +209,7 @@ impl SidecarService {
         work: impl FnOnce(&State) -> Result<T, Status> + Send + 'static,
     ) -> Result<Response<T>, Status> {
         let started = Instant::now();
-        let result = self.run_blocking(deadline, work).await;
+        let result = on_pool(&self.state, deadline, work).await;
         self.state.metrics.observe(
             method,
             started.elapsed(),
@@ -217,22 +217,24 @@ impl SidecarService {
         );
         result.map(Response::new)
     }
+}
 
-    async fn run_blocking<T: Send + 'static>(
-        &self,
-        deadline: Option<Instant>,
-        work: impl FnOnce(&State) -> Result<T, Status> + Send + 'static,
-    ) -> Result<T, Status> {
-        let permit = self.state.permit()?;
-        let state = Arc::clone(&self.state);
-        tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            check_deadline(deadline)?;
-            work(&state)
-        })
-        .await
-        .map_err(|e| Status::internal(format!("worker failed: {e}")))?
-    }
+/// Runs CPU work on the blocking pool behind an in-flight permit, unless the deadline has passed by
+/// the time it would start.
+async fn on_pool<T: Send + 'static>(
+    state: &Arc<State>,
+    deadline: Option<Instant>,
+    work: impl FnOnce(&State) -> Result<T, Status> + Send + 'static,
+) -> Result<T, Status> {
+    let permit = state.permit()?;
+    let state = Arc::clone(state);
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        check_deadline(deadline)?;
+        work(&state)
+    })
+    .await
+    .map_err(|e| Status::internal(format!("worker failed: {e}")))?
 }
 
 type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;

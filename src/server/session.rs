@@ -14,7 +14,7 @@ use tonic::{Status, Streaming};
 
 use super::metrics::Metrics;
 use super::mixing::{mixed, neural_distribution, LambdaChoice};
-use super::{drafting, index_status, model_status, pb, State};
+use super::{drafting, index_status, model_status, on_pool, pb, State};
 use crate::draft::{DraftOptions, DraftTree, Sequence};
 use crate::model::KvCache;
 
@@ -237,8 +237,7 @@ async fn step(
     };
     let outcome = match (request.step, session.as_ref()) {
         (Some(Step::Start(start)), None) => {
-            let st = Arc::clone(state);
-            match blocking(state, move || Session::new(&st, start)).await {
+            match on_pool(state, None, move |st| Session::new(st, start)).await {
                 Ok(new) => {
                     let shared = Arc::new(Mutex::new(new));
                     state.sessions.register(Arc::clone(&shared)).map(|id| {
@@ -261,16 +260,16 @@ async fn step(
         )),
         (None, Some(_)) => Err(Status::invalid_argument("an empty step")),
         (Some(step), Some(open)) => {
-            let (st, shared) = (Arc::clone(state), Arc::clone(&open.shared));
-            blocking(state, move || {
+            let shared = Arc::clone(&open.shared);
+            on_pool(state, None, move |st| {
                 let mut s = lock(&shared);
                 match step {
-                    Step::Append(a) => s.append(&st, &a.tokens).map(|_| None),
-                    Step::Truncate(t) => s.truncate(&st, t.length).map(|_| None),
-                    Step::Mix(m) => s.mix(&st, m).map(|m| Some(Answer::Mix(m))),
+                    Step::Append(a) => s.append(st, &a.tokens).map(|_| None),
+                    Step::Truncate(t) => s.truncate(st, t.length).map(|_| None),
+                    Step::Mix(m) => s.mix(st, m).map(|m| Some(Answer::Mix(m))),
                     Step::Draft(o) => {
                         let opts = drafting::options(Some(o))?;
-                        Ok(Some(Answer::Draft(drafting::response(s.draft(&st, &opts)))))
+                        Ok(Some(Answer::Draft(drafting::response(s.draft(st, &opts)))))
                     }
                     Step::Start(_) => Ok(None),
                 }
@@ -295,18 +294,4 @@ async fn step(
             result,
         },
     )
-}
-
-/// Runs `work` on the blocking pool behind an in-flight permit.
-async fn blocking<T: Send + 'static>(
-    state: &State,
-    work: impl FnOnce() -> Result<T, Status> + Send + 'static,
-) -> Result<T, Status> {
-    let permit = state.permit()?;
-    tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        work()
-    })
-    .await
-    .map_err(|e| Status::internal(format!("worker failed: {e}")))?
 }
