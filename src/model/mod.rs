@@ -5,8 +5,9 @@
 mod cache;
 pub mod config;
 mod generate;
-mod q4_1;
 mod scoring;
+mod short_attention;
+mod short_matmul;
 mod transformer;
 mod weights;
 

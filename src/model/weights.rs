@@ -11,7 +11,7 @@ use candle_core::quantized::{gguf_file, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use super::config::ModelConfig;
-use super::q4_1::Q4_1Matrix;
+use super::short_matmul::ShortMatmul;
 use super::ModelError;
 use super::SHORT_PASS_ROWS;
 
@@ -21,14 +21,14 @@ use super::SHORT_PASS_ROWS;
 pub struct Linear {
     inner: QMatMul,
     dense_copy: Option<QMatMul>,
-    /// Our own kernel for Q4_1 matrices and few-row inputs (see `q4_1`).
-    q4_1: Option<Arc<Q4_1Matrix>>,
+    /// Our own kernel for few-row inputs, for the block formats it knows (see `short_matmul`).
+    short: Option<Arc<ShortMatmul>>,
 }
 
 impl Linear {
     fn quantized(q: QTensor) -> candle_core::Result<Self> {
         Ok(Self {
-            q4_1: Q4_1Matrix::from_qtensor(&q)?.map(Arc::new),
+            short: ShortMatmul::from_qtensor(&q)?.map(Arc::new),
             inner: QMatMul::from_qtensor(q)?,
             dense_copy: None,
         })
@@ -38,7 +38,7 @@ impl Linear {
         Self {
             inner: QMatMul::Tensor(w),
             dense_copy: None,
-            q4_1: None,
+            short: None,
         }
     }
 
@@ -63,7 +63,7 @@ impl Linear {
     }
 
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        match (self.dense_for(x), &self.q4_1) {
+        match (self.dense_for(x), &self.short) {
             (Some(dense), _) => dense.forward(x),
             (None, Some(q)) if x.device().is_cpu() => q.forward(x),
             (None, _) => self.inner.forward(x),
@@ -71,12 +71,13 @@ impl Linear {
     }
 
     /// `x · Wᵢᵀ` for several matrices that share the input (Q/K/V, gate/up): candle's fused kernel
-    /// quantizes `x` once and runs one parallel region where the CPU supports it.
+    /// quantizes `x` once and runs one parallel region where the CPU supports it. Matrices that our
+    /// own kernel serves stay with it, so a row computes the same way alone and in a draft.
     pub fn forward_shared(parts: &[&Linear], x: &Tensor) -> candle_core::Result<Vec<Tensor>> {
         let quantized: Option<Vec<&QTensor>> = parts
             .iter()
             .map(|l| match l.for_input(x) {
-                QMatMul::QTensor(q) => Some(q.as_ref()),
+                QMatMul::QTensor(q) if l.short.is_none() => Some(q.as_ref()),
                 _ => None,
             })
             .collect();
