@@ -106,6 +106,9 @@ struct SpecArgs {
     max_draft: usize,
     #[arg(long, default_value_t = DraftOptions::default().min_token_prob)]
     min_token_prob: f64,
+    /// Draft a node only if its path's calibrated acceptance probability reaches this.
+    #[arg(long, default_value_t = DraftOptions::default().min_path_prob)]
+    min_path_prob: f64,
     /// Draft at most this many tokens per matched context token (0: fixed length).
     #[arg(long, default_value_t = DraftOptions::default().match_len_factor)]
     match_len_factor: f64,
@@ -624,6 +627,7 @@ fn run_spec(args: SpecArgs) -> Result<()> {
         draft: DraftOptions {
             max_tokens: args.max_draft,
             min_token_prob: args.min_token_prob,
+            min_path_prob: args.min_path_prob,
             match_len_factor: args.match_len_factor,
             ..DraftOptions::default()
         },

@@ -6,7 +6,7 @@ mod common;
 
 use common::server::build_index;
 use infini_sidecar::corpus::Content;
-use infini_sidecar::draft::{DraftOptions, DraftSource, Sequence};
+use infini_sidecar::draft::{DraftOptions, DraftSource, DraftTree, Sequence};
 use infini_sidecar::index::suffix::SuffixMatch;
 use infini_sidecar::index::{Index, OpenOptions};
 
@@ -101,14 +101,24 @@ fn drafts_are_valid_trees_of_vocabulary_ids() {
                 nonempty += usize::from(!draft.is_empty());
             }
         }
-        // Taking tokens back gives the drafts of the shorter sequence.
-        let opts = DraftOptions::default();
+        // Taking tokens back gives the drafts of the shorter sequence: the same nodes (with no
+        // path bar, calibration scales probabilities but keeps every node; the sequence's record
+        // of accepted drafts is history, kept across a truncation).
+        let shape = |t: DraftTree| (t.token_ids, t.parents, t.match_len);
         let half = seq.tokens().len() / 2;
-        let before = Sequence::new(&index, seq.tokens()[..half].to_vec())
-            .unwrap()
-            .draft(&index, &opts);
+        let mut fresh = Sequence::new(&index, seq.tokens()[..half].to_vec()).unwrap();
         seq.truncate(&index, half);
-        assert_eq!(seq.draft(&index, &opts), before);
+        for source in [DraftSource::Index, DraftSource::Prompt] {
+            let opts = DraftOptions {
+                min_path_prob: 0.0,
+                source,
+                ..DraftOptions::default()
+            };
+            assert_eq!(
+                shape(seq.draft(&index, &opts)),
+                shape(fresh.draft(&index, &opts))
+            );
+        }
     }
     assert!(nonempty > 500, "only {nonempty} non-empty drafts");
 }

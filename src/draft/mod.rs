@@ -3,6 +3,7 @@
 //! own tokens (prompt lookup), with per-sequence state so a step costs O(new tokens); and a
 //! speculative decoding loop that verifies drafts with the model.
 
+pub mod calibration;
 pub mod lookup;
 pub mod spec;
 pub mod tree;
@@ -11,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::index::suffix::SuffixMatch;
 use crate::index::{Index, Result};
+use calibration::{Calibrated, Calibration, Origin};
 use lookup::PromptLookup;
 pub use tree::{DraftTree, Trie};
 
@@ -22,7 +24,7 @@ pub enum DraftSource {
     Index,
     /// The sequence's own tokens only.
     Prompt,
-    /// Both: the draft with the higher expected acceptance.
+    /// Both: the draft with the higher expected acceptance (after calibration).
     Both,
 }
 
@@ -36,6 +38,12 @@ pub struct DraftOptions {
     /// A token whose probability given its parent is below this is not drafted. 0.4 measured best
     /// in `eval spec` (eval/RESULTS.md): a weaker bar spends verification rows on unlikely tokens.
     pub min_token_prob: f64,
+    /// A node is drafted only when its path is at least this likely to be accepted, as the
+    /// sequence's record calibrates its source (`calibration`): the cost of verifying one more
+    /// token, as a share of a decoding step, plus the drafter's own: 0.4 measured best for SmolLM2
+    /// on 2 CPU cores, where a row costs 0.28 of a step (eval/RESULTS.md); a few percent where
+    /// verification is nearly free, as on a GPU.
+    pub min_path_prob: f64,
     /// Adaptive length: at most this many draft tokens per matched token (0: off). Short matches
     /// predict poorly, so they get short drafts, and a rejected draft costs little.
     pub match_len_factor: f64,
@@ -51,6 +59,7 @@ impl Default for DraftOptions {
             tree_budget: 32,
             tree: false,
             min_token_prob: 0.4,
+            min_path_prob: 0.4,
             match_len_factor: 1.0,
             index_samples: 64,
             source: DraftSource::Both,
@@ -78,11 +87,12 @@ impl DraftOptions {
 }
 
 /// A sequence being decoded, with what drafting needs of it: its ∞-gram match and its own tokens'
-/// positions, both kept up to date as tokens come and go.
+/// positions, both kept up to date as tokens come and go, and how each source's drafts have fared.
 pub struct Sequence {
     tokens: Vec<u32>,
     suffix: SuffixMatch,
     lookup: PromptLookup,
+    calibration: Calibration,
 }
 
 impl Sequence {
@@ -94,6 +104,7 @@ impl Sequence {
             tokens: context,
             suffix,
             lookup,
+            calibration: Calibration::default(),
         })
     }
 
@@ -112,6 +123,7 @@ impl Sequence {
         for &t in tokens {
             self.tokens.push(t);
             self.suffix.advance(index, &self.tokens);
+            self.calibration.appended(t);
         }
         self.lookup.extend(&self.tokens, from);
         Ok(())
@@ -122,33 +134,71 @@ impl Sequence {
         if len >= self.tokens.len() {
             return;
         }
+        self.calibration.release();
         self.lookup.truncate(&self.tokens[len..], len);
         self.tokens.truncate(len);
         self.suffix.truncate(index, &self.tokens);
     }
 
-    /// A draft continuing the sequence.
-    pub fn draft(&self, index: &Index, opts: &DraftOptions) -> DraftTree {
+    /// A draft continuing the sequence. The tokens appended next tell the sequence how much of it
+    /// was accepted.
+    pub fn draft(&mut self, index: &Index, opts: &DraftOptions) -> DraftTree {
+        self.calibration.release();
+        // A source whose record keeps even a certain token under the bar is not consulted (its
+        // index reads cost more than a drafted token is worth), only nudged back towards trust.
+        let hopeless = |origin| self.calibration.factor(origin) < opts.min_path_prob;
         let from_index = || {
+            if hopeless(Origin::Index) {
+                return (
+                    Origin::Index,
+                    self.calibrate(Origin::Index, DraftTree::default(), opts),
+                );
+            }
             let depth = opts.depth_for(self.suffix.suffix_len());
             let conts = self.suffix.continuations(index, opts.index_samples, depth);
-            opts.draft_from(&conts, self.suffix.suffix_len())
+            let tree = opts.draft_from(&conts, self.suffix.suffix_len());
+            (Origin::Index, self.calibrate(Origin::Index, tree, opts))
         };
         let from_prompt = || {
+            if hopeless(Origin::Prompt) {
+                return (
+                    Origin::Prompt,
+                    self.calibrate(Origin::Prompt, DraftTree::default(), opts),
+                );
+            }
             let (conts, len) = self.lookup.continuations(&self.tokens, opts.max_tokens);
-            opts.draft_from(&conts, len)
+            let tree = opts.draft_from(&conts, len);
+            (Origin::Prompt, self.calibrate(Origin::Prompt, tree, opts))
         };
-        match opts.source {
-            DraftSource::Index => from_index(),
-            DraftSource::Prompt => from_prompt(),
-            DraftSource::Both => {
-                let (a, b) = (from_index(), from_prompt());
-                if b.score > a.score {
-                    b
-                } else {
-                    a
-                }
+        let (index_draft, prompt_draft) = match opts.source {
+            DraftSource::Index => (Some(from_index()), None),
+            DraftSource::Prompt => (None, Some(from_prompt())),
+            DraftSource::Both => (Some(from_index()), Some(from_prompt())),
+        };
+        let offers = [index_draft, prompt_draft];
+        for (origin, draft) in offers.iter().flatten() {
+            if draft.tree.is_empty() {
+                self.calibration.idle(*origin);
             }
         }
+        let best = offers.into_iter().flatten().reduce(|a, b| {
+            if b.1.tree.score > a.1.tree.score {
+                b
+            } else {
+                a
+            }
+        });
+        match best {
+            Some((origin, draft)) => {
+                let tree = draft.tree.clone();
+                self.calibration.drafted(origin, draft);
+                tree
+            }
+            None => DraftTree::default(),
+        }
+    }
+
+    fn calibrate(&self, origin: Origin, tree: DraftTree, opts: &DraftOptions) -> Calibrated {
+        self.calibration.calibrate(origin, tree, opts.min_path_prob)
     }
 }

@@ -137,6 +137,15 @@ pub fn decode(
     prompt: &[u32],
     opts: &SpecOptions,
 ) -> Result<SpecRun, anyhow::Error> {
+    crate::model::on_rayon_worker(|| decode_here(model, index, prompt, opts))
+}
+
+fn decode_here(
+    model: &Transformer,
+    index: &Index,
+    prompt: &[u32],
+    opts: &SpecOptions,
+) -> Result<SpecRun, anyhow::Error> {
     let Some((&last, head)) = prompt.split_last() else {
         return Err(ModelError::Invalid("empty prompt".into()).into());
     };
@@ -169,7 +178,7 @@ pub fn decode(
         }
         let t = Instant::now();
         let room = (opts.max_new_tokens - run.tokens.len() - 1).min(MAX_VERIFY_ROWS - 1);
-        let mut draft = match &drafter {
+        let mut draft = match &mut drafter {
             Some((seq, d)) => seq.draft(index, d).chain(),
             None => Vec::new(),
         };

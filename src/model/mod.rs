@@ -84,6 +84,15 @@ pub fn set_cpu_threads(threads: usize) {
     }
 }
 
+/// Runs `work` on a worker of rayon's global pool, which the CPU kernels split their work over (at
+/// once when already on one). From any other thread, the pool's idle workers would spin against the
+/// pass's own sequential parts (on a 2-core machine, 25% of a decoding step) and against what the
+/// caller does between passes, so decoding loops run wholly inside the pool too.
+pub fn on_rayon_worker<T: Send>(work: impl FnOnce() -> T + Send) -> T {
+    // `scope` runs its body on a worker, injecting it into the pool from outside.
+    rayon::scope(|_| work())
+}
+
 /// Loads the network alone (no tokenizer): a `.gguf` file or an HF llama directory.
 pub fn load_transformer(path: &Path, device: DeviceChoice) -> Result<Transformer, ModelError> {
     let device = match device {

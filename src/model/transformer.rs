@@ -132,15 +132,10 @@ impl Transformer {
         tokens: &Tensor,
         cache: &mut KvCache,
     ) -> Result<Tensor, ModelError> {
-        // On the CPU the pass runs on a worker of rayon's pool, which its kernels split work over:
-        // from any other thread, the caller would wait while the pool's idle workers spin against
-        // the pass's own sequential parts (on a 2-core machine, 25% of a decoding step).
-        if !self.device.is_cpu() || rayon::current_thread_index().is_some() {
-            return self.forward_hidden_here(tokens, cache);
+        match self.device.is_cpu() {
+            true => super::on_rayon_worker(|| self.forward_hidden_here(tokens, cache)),
+            false => self.forward_hidden_here(tokens, cache),
         }
-        let mut result = None;
-        rayon::scope(|s| s.spawn(|_| result = Some(self.forward_hidden_here(tokens, cache))));
-        result.unwrap_or_else(|| Err(ModelError::Invalid("forward pass did not run".into())))
     }
 
     fn forward_hidden_here(

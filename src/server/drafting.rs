@@ -18,10 +18,15 @@ pub(super) fn options(o: Option<pb::DraftOptions>) -> Result<DraftOptions, Statu
         )));
     }
     let min_token_prob = o.min_token_prob.unwrap_or(defaults.min_token_prob);
+    let min_path_prob = o.min_path_prob.unwrap_or(defaults.min_path_prob);
     let match_len_factor = o.match_len_factor.unwrap_or(defaults.match_len_factor);
-    if !(0.0..=1.0).contains(&min_token_prob) || !(0.0..=f64::MAX).contains(&match_len_factor) {
+    let probability = 0.0..=1.0;
+    if !probability.contains(&min_token_prob)
+        || !probability.contains(&min_path_prob)
+        || !(0.0..=f64::MAX).contains(&match_len_factor)
+    {
         return Err(Status::invalid_argument(
-            "min_token_prob must be in [0, 1] and match_len_factor at least 0",
+            "min_token_prob and min_path_prob must be in [0, 1] and match_len_factor at least 0",
         ));
     }
     let source = match pb::DraftSource::try_from(o.source) {
@@ -44,6 +49,7 @@ pub(super) fn options(o: Option<pb::DraftOptions>) -> Result<DraftOptions, Statu
         tree_budget: o.tree_budget as usize,
         tree: o.tree_budget > 0,
         min_token_prob,
+        min_path_prob,
         match_len_factor,
         source,
         ..defaults
@@ -66,7 +72,7 @@ pub(super) fn draft(s: &State, r: pb::DraftRequest) -> Result<pb::DraftResponse,
     let tree = match r.target {
         Some(pb::draft_request::Target::SessionId(id)) => {
             let session = s.sessions.get(id)?;
-            let session = super::session::lock(&session);
+            let mut session = super::session::lock(&session);
             session.draft(s, &opts)
         }
         Some(pb::draft_request::Target::Context(c)) => {

@@ -46,7 +46,7 @@ impl Session {
     }
 
     /// A draft continuing the session's sequence.
-    pub(super) fn draft(&self, s: &State, opts: &DraftOptions) -> DraftTree {
+    pub(super) fn draft(&mut self, s: &State, opts: &DraftOptions) -> DraftTree {
         self.seq.draft(&s.index, opts)
     }
 

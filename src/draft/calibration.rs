@@ -1,0 +1,314 @@
+//! How well each draft source has been predicting this sequence, learnt from what the decoding loop
+//! appends after a draft. ∞-gram estimates from short or rare suffixes are overconfident (a suffix
+//! seen once predicts its one continuation with probability 1), and prompt lookup has no
+//! probabilities at all; so each source's per-token probabilities are scaled by the tokens it got
+//! accepted per token it expected, among the tokens the target actually checked. A path's
+//! probability is then the product of its calibrated tokens', and drafting stops where that falls
+//! below the cost of a verification row: drafts grow with a source's record and shrink to nothing
+//! when it keeps missing.
+
+use super::DraftTree;
+
+/// A source with no record yet is taken at its word, with the weight of two checked tokens.
+const PRIOR: Record = Record {
+    expected: 2.0,
+    accepted: 2.0,
+};
+/// Weight kept by a source's record at each of its settled drafts, so it follows the text.
+const DECAY: f64 = 0.9;
+/// Weight kept at each draft call where the source drafted nothing, the rest going back to the
+/// prior: a source silenced by a bad run is tried again after a while.
+const IDLE_DECAY: f64 = 0.97;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Record {
+    expected: f64,
+    accepted: f64,
+}
+
+impl Record {
+    fn factor(&self) -> f64 {
+        self.accepted / self.expected
+    }
+
+    fn add(&mut self, keep: f64, expected: f64, accepted: f64) {
+        self.expected = keep * self.expected + expected;
+        self.accepted = keep * self.accepted + accepted;
+    }
+}
+
+/// Which of the drafter's own sources a draft came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Index,
+    Prompt,
+}
+
+/// A draft scaled by its source's record, with each node's unscaled probability given its parent
+/// (what the record counts when the draft is settled).
+#[derive(Debug)]
+pub struct Calibrated {
+    pub tree: DraftTree,
+    conditionals: Vec<f64>,
+}
+
+/// A draft handed out and not yet settled: the path the appended tokens have followed so far.
+#[derive(Debug)]
+struct Outstanding {
+    origin: Origin,
+    draft: Calibrated,
+    /// The node the last appended token matched (−1: none yet).
+    at: i32,
+    accepted: usize,
+    /// Unscaled probability that the target accepts one of the nodes it has checked so far.
+    expected: f64,
+}
+
+impl Outstanding {
+    /// Adds the chance of the level the target checks next: any child of `at`.
+    fn check_level(&mut self) {
+        let tree = &self.draft.tree;
+        self.expected += (0..tree.len())
+            .filter(|&i| tree.parents[i] == self.at)
+            .map(|i| self.draft.conditionals[i])
+            .sum::<f64>();
+    }
+}
+
+#[derive(Debug)]
+pub struct Calibration {
+    records: [Record; 2],
+    outstanding: Option<Outstanding>,
+}
+
+impl Default for Calibration {
+    fn default() -> Self {
+        Self {
+            records: [PRIOR; 2],
+            outstanding: None,
+        }
+    }
+}
+
+impl Calibration {
+    /// Accepted tokens per expected token of `origin`'s drafts so far.
+    pub fn factor(&self, origin: Origin) -> f64 {
+        self.records[origin as usize].factor()
+    }
+
+    /// Scales `tree`'s per-token probabilities by its source's factor (capped at 1) and keeps the
+    /// nodes whose path is still at least `min_path_prob` likely: each kept node is worth more than
+    /// the verification row it costs. Path probabilities never grow along a path, so what is kept
+    /// is still a tree.
+    pub fn calibrate(&self, origin: Origin, tree: DraftTree, min_path_prob: f64) -> Calibrated {
+        let factor = self.factor(origin);
+        let mut out = DraftTree {
+            match_len: tree.match_len,
+            ..DraftTree::default()
+        };
+        let mut conditionals = Vec::new();
+        let mut new_index = vec![-1i32; tree.len()];
+        for i in 0..tree.len() {
+            let parent = tree.parents[i];
+            let (parent_raw, parent_new) = match parent {
+                -1 => (1.0, -1),
+                p => (tree.probs[p as usize], new_index[p as usize]),
+            };
+            if parent >= 0 && parent_new < 0 {
+                continue;
+            }
+            let conditional = tree.probs[i] / parent_raw;
+            let parent_path = match parent_new {
+                -1 => 1.0,
+                p => out.probs[p as usize],
+            };
+            let path = parent_path * (conditional * factor).min(1.0);
+            if !(path >= min_path_prob && path > 0.0) {
+                continue;
+            }
+            new_index[i] = out.len() as i32;
+            out.token_ids.push(tree.token_ids[i]);
+            out.parents.push(parent_new);
+            out.probs.push(path);
+            conditionals.push(conditional);
+        }
+        out.score = out.probs.iter().sum();
+        Calibrated {
+            tree: out,
+            conditionals,
+        }
+    }
+
+    /// Notes that `origin` had nothing to draft: its record drifts back towards the prior.
+    pub fn idle(&mut self, origin: Origin) {
+        let back = 1.0 - IDLE_DECAY;
+        self.records[origin as usize].add(IDLE_DECAY, back * PRIOR.expected, back * PRIOR.accepted);
+    }
+
+    /// Remembers the draft handed out for `origin` (release the previous one before calibrating
+    /// this one).
+    pub fn drafted(&mut self, origin: Origin, draft: Calibrated) {
+        self.release();
+        if draft.tree.is_empty() {
+            return;
+        }
+        let mut o = Outstanding {
+            origin,
+            draft,
+            at: -1,
+            accepted: 0,
+            expected: 0.0,
+        };
+        o.check_level();
+        self.outstanding = Some(o);
+    }
+
+    /// Follows the open draft with an appended token; settles it at the first token off its paths
+    /// or past its leaves.
+    pub fn appended(&mut self, token: u32) {
+        let Some(o) = self.outstanding.as_mut() else {
+            return;
+        };
+        let tree = &o.draft.tree;
+        let next = (0..tree.len()).find(|&i| tree.parents[i] == o.at && tree.token_ids[i] == token);
+        match next {
+            Some(i) => {
+                o.at = i as i32;
+                o.accepted += 1;
+                o.check_level();
+            }
+            None => self.settle(),
+        }
+    }
+
+    /// Ends the open draft before a new draft or a truncation: settled if the loop appended part of
+    /// it, forgotten if it appended nothing (the draft was asked for again, or never verified).
+    pub fn release(&mut self) {
+        match &self.outstanding {
+            Some(o) if o.accepted > 0 => self.settle(),
+            _ => self.outstanding = None,
+        }
+    }
+
+    /// Closes the open draft, if any: what the checked tokens were expected to give against what
+    /// was accepted.
+    fn settle(&mut self) {
+        if let Some(o) = self.outstanding.take() {
+            self.records[o.origin as usize].add(DECAY, o.expected, o.accepted as f64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chain(tokens: &[u32], probs: &[f64]) -> DraftTree {
+        DraftTree {
+            token_ids: tokens.to_vec(),
+            parents: (0..tokens.len() as i32).map(|i| i - 1).collect(),
+            probs: probs.to_vec(),
+            score: probs.iter().sum(),
+            match_len: 3,
+        }
+    }
+
+    #[test]
+    fn missed_drafts_shrink_the_source_and_spare_the_other() {
+        let mut c = Calibration::default();
+        assert_eq!(c.factor(Origin::Index), 1.0);
+        // Three chains of certain tokens, each rejected at its first token: one checked token
+        // expected (probability 1), none accepted.
+        for _ in 0..3 {
+            let d = c.calibrate(Origin::Index, chain(&[5, 6], &[1.0, 1.0]), 0.0);
+            c.drafted(Origin::Index, d);
+            c.appended(9);
+        }
+        let (mut e, mut a) = (PRIOR.expected, PRIOR.accepted);
+        for _ in 0..3 {
+            (e, a) = (DECAY * e + 1.0, DECAY * a);
+        }
+        assert!((c.factor(Origin::Index) - a / e).abs() < 1e-12);
+        assert_eq!(c.factor(Origin::Prompt), 1.0);
+        // 1.0 · 0.35 passes a 0.3 bar, the second token's path (0.35 · 0.35) does not.
+        let d = c.calibrate(Origin::Index, chain(&[5, 6], &[1.0, 1.0]), 0.3);
+        assert_eq!(d.tree.token_ids, vec![5]);
+        assert!((d.tree.probs[0] - a / e).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_draft_asked_for_again_counts_for_nothing() {
+        let mut c = Calibration::default();
+        for _ in 0..3 {
+            let d = c.calibrate(Origin::Index, chain(&[5, 6], &[1.0, 1.0]), 0.0);
+            c.drafted(Origin::Index, d);
+        }
+        c.release();
+        assert_eq!(c.factor(Origin::Index), 1.0);
+    }
+
+    #[test]
+    fn a_silenced_source_drifts_back() {
+        let mut c = Calibration::default();
+        for _ in 0..10 {
+            let d = c.calibrate(Origin::Prompt, chain(&[5], &[1.0]), 0.0);
+            c.drafted(Origin::Prompt, d);
+            c.appended(9);
+        }
+        let low = c.factor(Origin::Prompt);
+        assert!(low < 0.3, "{low}");
+        for _ in 0..50 {
+            let d = c.calibrate(Origin::Prompt, chain(&[5], &[1.0]), 1.1);
+            assert!(d.tree.is_empty());
+            c.idle(Origin::Prompt);
+        }
+        assert!(
+            c.factor(Origin::Prompt) > 0.5,
+            "{}",
+            c.factor(Origin::Prompt)
+        );
+    }
+
+    #[test]
+    fn accepted_paths_are_followed_through_a_tree() {
+        let mut c = Calibration::default();
+        // Root children 5 (p .6) and 7 (p .3); 5 → 6 (path .3, so .5 given 5).
+        let tree = DraftTree {
+            token_ids: vec![5, 7, 6],
+            parents: vec![-1, -1, 0],
+            probs: vec![0.6, 0.3, 0.3],
+            score: 1.2,
+            match_len: 2,
+        };
+        let draft = c.calibrate(Origin::Prompt, tree.clone(), 0.0);
+        assert_eq!(draft.tree, tree);
+        c.drafted(Origin::Prompt, draft);
+        for t in [5, 6, 8] {
+            c.appended(t);
+        }
+        // Checked: the root's children (.6 + .3), then 5's child (.5); 6 has none. Two accepted.
+        let want = (PRIOR.accepted * DECAY + 2.0) / (PRIOR.expected * DECAY + 1.4);
+        assert!((c.factor(Origin::Prompt) - want).abs() < 1e-12);
+        // Scaled by 3.8 / 3.2, capped at 1 per token: 5 → .71, 7 → .36, 6 → .71 · .59 = .42.
+        let t = c.calibrate(Origin::Prompt, tree, 0.4).tree;
+        assert_eq!(
+            (t.token_ids.clone(), t.parents.clone()),
+            (vec![5, 6], vec![-1, 0])
+        );
+        assert!(t.validate(100).is_ok(), "{:?}", t.validate(100));
+    }
+
+    #[test]
+    fn a_pruned_parent_takes_its_children() {
+        let c = Calibration::default();
+        let tree = DraftTree {
+            token_ids: vec![5, 7, 6],
+            parents: vec![-1, -1, 0],
+            probs: vec![0.2, 0.5, 0.2],
+            score: 0.9,
+            match_len: 2,
+        };
+        let t = c.calibrate(Origin::Index, tree, 0.3).tree;
+        assert_eq!((t.token_ids, t.parents), (vec![7], vec![-1]));
+    }
+}
