@@ -130,6 +130,24 @@ fn main() {
         "ms",
     );
 
+    // Ours: one short pass of k rows after the decode above (draft verification), rolled back each
+    // time: an extra row's cost against the step's is what speculative decoding trades on.
+    let at = cache.len();
+    for rows in [1usize, 2, 4, 8, 15] {
+        let input = &ids[at..at + rows];
+        let seconds = median_seconds(|| {
+            ours.forward(input, &mut cache).unwrap();
+            cache.truncate(at);
+        });
+        report(
+            "ours",
+            &format!("pass_ms_{rows}_rows"),
+            &name,
+            seconds * 1e3,
+            "ms",
+        );
+    }
+
     // candle-transformers' forward on the same window and the same decode.
     let dev = Device::Cpu;
     let mut f = std::fs::File::open(&path).unwrap();

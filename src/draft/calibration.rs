@@ -18,7 +18,7 @@ const PRIOR: Record = Record {
 const DECAY: f64 = 0.9;
 /// Weight kept at each draft call where the source drafted nothing, the rest going back to the
 /// prior: a source silenced by a bad run is tried again after a while.
-const IDLE_DECAY: f64 = 0.97;
+const IDLE_DECAY: f64 = 0.99;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Record {
@@ -62,16 +62,20 @@ struct Outstanding {
     accepted: usize,
     /// Unscaled probability that the target accepts one of the nodes it has checked so far.
     expected: f64,
+    /// The part of `expected` from the level after the last accepted node, which the target has
+    /// checked only if the loop appended its own token there.
+    next_level: f64,
 }
 
 impl Outstanding {
     /// Adds the chance of the level the target checks next: any child of `at`.
     fn check_level(&mut self) {
         let tree = &self.draft.tree;
-        self.expected += (0..tree.len())
+        self.next_level = (0..tree.len())
             .filter(|&i| tree.parents[i] == self.at)
             .map(|i| self.draft.conditionals[i])
             .sum::<f64>();
+        self.expected += self.next_level;
     }
 }
 
@@ -158,6 +162,7 @@ impl Calibration {
             at: -1,
             accepted: 0,
             expected: 0.0,
+            next_level: 0.0,
         };
         o.check_level();
         self.outstanding = Some(o);
@@ -181,11 +186,15 @@ impl Calibration {
         }
     }
 
-    /// Ends the open draft before a new draft or a truncation: settled if the loop appended part of
-    /// it, forgotten if it appended nothing (the draft was asked for again, or never verified).
+    /// Ends the open draft before a new draft or a truncation: settled on the tokens appended along
+    /// it, the level after them unchecked (a loop that appends one token per step redrafts there);
+    /// forgotten if nothing was appended (the draft was asked for again, or never verified).
     pub fn release(&mut self) {
-        match &self.outstanding {
-            Some(o) if o.accepted > 0 => self.settle(),
+        match self.outstanding.as_mut() {
+            Some(o) if o.accepted > 0 => {
+                o.expected -= o.next_level;
+                self.settle();
+            }
             _ => self.outstanding = None,
         }
     }
@@ -248,6 +257,18 @@ mod tests {
     }
 
     #[test]
+    fn a_redraft_after_accepted_tokens_counts_only_the_checked_levels() {
+        let mut c = Calibration::default();
+        let d = c.calibrate(Origin::Index, chain(&[5, 6, 7], &[0.8, 0.4, 0.2]), 0.0);
+        c.drafted(Origin::Index, d);
+        c.appended(5);
+        c.release();
+        // One level checked (.8 expected), one token accepted.
+        let want = (DECAY * PRIOR.accepted + 1.0) / (DECAY * PRIOR.expected + 0.8);
+        assert!((c.factor(Origin::Index) - want).abs() < 1e-12);
+    }
+
+    #[test]
     fn a_silenced_source_drifts_back() {
         let mut c = Calibration::default();
         for _ in 0..10 {
@@ -257,7 +278,7 @@ mod tests {
         }
         let low = c.factor(Origin::Prompt);
         assert!(low < 0.3, "{low}");
-        for _ in 0..50 {
+        for _ in 0..150 {
             let d = c.calibrate(Origin::Prompt, chain(&[5], &[1.0]), 1.1);
             assert!(d.tree.is_empty());
             c.idle(Origin::Prompt);

@@ -41,7 +41,7 @@ pub struct DraftOptions {
     /// A node is drafted only when its path is at least this likely to be accepted, as the
     /// sequence's record calibrates its source (`calibration`): the cost of verifying one more
     /// token, as a share of a decoding step, plus the drafter's own: 0.4 measured best for SmolLM2
-    /// on 2 CPU cores, where a row costs 0.28 of a step (eval/RESULTS.md); a few percent where
+    /// on 2 CPU cores, where a row costs 0.29–0.45 of a step (eval/RESULTS.md); a few percent where
     /// verification is nearly free, as on a GPU.
     pub min_path_prob: f64,
     /// Adaptive length: at most this many draft tokens per matched token (0: off). Short matches
