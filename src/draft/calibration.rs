@@ -222,6 +222,17 @@ mod tests {
         }
     }
 
+    /// Root children 5 and 7, and 6 under 5, with these path probabilities.
+    fn fork(probs: [f64; 3]) -> DraftTree {
+        DraftTree {
+            token_ids: vec![5, 7, 6],
+            parents: vec![-1, -1, 0],
+            probs: probs.to_vec(),
+            score: probs.iter().sum(),
+            match_len: 2,
+        }
+    }
+
     #[test]
     fn missed_drafts_shrink_the_source_and_spare_the_other() {
         let mut c = Calibration::default();
@@ -294,13 +305,7 @@ mod tests {
     fn accepted_paths_are_followed_through_a_tree() {
         let mut c = Calibration::default();
         // Root children 5 (p .6) and 7 (p .3); 5 → 6 (path .3, so .5 given 5).
-        let tree = DraftTree {
-            token_ids: vec![5, 7, 6],
-            parents: vec![-1, -1, 0],
-            probs: vec![0.6, 0.3, 0.3],
-            score: 1.2,
-            match_len: 2,
-        };
+        let tree = fork([0.6, 0.3, 0.3]);
         let draft = c.calibrate(Origin::Prompt, tree.clone(), 0.0);
         assert_eq!(draft.tree, tree);
         c.drafted(Origin::Prompt, draft);
@@ -322,14 +327,7 @@ mod tests {
     #[test]
     fn a_pruned_parent_takes_its_children() {
         let c = Calibration::default();
-        let tree = DraftTree {
-            token_ids: vec![5, 7, 6],
-            parents: vec![-1, -1, 0],
-            probs: vec![0.2, 0.5, 0.2],
-            score: 0.9,
-            match_len: 2,
-        };
-        let t = c.calibrate(Origin::Index, tree, 0.3).tree;
+        let t = c.calibrate(Origin::Index, fork([0.2, 0.5, 0.2]), 0.3).tree;
         assert_eq!((t.token_ids, t.parents), (vec![7], vec![-1]));
     }
 }
