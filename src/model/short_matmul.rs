@@ -424,39 +424,3 @@ mod tests {
         }
     }
 }
-#[cfg(test)]
-mod timing_tmp {
-    use super::*;
-    use candle_core::Device;
-    #[test]
-    #[ignore]
-    fn time_kernel() {
-        let dev = Device::Cpu;
-        for (n, k) in [(1536usize, 576usize), (576, 576), (49152, 576)] {
-            let w: Vec<f32> = (0..n * k)
-                .map(|i| ((i * 7919 % 997) as f32 / 997.0 - 0.5) * 0.2)
-                .collect();
-            let w = Tensor::from_vec(w, (n, k), &dev).unwrap();
-            for dt in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
-                let q = QTensor::quantize(&w, dt).unwrap();
-                let ours = ShortMatmul::from_qtensor(&q).unwrap().unwrap();
-                for m in [1usize, 2, 4, 8] {
-                    let x: Vec<f32> = (0..m * k)
-                        .map(|i| ((i * 104729 % 1009) as f32 / 1009.0 - 0.5) * 3.0)
-                        .collect();
-                    let x = Tensor::from_vec(x, (1, m, k), &dev).unwrap();
-                    let reps = 200;
-                    let t = std::time::Instant::now();
-                    for _ in 0..reps {
-                        ours.forward(&x).unwrap();
-                    }
-                    let us = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
-                    println!(
-                        "{n}x{k} {dt:?} m={m}: {us:.1} us, {:.2} ns per block-row",
-                        us * 1e3 / (n * k / 32 * m) as f64
-                    );
-                }
-            }
-        }
-    }
-}
