@@ -171,7 +171,7 @@ struct CpuView<'a> {
 }
 
 impl<'a> CpuView<'a> {
-    /// Checks once that every vector of `dims` lies inside the storage, so `vector` cannot fail.
+    /// Checks once that every vector of `dims` lies inside the storage, so `rows` cannot fail.
     fn of(storage: &'a Storage, layout: &Layout, dims: &[usize]) -> candle_core::Result<Self> {
         let Storage::Cpu(cpu) = storage else {
             candle_core::bail!("short attention runs on the CPU");

@@ -77,7 +77,7 @@ impl ShortMatmul {
         let Ok((n, k)) = q.shape().dims2() else {
             return Ok(None);
         };
-        if k % QK != 0 {
+        if k == 0 || k % QK != 0 {
             return Ok(None);
         }
         let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
@@ -193,13 +193,18 @@ fn quantize_rows(xs: &[f32]) -> Vec<ActBlock> {
 
 /// A weight block format: how it multiplies one activation block.
 trait WeightBlock: Sync {
-    /// `Σ w·a` over the block, in plain scalar arithmetic (CPUs without AVX2).
-    fn dot_scalar(&self, a: &ActBlock) -> f32;
+    /// `Σ q_w·q_a` over the block, in plain integer arithmetic (CPUs without AVX2).
+    fn sum_products(&self, a: &ActBlock) -> i32;
 
     /// The block's scale, and the part of the dot product that does not depend on the activations'
     /// individual values (`m·s` for Q4_1).
     fn d(&self) -> f32;
     fn offset(&self, a: &ActBlock) -> f32;
+
+    /// `Σ w·a` over the block, in plain scalar arithmetic.
+    fn dot_scalar(&self, a: &ActBlock) -> f32 {
+        self.sum_products(a) as f32 * self.d() * a.d + self.offset(a)
+    }
 
     /// The block as the unsigned operand of `maddubs`, and what signs the activations need first.
     #[cfg(target_arch = "x86_64")]
@@ -215,13 +220,13 @@ struct Unpacked {
 }
 
 impl WeightBlock for Q4_1Block {
-    fn dot_scalar(&self, a: &ActBlock) -> f32 {
-        let mut sumi = 0i32;
-        for j in 0..QK / 2 {
-            sumi += (self.qs[j] & 0x0F) as i32 * a.qs[j] as i32
-                + (self.qs[j] >> 4) as i32 * a.qs[j + QK / 2] as i32;
-        }
-        sumi as f32 * self.d * a.d + self.m * a.s
+    fn sum_products(&self, a: &ActBlock) -> i32 {
+        (0..QK / 2)
+            .map(|j| {
+                (self.qs[j] & 0x0F) as i32 * a.qs[j] as i32
+                    + (self.qs[j] >> 4) as i32 * a.qs[j + QK / 2] as i32
+            })
+            .sum()
     }
 
     fn d(&self) -> f32 {
@@ -249,14 +254,12 @@ impl WeightBlock for Q4_1Block {
 }
 
 impl WeightBlock for Q8_0Block {
-    fn dot_scalar(&self, a: &ActBlock) -> f32 {
-        let sumi: i32 = self
-            .qs
+    fn sum_products(&self, a: &ActBlock) -> i32 {
+        self.qs
             .iter()
             .zip(&a.qs)
             .map(|(&w, &x)| w as i32 * x as i32)
-            .sum();
-        sumi as f32 * self.d * a.d
+            .sum()
     }
 
     fn d(&self) -> f32 {

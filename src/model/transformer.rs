@@ -231,15 +231,13 @@ impl Transformer {
         let window = c.layer_window(index);
         let attn = match masks {
             Some(masks) => attention(&q, &keys, &values, c, masks.get(window))?,
-            None if self.device.is_cpu() && std::env::var("NO_SA").is_err() => {
-                short_attention::attend(&AttentionInput {
-                    q: &q,
-                    keys: &keys,
-                    values: &values,
-                    pos,
-                    window,
-                })?
-            }
+            None if self.device.is_cpu() => short_attention::attend(&AttentionInput {
+                q: &q,
+                keys: &keys,
+                values: &values,
+                pos,
+                window,
+            })?,
             None => attention_by_row(&q, &keys, &values, c, pos, window)?,
         };
         let mut attn = w.wo.forward(&attn)?;
