@@ -9,9 +9,6 @@
 
 use candle_core::{Layout, Storage, Tensor};
 
-#[cfg(target_arch = "x86_64")]
-use super::short_matmul::hsum;
-
 /// Where one layer's queries and cached keys/values live, and their shapes.
 pub struct AttentionInput<'a> {
     /// Queries `(batch, heads, n, head_dim)`, rotated.
@@ -199,4 +196,15 @@ impl<'a> CpuView<'a> {
         let at = self.offset + b * self.strides[0] + h * self.strides[1];
         &self.data[at + from * self.strides[2]..at + to * self.strides[2]]
     }
+}
+
+/// The eight lanes' sum, added in halves (the order candle's `hsum_float_8` uses).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn hsum(x: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let res = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+    let res = _mm_add_ps(res, _mm_movehl_ps(res, res));
+    let res = _mm_add_ss(res, _mm_movehdup_ps(res));
+    _mm_cvtss_f32(res)
 }

@@ -1,363 +1,468 @@
 //! Our own quantized matrix products for passes of a few rows (decoding, draft verification), for the
 //! two block formats of the models we ship: Q4_1 (SmolLM2's layers) and Q8_0 (its tied output head).
 //!
-//! candle computes one (row, column) dot product at a time, and for Q4_1 with its generic scalar loop,
-//! so a pass of k rows costs about k decode steps. Here each weight block is unpacked once per pass and
-//! multiplied with up to [`ROW_GROUP`] rows' activation blocks held next to it (AVX2 where the CPU has
-//! it), each row summing into its own float lanes as ggml's AVX2 kernels do: extra rows cost little,
-//! which is what speculative verification needs.
+//! candle computes one (row, column) dot product at a time, converting and scaling every 32-weight
+//! block's integer sum on its own, so a pass of k rows costs about k decode steps. Here the weights
+//! are repacked at load time so that eight output columns sit side by side: four activation bytes,
+//! broadcast, meet four weights of each of the eight columns in one VNNI multiply-add, every lane
+//! summing its own column. A block's integer sums are exact; they are converted and scaled once per
+//! eight columns, and each weight block is unpacked once for up to [`ROW_GROUP`] rows. Extra rows
+//! cost little, which is what speculative verification needs, and one row (decoding) gains as much.
 //!
 //! Every row runs the same instructions on its own accumulators whatever the number of rows in the
-//! pass, so a row's output does not depend on what shares the pass: a verified draft reproduces plain
-//! decoding bit for bit. Activations are quantized exactly as candle quantizes them (Q8_1 for Q4_1,
-//! Q8_0 for Q8_0: the same blocks, Q8_1 also carrying their sum), and a Q8_0 product is bit-identical
-//! to candle's AVX2 one.
+//! pass, so a row's output does not depend on what shares the pass: a verified draft reproduces
+//! plain decoding bit for bit. CPUs without VNNI (AVX-VNNI, or AVX-512 VNNI with VL) keep candle's
+//! kernels, which have the same property.
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Tensor;
 use half::f16;
 use rayon::prelude::*;
 
+/// Weights per quantization block, in both formats.
 const QK: usize = 32;
-/// Columns per parallel work item.
-const COLUMNS_PER_TASK: usize = 32;
+/// Output columns whose weights are interleaved: one per 32-bit lane of an AVX2 register.
+const LANES: usize = 8;
+/// Column groups per parallel work item.
+const GROUPS_PER_TASK: usize = 4;
 /// Rows whose accumulators are kept in registers while one weight block is in hand.
 const ROW_GROUP: usize = 4;
 
-/// A row's block of activations, quantized as candle's `BlockQ8_1::from_float` (and, without `s`,
-/// `BlockQ8_0::from_float`) does.
+/// A row's block of activations, quantized as ggml's `quantize_row_q8_1` does (the scale rounded
+/// to f16), with the exact sum of its quants.
 struct ActBlock {
     d: f32,
-    /// `d` times the sum of `qs`, in f16 as Q8_1 stores it.
+    /// `d` times the sum of `qs`: what a Q4_1 block's offset `m` multiplies.
     s: f32,
+    /// The sum of `qs`, for the unsigned storage of Q8_0 quants (see [`Q8_0Group`]).
+    sum: i32,
     qs: [i8; QK],
 }
 
-/// A Q4_1 weight block: `w = d·q + m` for 4-bit `q`.
-#[derive(Clone, Copy)]
-struct Q4_1Block {
-    d: f32,
-    m: f32,
-    qs: [u8; QK / 2],
+/// One block (32 inputs) of eight Q4_1 columns, `w = d·q + m` for 4-bit `q`. `qs[32t + 4c + i]`
+/// holds column `c`'s quant of input `4t + i` in its low nibble and of input `4(t + 4) + i` in its
+/// high nibble, so a 32-byte load and two masks give the unsigned operands for inputs `4t..4t+4`
+/// and `4t+16..4t+20` of all eight columns.
+struct Q4_1Group {
+    qs: [u8; 4 * QK],
+    d: [f32; LANES],
+    m: [f32; LANES],
 }
 
-/// A Q8_0 weight block: `w = d·q` for 8-bit `q`.
-#[derive(Clone, Copy)]
-struct Q8_0Block {
-    d: f32,
-    qs: [i8; QK],
+/// One block of eight Q8_0 columns, `w = d·q` for signed 8-bit `q`, stored as `q + 128` (VNNI wants
+/// unsigned weights) in the chunk order of [`Q4_1Group`] without the nibble fold: `qs[32t + 4c + i]`
+/// is column `c`'s input `4t + i`. The `128·Σa` this adds is subtracted in integers.
+struct Q8_0Group {
+    qs: [u8; LANES * QK],
+    d: [f32; LANES],
 }
 
-/// The weight blocks of one matrix, in the formats we compute ourselves.
-enum Blocks {
-    Q4_1(Vec<Q4_1Block>),
-    Q8_0(Vec<Q8_0Block>),
+/// The repacked weights of one matrix: column group `g`'s blocks at `g·kb..(g+1)·kb`.
+enum Groups {
+    Q4_1(Vec<Q4_1Group>),
+    Q8_0(Vec<Q8_0Group>),
+}
+
+/// Which VNNI instructions the CPU has; decided once, when a matrix is loaded.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Vnni {
+    /// AVX-VNNI (VEX-encoded `vpdpbusd`, Alder Lake, Sapphire Rapids, Zen 5).
+    Avx,
+    /// AVX-512 VNNI on 256-bit registers (Ice Lake, Zen 4).
+    Avx512,
+}
+
+impl Vnni {
+    fn detect() -> Option<Self> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+                return None;
+            }
+            if is_x86_feature_detected!("avxvnni") {
+                return Some(Vnni::Avx);
+            }
+            if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+                return Some(Vnni::Avx512);
+            }
+        }
+        None
+    }
 }
 
 pub struct ShortMatmul {
     /// Output features (rows of the weight matrix) and input features.
     n: usize,
     k: usize,
-    blocks: Blocks,
+    groups: Groups,
+    vnni: Vnni,
 }
 
 impl std::fmt::Debug for ShortMatmul {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let format = match self.blocks {
-            Blocks::Q4_1(_) => "Q4_1",
-            Blocks::Q8_0(_) => "Q8_0",
+        let format = match self.groups {
+            Groups::Q4_1(_) => "Q4_1",
+            Groups::Q8_0(_) => "Q8_0",
         };
-        write!(f, "ShortMatmul({format}, {}×{})", self.n, self.k)
+        write!(
+            f,
+            "ShortMatmul({format}, {}×{}, {:?})",
+            self.n, self.k, self.vnni
+        )
     }
 }
 
 impl ShortMatmul {
-    /// The matrix of a Q4_1 or Q8_0 tensor `(n, k)`; None for other types or shapes.
+    /// The matrix of a Q4_1 or Q8_0 tensor `(n, k)`; None for other types or shapes, or on a CPU
+    /// without VNNI.
     pub fn from_qtensor(q: &QTensor) -> candle_core::Result<Option<Self>> {
+        match Vnni::detect() {
+            Some(vnni) => Self::with_vnni(q, vnni),
+            None => Ok(None),
+        }
+    }
+
+    fn with_vnni(q: &QTensor, vnni: Vnni) -> candle_core::Result<Option<Self>> {
         let Ok((n, k)) = q.shape().dims2() else {
             return Ok(None);
         };
-        if k == 0 || k % QK != 0 {
+        if k == 0 || k % QK != 0 || n == 0 || n % LANES != 0 {
             return Ok(None);
         }
-        let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
-        let blocks = match q.dtype() {
-            GgmlDType::Q4_1 => Blocks::Q4_1(
-                q.data()?
-                    .chunks_exact(4 + QK / 2)
-                    .map(|b| {
-                        let mut qs = [0u8; QK / 2];
-                        qs.copy_from_slice(&b[4..]);
-                        Q4_1Block {
-                            d: f16_at(b, 0),
-                            m: f16_at(b, 2),
-                            qs,
-                        }
-                    })
-                    .collect(),
-            ),
-            GgmlDType::Q8_0 => Blocks::Q8_0(
-                q.data()?
-                    .chunks_exact(2 + QK)
-                    .map(|b| Q8_0Block {
-                        d: f16_at(b, 0),
-                        qs: std::array::from_fn(|i| b[2 + i] as i8),
-                    })
-                    .collect(),
-            ),
+        let block_bytes = match q.dtype() {
+            GgmlDType::Q4_1 => 4 + QK / 2,
+            GgmlDType::Q8_0 => 2 + QK,
             _ => return Ok(None),
         };
-        let count = match &blocks {
-            Blocks::Q4_1(b) => b.len(),
-            Blocks::Q8_0(b) => b.len(),
-        };
-        if count != n * k / QK {
+        let data = q.data()?;
+        let kb = k / QK;
+        if data.len() != n * kb * block_bytes {
             return Ok(None);
         }
-        Ok(Some(Self { n, k, blocks }))
+        // Column `c`'s block `b`, as stored in the file (row-major blocks).
+        let block = |c: usize, b: usize| &data[(c * kb + b) * block_bytes..][..block_bytes];
+        let f16_at = |bytes: &[u8], i: usize| f16::from_le_bytes([bytes[i], bytes[i + 1]]).to_f32();
+        let positions = (0..n / LANES).flat_map(|g| (0..kb).map(move |b| (g * LANES, b)));
+        let groups = match q.dtype() {
+            GgmlDType::Q4_1 => Groups::Q4_1(
+                positions
+                    .map(|(first, b)| {
+                        let mut group = Q4_1Group {
+                            qs: [0; 4 * QK],
+                            d: [0.0; LANES],
+                            m: [0.0; LANES],
+                        };
+                        for c in 0..LANES {
+                            let bytes = block(first + c, b);
+                            group.d[c] = f16_at(bytes, 0);
+                            group.m[c] = f16_at(bytes, 2);
+                            // ggml's Q4_1: byte j holds input j (low nibble) and j + 16 (high).
+                            let quant = |e: usize| match e < QK / 2 {
+                                true => bytes[4 + e] & 0x0F,
+                                false => bytes[4 + e - QK / 2] >> 4,
+                            };
+                            for t in 0..4 {
+                                for i in 0..4 {
+                                    let (low, high) = (4 * t + i, 4 * (t + 4) + i);
+                                    group.qs[32 * t + 4 * c + i] = quant(low) | (quant(high) << 4);
+                                }
+                            }
+                        }
+                        group
+                    })
+                    .collect(),
+            ),
+            _ => Groups::Q8_0(
+                positions
+                    .map(|(first, b)| {
+                        let mut group = Q8_0Group {
+                            qs: [0; LANES * QK],
+                            d: [0.0; LANES],
+                        };
+                        for c in 0..LANES {
+                            let bytes = block(first + c, b);
+                            group.d[c] = f16_at(bytes, 0);
+                            for t in 0..LANES {
+                                for i in 0..4 {
+                                    let q = bytes[2 + 4 * t + i] as i8;
+                                    group.qs[32 * t + 4 * c + i] = (q as i16 + 128) as u8;
+                                }
+                            }
+                        }
+                        group
+                    })
+                    .collect(),
+            ),
+        };
+        Ok(Some(Self { n, k, groups, vnni }))
     }
 
     /// `x · Wᵀ` for `x` of shape `(.., k)`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let mut dims = x.dims().to_vec();
+        Ok(Self::forward_shared(&[self], x)?.remove(0))
+    }
+
+    /// `x · Wᵢᵀ` for several matrices of the same width: `x` is quantized once, and all the
+    /// products share one parallel region.
+    pub fn forward_shared(parts: &[&ShortMatmul], x: &Tensor) -> candle_core::Result<Vec<Tensor>> {
+        let dims = x.dims().to_vec();
         let k = dims.last().copied().unwrap_or(0);
-        if k != self.k {
+        if let Some(part) = parts.iter().find(|p| p.k != k) {
             candle_core::bail!(
                 "quantized matmul: input of width {k} for a {}×{} matrix",
-                self.n,
-                self.k
+                part.n,
+                part.k
             );
         }
         let xs = x.flatten_all()?.to_vec1::<f32>()?;
-        let m = xs.len() / k;
+        let m = xs.len() / k.max(1);
         let acts = quantize_rows(&xs);
-        let out = match &self.blocks {
-            Blocks::Q4_1(b) => product(b, &acts, self.n, m),
-            Blocks::Q8_0(b) => product(b, &acts, self.n, m),
-        };
-        if let Some(last) = dims.last_mut() {
-            *last = self.n;
+        // Tasks over every part's column groups, each writing its own slice of one buffer laid out
+        // part by part, column group by column group, row by row.
+        let tasks: Vec<(usize, usize)> = parts
+            .iter()
+            .enumerate()
+            .flat_map(|(p, part)| {
+                let groups = part.n / LANES;
+                (0..groups.div_ceil(GROUPS_PER_TASK)).map(move |t| (p, t * GROUPS_PER_TASK))
+            })
+            .collect();
+        let mut by_group = vec![0f32; parts.iter().map(|p| p.n * m).sum()];
+        let mut slices = Vec::with_capacity(tasks.len());
+        let mut rest = by_group.as_mut_slice();
+        for &(p, first) in &tasks {
+            let groups = (parts[p].n / LANES - first).min(GROUPS_PER_TASK);
+            let (slice, tail) = rest.split_at_mut(groups * LANES * m);
+            slices.push(slice);
+            rest = tail;
         }
-        Tensor::from_vec(out, dims, x.device())
-    }
-}
-
-/// `(m, n)` outputs of `m` activation rows against `n` weight rows of `blocks`.
-fn product<B: WeightBlock>(blocks: &[B], acts: &[ActBlock], n: usize, m: usize) -> Vec<f32> {
-    let kb = blocks.len() / n;
-    // Computed column-major (each task owns whole columns), then transposed.
-    let mut by_column = vec![0f32; n * m];
-    by_column
-        .par_chunks_mut(COLUMNS_PER_TASK * m)
-        .enumerate()
-        .for_each(|(task, out)| {
-            let first = task * COLUMNS_PER_TASK;
-            for (c, column_out) in out.chunks_mut(m).enumerate() {
-                let col = first + c;
-                dot_column(&blocks[col * kb..(col + 1) * kb], acts, kb, column_out);
+        tasks
+            .par_iter()
+            .zip(slices.into_par_iter())
+            .for_each(|(&(p, first), out)| parts[p].column_groups(first, &acts, m, out));
+        let mut outs = Vec::with_capacity(parts.len());
+        let mut offset = 0;
+        for part in parts {
+            let n = part.n;
+            let mut out = vec![0f32; m * n];
+            for (g, group) in by_group[offset..offset + n * m]
+                .chunks(LANES * m)
+                .enumerate()
+            {
+                for (row, lanes) in group.chunks(LANES).enumerate() {
+                    out[row * n + g * LANES..][..LANES].copy_from_slice(lanes);
+                }
             }
-        });
-    let mut out = vec![0f32; m * n];
-    for (col, column) in by_column.chunks(m).enumerate() {
-        for (row, &v) in column.iter().enumerate() {
-            out[row * n + col] = v;
+            offset += n * m;
+            let mut shape = dims.clone();
+            if let Some(last) = shape.last_mut() {
+                *last = n;
+            }
+            outs.push(Tensor::from_vec(out, shape, x.device())?);
+        }
+        Ok(outs)
+    }
+
+    /// Column groups `first..` (as many as `out` holds, `LANES·m` floats each) against all `m`
+    /// rows: `out[(g·m + r)·LANES + c]` is row r's output in column `c` of group `first + g`.
+    fn column_groups(&self, first: usize, acts: &[ActBlock], m: usize, out: &mut [f32]) {
+        let kb = self.k / QK;
+        for (g, group_out) in out.chunks_mut(LANES * m).enumerate() {
+            let at = (first + g) * kb;
+            match &self.groups {
+                Groups::Q4_1(w) => self.rows(&w[at..at + kb], acts, group_out),
+                Groups::Q8_0(w) => self.rows(&w[at..at + kb], acts, group_out),
+            }
         }
     }
-    out
+
+    /// One column group's blocks against every row, [`ROW_GROUP`] rows at a time.
+    fn rows<W: Interleaved>(&self, weights: &[W], acts: &[ActBlock], out: &mut [f32]) {
+        let kb = weights.len();
+        for (index, rows_out) in out.chunks_mut(ROW_GROUP * LANES).enumerate() {
+            let first = index * ROW_GROUP * kb;
+            let rows = &acts[first..first + rows_out.len() / LANES * kb];
+            // SAFETY: `self.vnni` was detected on this CPU, with AVX2 and FMA.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                match (self.vnni, rows_out.len() / LANES) {
+                    (Vnni::Avx, 1) => rows_avx_vnni::<W, 1>(weights, rows, rows_out),
+                    (Vnni::Avx, 2) => rows_avx_vnni::<W, 2>(weights, rows, rows_out),
+                    (Vnni::Avx, 3) => rows_avx_vnni::<W, 3>(weights, rows, rows_out),
+                    (Vnni::Avx, _) => rows_avx_vnni::<W, ROW_GROUP>(weights, rows, rows_out),
+                    (Vnni::Avx512, 1) => rows_avx512_vnni::<W, 1>(weights, rows, rows_out),
+                    (Vnni::Avx512, 2) => rows_avx512_vnni::<W, 2>(weights, rows, rows_out),
+                    (Vnni::Avx512, 3) => rows_avx512_vnni::<W, 3>(weights, rows, rows_out),
+                    (Vnni::Avx512, _) => rows_avx512_vnni::<W, ROW_GROUP>(weights, rows, rows_out),
+                }
+            }
+        }
+    }
 }
 
-/// candle's `quantize_row_q8_1` (whose blocks are `quantize_row_q8_0`'s plus their sum), row by row.
+/// ggml's `quantize_row_q8_1`, row by row: per block, the scale `max|x|/127` rounded to f16 and
+/// quants rounded half away from zero.
 fn quantize_rows(xs: &[f32]) -> Vec<ActBlock> {
     xs.chunks_exact(QK)
         .map(|x| {
             let amax = x.iter().fold(0f32, |a, &v| a.max(v.abs()));
-            let d = amax / ((1 << 7) - 1) as f32;
-            let id = if d != 0f32 { 1. / d } else { 0. };
-            let d16 = f16::from_f32(d);
-            let mut qs = [0i8; QK];
-            let mut sum = 0i32;
-            for j in 0..QK / 2 {
-                qs[j] = f32::round(x[j] * id) as i8;
-                qs[j + QK / 2] = f32::round(x[j + QK / 2] * id) as i8;
-                sum += qs[j] as i32 + qs[j + QK / 2] as i32;
-            }
-            let s16 = f16::from_f32(sum as f32) * d16;
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let d = f16::from_f32(d).to_f32();
+            let qs: [i8; QK] = std::array::from_fn(|j| (x[j] * id).round() as i8);
+            let sum = qs.iter().map(|&q| q as i32).sum::<i32>();
             ActBlock {
-                d: d16.to_f32(),
-                s: s16.to_f32(),
+                d,
+                s: d * sum as f32,
+                sum,
                 qs,
             }
         })
         .collect()
 }
 
-/// A weight block format: how it multiplies one activation block.
-trait WeightBlock: Sync {
-    /// `Σ q_w·q_a` over the block, in plain integer arithmetic (CPUs without AVX2).
-    fn sum_products(&self, a: &ActBlock) -> i32;
-
-    /// The block's scale, and the part of the dot product that does not depend on the activations'
-    /// individual values (`m·s` for Q4_1).
-    fn d(&self) -> f32;
-    fn offset(&self, a: &ActBlock) -> f32;
-
-    /// `Σ w·a` over the block, in plain scalar arithmetic.
-    fn dot_scalar(&self, a: &ActBlock) -> f32 {
-        self.sum_products(a) as f32 * self.d() * a.d + self.offset(a)
-    }
-
-    /// The block as the unsigned operand of `maddubs`, and what signs the activations need first.
+/// A column group's block in one of the interleaved formats.
+trait Interleaved: Sync {
+    /// The unsigned weights of chunks `t` and `t + 4` (inputs `4t..4t+4` and `4t+16..4t+20`),
+    /// four bytes per column. Q8_0 has 8 chunks, taken as two such pairs per `t`.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn unpack(&self) -> Unpacked;
+    unsafe fn chunks(&self, t: usize) -> [std::arch::x86_64::__m256i; 2];
+    /// How many `chunks` calls cover the 32 inputs: 4 (each giving inputs of two quarters).
+    const CHUNK_PAIRS: usize = 4;
+    /// Whether quants are stored with +128 (then `128·Σa` comes off the integer sums).
+    const OFFSET_128: bool;
+    /// Which activation chunks `chunks(t)` pairs with.
+    fn chunk_inputs(t: usize) -> [usize; 2];
+    fn d(&self) -> &[f32; LANES];
+    /// The per-column additive term `m` (Q4_1), multiplied by the activations' `d·Σq`.
+    fn m(&self) -> Option<&[f32; LANES]>;
 }
 
-/// A weight block ready for AVX2: `unsigned` bytes and, for signed formats, the original bytes whose
-/// signs go onto the activations (`|w|·sign(w)·a = w·a`).
+impl Interleaved for Q4_1Group {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn chunks(&self, t: usize) -> [std::arch::x86_64::__m256i; 2] {
+        use std::arch::x86_64::*;
+        let packed = _mm256_loadu_si256(self.qs.as_ptr().add(32 * t) as *const __m256i);
+        let low = _mm256_set1_epi8(0x0F);
+        [
+            _mm256_and_si256(packed, low),
+            _mm256_and_si256(_mm256_srli_epi16(packed, 4), low),
+        ]
+    }
+    const OFFSET_128: bool = false;
+    fn chunk_inputs(t: usize) -> [usize; 2] {
+        [4 * t, 4 * (t + 4)]
+    }
+    fn d(&self) -> &[f32; LANES] {
+        &self.d
+    }
+    fn m(&self) -> Option<&[f32; LANES]> {
+        Some(&self.m)
+    }
+}
+
+impl Interleaved for Q8_0Group {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn chunks(&self, t: usize) -> [std::arch::x86_64::__m256i; 2] {
+        use std::arch::x86_64::*;
+        let at = |chunk: usize| self.qs.as_ptr().add(32 * chunk) as *const __m256i;
+        [
+            _mm256_loadu_si256(at(2 * t)),
+            _mm256_loadu_si256(at(2 * t + 1)),
+        ]
+    }
+    const OFFSET_128: bool = true;
+    fn chunk_inputs(t: usize) -> [usize; 2] {
+        [8 * t, 8 * t + 4]
+    }
+    fn d(&self) -> &[f32; LANES] {
+        &self.d
+    }
+    fn m(&self) -> Option<&[f32; LANES]> {
+        None
+    }
+}
+
+/// The kernel, for `G` rows (`acts[r·kb..]`) against one column group, written once and compiled
+/// under each VNNI flavour by the two entry points below (`dpbusd` is their instruction).
+///
+/// Per block and row: the integer sums of the eight columns accumulate exactly in their lanes, then
+/// `lanes += (d_w·d_a)·sums (+ m·s)`, block after block. `out[r·LANES + c]`.
 #[cfg(target_arch = "x86_64")]
-struct Unpacked {
-    unsigned: std::arch::x86_64::__m256i,
-    signs: Option<std::arch::x86_64::__m256i>,
-}
-
-impl WeightBlock for Q4_1Block {
-    fn sum_products(&self, a: &ActBlock) -> i32 {
-        (0..QK / 2)
-            .map(|j| {
-                (self.qs[j] & 0x0F) as i32 * a.qs[j] as i32
-                    + (self.qs[j] >> 4) as i32 * a.qs[j + QK / 2] as i32
-            })
-            .sum()
+#[inline(always)]
+unsafe fn rows_kernel<W: Interleaved, const G: usize>(
+    weights: &[W],
+    acts: &[ActBlock],
+    out: &mut [f32],
+    dpbusd: impl Fn(
+        std::arch::x86_64::__m256i,
+        std::arch::x86_64::__m256i,
+        std::arch::x86_64::__m256i,
+    ) -> std::arch::x86_64::__m256i,
+) {
+    use std::arch::x86_64::*;
+    let kb = weights.len();
+    // The only bounds the loop relies on, checked once.
+    if acts.len() < G * kb || out.len() < G * LANES {
+        return;
     }
-
-    fn d(&self) -> f32 {
-        self.d
-    }
-
-    fn offset(&self, a: &ActBlock) -> f32 {
-        self.m * a.s
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn unpack(&self) -> Unpacked {
-        use std::arch::x86_64::*;
-        // Lanes 0..16: low nibbles (paired with activations 0..16), 16..32: high nibbles.
-        let packed = _mm_loadu_si128(self.qs.as_ptr() as *const __m128i);
-        let low = _mm_set1_epi8(0x0F);
-        let lo = _mm_and_si128(packed, low);
-        let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
-        Unpacked {
-            unsigned: _mm256_set_m128i(hi, lo),
-            signs: None,
-        }
-    }
-}
-
-impl WeightBlock for Q8_0Block {
-    fn sum_products(&self, a: &ActBlock) -> i32 {
-        self.qs
-            .iter()
-            .zip(&a.qs)
-            .map(|(&w, &x)| w as i32 * x as i32)
-            .sum()
-    }
-
-    fn d(&self) -> f32 {
-        self.d
-    }
-
-    fn offset(&self, _: &ActBlock) -> f32 {
-        0.0
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn unpack(&self) -> Unpacked {
-        use std::arch::x86_64::*;
-        let w = _mm256_loadu_si256(self.qs.as_ptr() as *const __m256i);
-        Unpacked {
-            unsigned: _mm256_sign_epi8(w, w),
-            signs: Some(w),
-        }
-    }
-}
-
-/// One column against every row: `out[r]` gets row r's dot product.
-fn dot_column<B: WeightBlock>(weights: &[B], acts: &[ActBlock], kb: usize, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            for (index, group) in out.chunks_mut(ROW_GROUP).enumerate() {
-                let rows = &acts[index * ROW_GROUP * kb..];
-                // SAFETY: the CPU has AVX2 and FMA, checked just above.
-                unsafe {
-                    match group.len() {
-                        1 => dot_rows_avx2::<B, 1>(weights, rows, kb, group),
-                        2 => dot_rows_avx2::<B, 2>(weights, rows, kb, group),
-                        3 => dot_rows_avx2::<B, 3>(weights, rows, kb, group),
-                        _ => dot_rows_avx2::<B, ROW_GROUP>(weights, rows, kb, group),
-                    }
+    let mut lanes = [_mm256_setzero_ps(); G];
+    for (b, w) in weights.iter().enumerate() {
+        let row = |g: usize| acts.get_unchecked(g * kb + b);
+        let mut sums = [_mm256_setzero_si256(); G];
+        for t in 0..W::CHUNK_PAIRS {
+            let chunks = w.chunks(t);
+            let inputs = W::chunk_inputs(t);
+            for (g, sum) in sums.iter_mut().enumerate() {
+                let qs = row(g).qs.as_ptr();
+                for (chunk, input) in chunks.iter().zip(inputs) {
+                    let a = _mm256_set1_epi32((qs.add(input) as *const i32).read_unaligned());
+                    *sum = dpbusd(*sum, *chunk, a);
                 }
             }
-            return;
+        }
+        let d = _mm256_loadu_ps(w.d().as_ptr());
+        for (g, (lane, mut sum)) in lanes.iter_mut().zip(sums).enumerate() {
+            let a = row(g);
+            if W::OFFSET_128 {
+                sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(128 * a.sum));
+            }
+            let scale = _mm256_mul_ps(d, _mm256_set1_ps(a.d));
+            *lane = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, *lane);
+            if let Some(m) = w.m() {
+                *lane = _mm256_fmadd_ps(_mm256_loadu_ps(m.as_ptr()), _mm256_set1_ps(a.s), *lane);
+            }
         }
     }
-    dot_column_scalar(weights, acts, kb, out);
-}
-
-fn dot_column_scalar<B: WeightBlock>(weights: &[B], acts: &[ActBlock], kb: usize, out: &mut [f32]) {
-    for (r, acc) in out.iter_mut().enumerate() {
-        *acc = weights
-            .iter()
-            .zip(&acts[r * kb..(r + 1) * kb])
-            .map(|(w, a)| w.dot_scalar(a))
-            .sum();
+    for (g, lane) in lanes.iter().enumerate() {
+        _mm256_storeu_ps(out.as_mut_ptr().add(g * LANES), *lane);
     }
 }
 
-/// `G` rows (`acts[r·kb..]`) against one column, each row in its own eight float lanes, as candle's
-/// `vec_dot_q8_0_q8_0` and ggml's Q4_1 kernel sum: lanes get `d_w·d_a · (pair sums)` block by block,
-/// then are added horizontally, then the offsets.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_rows_avx2<B: WeightBlock, const G: usize>(
-    weights: &[B],
+#[target_feature(enable = "avx2,fma,avxvnni")]
+unsafe fn rows_avx_vnni<W: Interleaved, const G: usize>(
+    weights: &[W],
     acts: &[ActBlock],
-    kb: usize,
     out: &mut [f32],
 ) {
     use std::arch::x86_64::*;
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); G];
-    let mut offsets = [0f32; G];
-    for (b, w) in weights.iter().enumerate() {
-        let unpacked = w.unpack();
-        for g in 0..G {
-            let a = &acts[g * kb + b];
-            let mut av = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
-            if let Some(signs) = unpacked.signs {
-                av = _mm256_sign_epi8(av, signs);
-            }
-            let pairs = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(unpacked.unsigned, av));
-            let scale = _mm256_set1_ps(w.d() * a.d);
-            acc[g] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(pairs), acc[g]);
-            offsets[g] += w.offset(a);
-        }
-    }
-    for g in 0..G {
-        out[g] = hsum(acc[g]) + offsets[g];
-    }
+    rows_kernel::<W, G>(weights, acts, out, |s, w, a| {
+        _mm256_dpbusd_avx_epi32(s, w, a)
+    })
 }
 
-/// candle's `hsum_float_8`: the same additions in the same order.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-pub(super) unsafe fn hsum(x: std::arch::x86_64::__m256) -> f32 {
+#[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
+unsafe fn rows_avx512_vnni<W: Interleaved, const G: usize>(
+    weights: &[W],
+    acts: &[ActBlock],
+    out: &mut [f32],
+) {
     use std::arch::x86_64::*;
-    let res = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
-    let res = _mm_add_ps(res, _mm_movehl_ps(res, res));
-    let res = _mm_add_ss(res, _mm_movehdup_ps(res));
-    _mm_cvtss_f32(res)
+    rows_kernel::<W, G>(weights, acts, out, |s, w, a| _mm256_dpbusd_epi32(s, w, a))
 }
 
 #[cfg(test)]
@@ -376,54 +481,105 @@ mod tests {
             .collect()
     }
 
-    /// For each format: every row's output is the same bit for bit whether the row runs alone or
-    /// with 1–14 others (what exact verification rests on), agrees with candle's own product, and
-    /// is bit-identical to it for Q8_0; the scalar fallback agrees too.
+    /// The oracle: candle's dequantized weights against our dequantized activations, in f64.
+    fn reference(q: &QTensor, xs: &[f32], n: usize, k: usize) -> Vec<f64> {
+        let w = flat(q.dequantize(&Device::Cpu).unwrap());
+        let acts = quantize_rows(xs);
+        let a: Vec<f64> = acts
+            .iter()
+            .flat_map(|b| b.qs.map(|q| q as f64 * b.d as f64))
+            .collect();
+        let m = xs.len() / k;
+        (0..m)
+            .flat_map(|r| {
+                let (a, w) = (&a, &w);
+                (0..n).map(move |c| {
+                    (0..k)
+                        .map(|i| a[r * k + i] * w[c * k + i] as f64)
+                        .sum::<f64>()
+                })
+            })
+            .collect()
+    }
+
+    /// For each format and each VNNI flavour the CPU has: every row's output is the same bit for
+    /// bit whether the row runs alone or with 1–14 others (what exact verification rests on), the
+    /// products match the dequantized oracle, both flavours agree bit for bit, products sharing one
+    /// input equal separate ones, and candle's own product is close.
     #[test]
-    fn rows_are_independent_and_agree_with_candle() {
+    fn rows_are_independent_and_match_the_oracle() {
         let dev = Device::Cpu;
-        // k = 320 is not a multiple of 256, so candle takes its generic AVX2 path (as it does for
-        // SmolLM2's 576-wide output head) rather than its repacked AVX-512 tiles.
+        let flavours: Vec<Vnni> = [Vnni::Avx, Vnni::Avx512]
+            .into_iter()
+            .filter(|v| match v {
+                Vnni::Avx => is_x86_feature_detected!("avxvnni"),
+                Vnni::Avx512 => {
+                    is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
+                }
+            })
+            .collect();
+        if flavours.is_empty() {
+            eprintln!("no VNNI on this CPU: candle's kernels serve instead");
+            return;
+        }
         let (n, k) = (96, 320);
         let w = Tensor::from_vec(pseudo(n * k, 7919, 997, 0.2), (n, k), &dev).unwrap();
+        let m = 15;
+        let xs = pseudo(m * k, 104729, 1009, 3.0);
+        let x = |rows: usize| Tensor::from_vec(xs[..rows * k].to_vec(), (1, rows, k), &dev);
         for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
             let q = QTensor::quantize(&w, dtype).unwrap();
-            let ours = ShortMatmul::from_qtensor(&q).unwrap().unwrap();
-            let theirs = QMatMul::from_qtensor(q).unwrap();
-            let m = 15;
-            let xs = pseudo(m * k, 104729, 1009, 3.0);
-            let all = flat(
-                ours.forward(&Tensor::from_vec(xs.clone(), (1, m, k), &dev).unwrap())
-                    .unwrap(),
-            );
-            for rows in [1usize, 2, 3, 4, 5, 15] {
-                let x = Tensor::from_vec(xs[..rows * k].to_vec(), (1, rows, k), &dev).unwrap();
-                let alone = flat(ours.forward(&x).unwrap());
-                assert!(alone == all[..rows * n], "{dtype:?}: {rows} rows differ");
-            }
-            let x = Tensor::from_vec(xs.clone(), (1, m, k), &dev).unwrap();
-            let reference = flat(theirs.forward(&x).unwrap());
-            match dtype {
-                GgmlDType::Q8_0 => assert!(all == reference, "Q8_0 differs from candle's"),
-                _ => {
-                    for (a, b) in all.iter().zip(&reference) {
-                        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
-                    }
+            let oracle = reference(&q, &xs, n, k);
+            let mut first_flavour: Option<Vec<f32>> = None;
+            for &vnni in &flavours {
+                let ours = ShortMatmul::with_vnni(&q, vnni).unwrap().unwrap();
+                let all = flat(ours.forward(&x(m).unwrap()).unwrap());
+                for rows in [1usize, 2, 3, 4, 5, 15] {
+                    let alone = flat(ours.forward(&x(rows).unwrap()).unwrap());
+                    assert!(alone == all[..rows * n], "{dtype:?}: {rows} rows differ");
+                }
+                for (i, (&a, &o)) in all.iter().zip(&oracle).enumerate() {
+                    assert!(
+                        (a as f64 - o).abs() <= 1e-4 * o.abs().max(1.0),
+                        "{dtype:?} {vnni:?} at {i}: {a} vs oracle {o}"
+                    );
+                }
+                match &first_flavour {
+                    Some(f) => assert!(*f == all, "{dtype:?}: VNNI flavours differ"),
+                    None => first_flavour = Some(all.clone()),
+                }
+                let shared = ShortMatmul::forward_shared(&[&ours, &ours], &x(m).unwrap()).unwrap();
+                for part in shared {
+                    assert!(flat(part) == all, "{dtype:?}: a shared product differs");
                 }
             }
-            let acts = quantize_rows(&xs);
-            let mut scalar = vec![0f32; m];
-            match &ours.blocks {
-                Blocks::Q4_1(b) => dot_column_scalar(&b[..k / QK], &acts, k / QK, &mut scalar),
-                Blocks::Q8_0(b) => dot_column_scalar(&b[..k / QK], &acts, k / QK, &mut scalar),
-            }
-            for (r, s) in scalar.iter().enumerate() {
-                let a = all[r * n];
+            let candle = flat(
+                QMatMul::from_qtensor(q)
+                    .unwrap()
+                    .forward(&x(m).unwrap())
+                    .unwrap(),
+            );
+            let ours = first_flavour.unwrap();
+            for (a, b) in ours.iter().zip(&candle) {
                 assert!(
-                    (a - s).abs() <= 1e-5 * a.abs().max(1.0),
-                    "{dtype:?} scalar {s} vs {a}"
+                    (a - b).abs() <= 1e-3 * b.abs().max(1.0),
+                    "{a} vs candle {b}"
                 );
             }
         }
+    }
+
+    /// Shapes the kernel cannot take are left to candle.
+    #[test]
+    fn unsupported_shapes_are_declined() {
+        let dev = Device::Cpu;
+        for (n, dtype) in [(12, GgmlDType::Q8_0), (16, GgmlDType::F16)] {
+            let w = Tensor::zeros((n, 64), candle_core::DType::F32, &dev).unwrap();
+            let q = QTensor::quantize(&w, dtype).unwrap();
+            assert!(ShortMatmul::with_vnni(&q, Vnni::Avx).unwrap().is_none());
+        }
+        let w = Tensor::zeros((16, 64), candle_core::DType::F32, &dev).unwrap();
+        let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+        assert!(ShortMatmul::with_vnni(&q, Vnni::Avx).unwrap().is_some());
     }
 }

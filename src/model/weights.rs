@@ -70,10 +70,18 @@ impl Linear {
         }
     }
 
-    /// `x · Wᵢᵀ` for several matrices that share the input (Q/K/V, gate/up): candle's fused kernel
-    /// quantizes `x` once and runs one parallel region where the CPU supports it. Matrices that our
-    /// own kernel serves stay with it, so a row computes the same way alone and in a draft.
+    /// `x · Wᵢᵀ` for several matrices that share the input (Q/K/V, gate/up): `x` is quantized once
+    /// and the products share one parallel region, in our own kernel when it serves every part (so
+    /// a row computes the same way alone and in a draft), else in candle's fused one where the CPU
+    /// supports it.
     pub fn forward_shared(parts: &[&Linear], x: &Tensor) -> candle_core::Result<Vec<Tensor>> {
+        let short: Option<Vec<&ShortMatmul>> = parts
+            .iter()
+            .map(|l| l.short.as_deref().filter(|_| l.dense_for(x).is_none()))
+            .collect();
+        if let (Some(short), true) = (short, x.device().is_cpu()) {
+            return ShortMatmul::forward_shared(&short, x);
+        }
         let quantized: Option<Vec<&QTensor>> = parts
             .iter()
             .map(|l| match l.for_input(x) {
