@@ -112,6 +112,12 @@ struct SpecArgs {
     /// Draft at most this many tokens per matched context token (0: fixed length).
     #[arg(long, default_value_t = DraftOptions::default().match_len_factor)]
     match_len_factor: f64,
+    /// Draft trees (verified a tree per pass) rather than chains.
+    #[arg(long)]
+    tree: bool,
+    /// Most nodes of a draft tree.
+    #[arg(long, default_value_t = DraftOptions::default().tree_budget)]
+    tree_budget: usize,
     /// Folder for spec.json and spec.md (default: print the Markdown).
     #[arg(long)]
     out_dir: Option<PathBuf>,
@@ -629,6 +635,8 @@ fn run_spec(args: SpecArgs) -> Result<()> {
             min_token_prob: args.min_token_prob,
             min_path_prob: args.min_path_prob,
             match_len_factor: args.match_len_factor,
+            tree: args.tree,
+            tree_budget: args.tree_budget,
             ..DraftOptions::default()
         },
     };

@@ -171,6 +171,69 @@ fn smollm2_rollback_leaves_no_trace() {
     assert_eq!(expected, again);
 }
 
+/// A draft tree verified in one pass: every row's logits are those of decoding its path alone, bit
+/// for bit, and keeping an accepted path leaves the cache as decoding that path would.
+#[test]
+fn smollm2_tree_rows_decode_their_paths_exactly() {
+    let model = load(&common::smollm2_gguf());
+    let t = model.transformer();
+    let ids = model.encode_document(&brown_test_text()).unwrap()[..40].to_vec();
+    let (context, next) = (&ids[..30], &ids[30..]);
+    // Rows: 0 the pending token; 1 and 2 two children of it; 3 under 1; 4 under 2; 5 under 4.
+    let tokens = [next[0], next[1], 1000, next[2], 2000, next[3]];
+    let parents = [0, 0, 0, 1, 2, 4];
+    let mut cache = t.new_cache();
+    t.forward(context, &mut cache).unwrap();
+    let tree = t
+        .forward_tree(&tokens, &parents, &mut cache)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    let path_of = |mut row: usize| {
+        let mut path = vec![row];
+        while row > 0 {
+            row = parents[row];
+            path.push(row);
+        }
+        path.reverse();
+        path
+    };
+    let decode_alone = |path: &[usize]| {
+        let mut alone = t.new_cache();
+        t.forward(context, &mut alone).unwrap();
+        let mut last = Vec::new();
+        for &r in path {
+            last = t
+                .forward(&[tokens[r]], &mut alone)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap();
+        }
+        (last.remove(0), alone)
+    };
+    for (row, logits) in tree.iter().enumerate() {
+        let (want, _) = decode_alone(&path_of(row));
+        assert!(
+            *logits == want,
+            "row {row} differs from its path decoded alone"
+        );
+    }
+    // Keep the path 0 → 2 → 4, then decode one more token on each cache.
+    let kept = path_of(4);
+    cache.keep(context.len(), &kept).unwrap();
+    assert_eq!(cache.len(), context.len() + 3);
+    let (_, mut plain) = decode_alone(&kept);
+    let after = |c: &mut infini_sidecar::model::KvCache| {
+        t.forward(&[next[5]], c).unwrap().to_vec2::<f32>().unwrap()
+    };
+    assert_eq!(after(&mut cache), after(&mut plain));
+    // Parents must come before their rows.
+    let mut bad = t.new_cache();
+    t.forward(context, &mut bad).unwrap();
+    assert!(t.forward_tree(&tokens[..3], &[0, 2, 0], &mut bad).is_err());
+    assert!(bad.keep(context.len(), &[1, 0]).is_err());
+}
+
 /// Perplexity of tokens 1.. of `ids` from candle-transformers fed one token at a time.
 fn candle_perplexity(path: &Path, ids: &[u32], gemma: bool) -> f64 {
     let mut reference = CandleReference::new(path, gemma);

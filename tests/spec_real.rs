@@ -2,8 +2,9 @@
 //! drafter: greedy speculative decoding emits exactly plain greedy decoding's tokens on prompts from
 //! every test domain, while drafts are actually accepted.
 //!
-//! Exactness rests on every row of a pass being computed as a one-token step computes it: the Q4_1
-//! kernel sums each output the same way for any number of rows, and short passes attend row by row.
+//! Exactness rests on every row of a pass being computed as a one-token step computes it: the
+//! quantized kernels sum each output the same way for any number of rows, and short passes attend
+//! row by row along each row's path (a chain, or a draft tree's branch).
 
 mod common;
 
@@ -45,17 +46,24 @@ fn greedy_speculative_decoding_equals_plain_greedy() {
         assert_eq!(want.drafted, 0);
         assert_eq!(want.steps, 20);
         let source = [DraftSource::Both, DraftSource::Index, DraftSource::Prompt][i % 3];
+        // Chains and trees (verified a tree per pass) in turn.
+        let tree = i % 2 == 1;
         let spec = SpecOptions {
             // A low bar, so that many drafts are verified (and some rejected).
             draft: Some(DraftOptions {
                 source,
+                tree,
                 min_token_prob: 0.1,
+                min_path_prob: 0.1,
                 ..DraftOptions::default()
             }),
             ..plain
         };
         let got = decode(model.transformer(), &index, prompt, &spec).unwrap();
-        assert_eq!(got.tokens, want.tokens, "prompt {i}, {source:?}");
+        assert_eq!(
+            got.tokens, want.tokens,
+            "prompt {i}, {source:?}, tree {tree}"
+        );
         assert_eq!(got.steps + got.accepted, 20);
         drafted += got.drafted;
         accepted += got.accepted;

@@ -1,15 +1,16 @@
 //! A speculative decoding loop with the model as the target: each step runs the pending token and a
-//! draft chain in one pass, keeps the longest verified prefix plus one token of the target's own, and
-//! rolls the KV cache back over the rest. Greedy verification reproduces plain greedy decoding;
-//! sampling verification accepts a drafted token with the target's probability of it and otherwise
-//! samples from the target with that token removed, which leaves the target distribution exact
-//! (the draft is a point mass).
+//! draft in one pass, keeps the longest verified path plus one token of the target's own, and rolls
+//! the KV cache back over the rest. Greedy verification takes draft trees (on the CPU, where a pass
+//! attends along each row's path) and reproduces plain greedy decoding; sampling verification takes
+//! the draft's most likely chain, accepts a drafted token with the target's probability of it and
+//! otherwise samples from the target with that token removed, which leaves the target distribution
+//! exact (the draft is a point mass).
 
 use std::time::Instant;
 
 use serde::Serialize;
 
-use super::{DraftOptions, Sequence};
+use super::{DraftOptions, DraftTree, Sequence};
 use crate::index::Index;
 use crate::model::{ModelError, Transformer, SHORT_PASS_ROWS};
 
@@ -90,6 +91,55 @@ fn sample(p: &[f64], u: f64) -> u32 {
     p.iter().rposition(|&x| x > 0.0).unwrap_or(0) as u32
 }
 
+/// A pass's rows: the pending token (row 0), then draft tokens, row `r ≥ 1` holding `tokens[r − 1]`
+/// after row `parents[r − 1] < r`. Trees are laid out depth first, likeliest child first, so the
+/// likeliest path is rows `0, 1, 2, ..` and keeping it moves nothing in the cache.
+#[derive(Debug, Default, PartialEq)]
+struct Rows {
+    tokens: Vec<u32>,
+    parents: Vec<usize>,
+}
+
+impl Rows {
+    /// The draft's likeliest chain, at most `room` tokens.
+    fn chain(draft: &DraftTree, room: usize) -> Self {
+        let mut tokens = draft.chain();
+        tokens.truncate(room);
+        Self {
+            parents: (0..tokens.len()).collect(),
+            tokens,
+        }
+    }
+
+    /// The draft tree's first `room` nodes depth first (a prefix of that order is still a tree).
+    fn tree(draft: &DraftTree, room: usize) -> Self {
+        let mut rows = Self::default();
+        // (node, its row's parent row), popped likeliest child first.
+        let mut stack: Vec<(usize, usize)> = Vec::new();
+        let push_children = |stack: &mut Vec<(usize, usize)>, parent: i32, row: usize| {
+            let mut children: Vec<usize> = (0..draft.len())
+                .filter(|&i| draft.parents[i] == parent)
+                .collect();
+            children.sort_by(|&a, &b| draft.probs[a].total_cmp(&draft.probs[b]));
+            stack.extend(children.into_iter().map(|c| (c, row)));
+        };
+        push_children(&mut stack, -1, 0);
+        while let Some((node, parent_row)) = stack.pop() {
+            if rows.tokens.len() == room {
+                break;
+            }
+            rows.tokens.push(draft.token_ids[node]);
+            rows.parents.push(parent_row);
+            push_children(&mut stack, node as i32, rows.tokens.len());
+        }
+        rows
+    }
+
+    fn is_chain(&self) -> bool {
+        self.parents.iter().enumerate().all(|(i, &p)| p == i)
+    }
+}
+
 /// How a pass's logits decide between the draft and the target.
 enum Verifier {
     Greedy,
@@ -97,37 +147,62 @@ enum Verifier {
 }
 
 impl Verifier {
-    /// Accepted draft tokens and the target's own next token, from the logits of the pending token
-    /// and each draft token (`rows.len() == draft.len() + 1`).
-    fn verify(&mut self, rows: &[Vec<f32>], draft: &[u32]) -> (usize, u32) {
-        for (i, row) in rows.iter().enumerate() {
-            let drafted = draft.get(i).copied();
-            match self {
-                Verifier::Greedy => {
-                    let t = argmax(row);
-                    if drafted != Some(t) {
-                        return (i, t);
-                    }
-                }
-                Verifier::Sampling { temperature, rng } => {
-                    let mut p = softmax(row, *temperature);
-                    // A drafted id beyond the model's vocabulary has probability 0: rejected.
-                    match drafted.map(|d| (d as usize, p.get(d as usize).copied().unwrap_or(0.0))) {
-                        Some((_, q)) if rng.next() < q => {}
-                        Some((d, _)) => {
-                            if let Some(x) = p.get_mut(d) {
-                                *x = 0.0;
-                            }
-                            return (i, sample(&p, rng.next()));
+    /// The accepted draft rows, in path order, and the target's own next token, from the logits
+    /// of every row (`logits.len() == rows.tokens.len() + 1`). Sampling takes chains only.
+    fn verify(&mut self, logits: &[Vec<f32>], rows: &Rows) -> (Vec<usize>, u32) {
+        match self {
+            Verifier::Greedy => {
+                let mut path = Vec::new();
+                let mut at = 0;
+                loop {
+                    let t = argmax(&logits[at]);
+                    let child = (0..rows.tokens.len())
+                        .find(|&r| rows.parents[r] == at && rows.tokens[r] == t)
+                        .map(|r| r + 1);
+                    match child {
+                        Some(row) => {
+                            path.push(row);
+                            at = row;
                         }
-                        None => return (i, sample(&p, rng.next())),
+                        None => return (path, t),
                     }
                 }
             }
+            Verifier::Sampling { temperature, rng } => {
+                let (accepted, next) = verify_sampled(logits, &rows.tokens, *temperature, rng);
+                ((1..=accepted).collect(), next)
+            }
         }
-        // Unreachable: the last row has no draft token and always returns.
-        (draft.len(), draft.last().copied().unwrap_or(0))
     }
+}
+
+/// Accepted draft tokens of a chain and the target's own next token, under sampling at
+/// `temperature`.
+fn verify_sampled(
+    logits: &[Vec<f32>],
+    draft: &[u32],
+    temperature: f64,
+    rng: &mut Uniform,
+) -> (usize, u32) {
+    for (i, row) in logits.iter().enumerate() {
+        let mut p = softmax(row, temperature);
+        // A drafted id beyond the model's vocabulary has probability 0: rejected.
+        match draft
+            .get(i)
+            .map(|&d| (d as usize, p.get(d as usize).copied().unwrap_or(0.0)))
+        {
+            Some((_, q)) if rng.next() < q => {}
+            Some((d, _)) => {
+                if let Some(x) = p.get_mut(d) {
+                    *x = 0.0;
+                }
+                return (i, sample(&p, rng.next()));
+            }
+            None => return (i, sample(&p, rng.next())),
+        }
+    }
+    // Unreachable: the last row has no draft token and always returns.
+    (draft.len(), draft.last().copied().unwrap_or(0))
 }
 
 /// Continues `prompt` with `model`, drafting from `index` and the sequence itself when asked.
@@ -158,6 +233,10 @@ fn decode_here(
             rng: Uniform(opts.seed),
         },
     };
+    // Trees when asked for, under greedy verification, where passes can follow them (the CPU).
+    let trees = opts.draft.is_some_and(|d| d.tree)
+        && matches!(verifier, Verifier::Greedy)
+        && model.device().is_cpu();
     // The drafter's state, kept only when drafting.
     let t = Instant::now();
     let mut drafter = opts
@@ -178,25 +257,40 @@ fn decode_here(
         }
         let t = Instant::now();
         let room = (opts.max_new_tokens - run.tokens.len() - 1).min(MAX_VERIFY_ROWS - 1);
-        let mut draft = match &mut drafter {
-            Some((seq, d)) => seq.draft(index, d).chain(),
-            None => Vec::new(),
+        let rows = match &mut drafter {
+            Some((seq, d)) => {
+                let draft = seq.draft(index, d);
+                match trees {
+                    true => Rows::tree(&draft, room),
+                    false => Rows::chain(&draft, room),
+                }
+            }
+            None => Rows::default(),
         };
-        draft.truncate(room);
         run.draft_seconds += t.elapsed().as_secs_f64();
 
-        let mut input = Vec::with_capacity(draft.len() + 1);
+        let mut input = Vec::with_capacity(rows.tokens.len() + 1);
         input.push(pending);
-        input.extend(&draft);
+        input.extend(&rows.tokens);
         let before = cache.len();
-        let rows: Vec<Vec<f32>> = model.forward(&input, &mut cache)?.to_vec2()?;
-        let (accepted, next) = verifier.verify(&rows, &draft);
-        cache.truncate(before + 1 + accepted);
+        let logits = match rows.is_chain() {
+            true => model.forward(&input, &mut cache)?,
+            false => {
+                let parents: Vec<usize> = std::iter::once(0)
+                    .chain(rows.parents.iter().copied())
+                    .collect();
+                model.forward_tree(&input, &parents, &mut cache)?
+            }
+        };
+        let logits: Vec<Vec<f32>> = logits.to_vec2()?;
+        let (path, next) = verifier.verify(&logits, &rows);
+        let kept: Vec<usize> = std::iter::once(0).chain(path.iter().copied()).collect();
+        cache.keep(before, &kept)?;
         run.steps += 1;
-        run.drafted += draft.len();
-        run.accepted += accepted;
+        run.drafted += rows.tokens.len();
+        run.accepted += path.len();
 
-        let mut new: Vec<u32> = draft[..accepted].to_vec();
+        let mut new: Vec<u32> = path.iter().map(|&r| rows.tokens[r - 1]).collect();
         new.push(next);
         let stop_at = new.iter().position(|&t| Some(t) == opts.stop_token);
         if let Some(i) = stop_at {
@@ -221,17 +315,67 @@ fn decode_here(
 mod tests {
     use super::*;
 
+    fn rows(tokens: &[u32], parents: &[usize]) -> Rows {
+        Rows {
+            tokens: tokens.to_vec(),
+            parents: parents.to_vec(),
+        }
+    }
+
     #[test]
     fn greedy_verification_keeps_the_agreeing_prefix() {
-        let rows = vec![
+        let logits = vec![
             vec![0.0, 5.0, 1.0],
             vec![0.0, 1.0, 5.0],
             vec![9.0, 1.0, 0.0],
         ];
         // Draft [1, 0]: the target says 1 (accept), then 2 (reject 0, emit 2).
-        assert_eq!(Verifier::Greedy.verify(&rows, &[1, 0]), (1, 2));
-        assert_eq!(Verifier::Greedy.verify(&rows, &[1, 2]), (2, 0));
-        assert_eq!(Verifier::Greedy.verify(&rows[..1], &[]), (0, 1));
+        let mut greedy = Verifier::Greedy;
+        assert_eq!(
+            greedy.verify(&logits, &rows(&[1, 0], &[0, 1])),
+            (vec![1], 2)
+        );
+        assert_eq!(
+            greedy.verify(&logits, &rows(&[1, 2], &[0, 1])),
+            (vec![1, 2], 0)
+        );
+        assert_eq!(greedy.verify(&logits[..1], &Rows::default()), (vec![], 1));
+    }
+
+    /// A tree is followed down the branch the target agrees with, whatever its row order.
+    #[test]
+    fn greedy_verification_follows_the_agreeing_branch() {
+        // Rows: 0 pending; 1 = token 2 under 0; 2 = token 1 under 0; 3 = token 0 under 2;
+        // 4 = token 2 under 1. The target says 1 after row 0, then 0 after row 2, then 2.
+        let logits = vec![
+            vec![0.0, 5.0, 1.0],
+            vec![0.0, 0.0, 5.0],
+            vec![5.0, 0.0, 1.0],
+            vec![0.0, 1.0, 5.0],
+            vec![5.0, 0.0, 0.0],
+        ];
+        let tree = rows(&[2, 1, 0, 2], &[0, 0, 2, 1]);
+        assert!(!tree.is_chain());
+        assert_eq!(Verifier::Greedy.verify(&logits, &tree), (vec![2, 3], 2));
+    }
+
+    /// Trees are laid out depth first, likeliest child first, and cut to the room left.
+    #[test]
+    fn trees_are_laid_out_likeliest_path_first() {
+        let draft = DraftTree {
+            token_ids: vec![10, 11, 12, 13],
+            parents: vec![-1, -1, 0, 1],
+            probs: vec![0.3, 0.6, 0.2, 0.5],
+            score: 1.6,
+            match_len: 2,
+        };
+        assert_eq!(
+            Rows::tree(&draft, 8),
+            rows(&[11, 13, 10, 12], &[0, 1, 0, 3])
+        );
+        assert_eq!(Rows::tree(&draft, 3), rows(&[11, 13, 10], &[0, 1, 0]));
+        assert_eq!(Rows::chain(&draft, 8), rows(&[11, 13], &[0, 1]));
+        assert!(Rows::chain(&draft, 8).is_chain());
     }
 
     /// Sampling verification with a fixed draft token leaves the target's distribution exact: the
@@ -244,11 +388,18 @@ mod tests {
             temperature: 1.0,
             rng: Uniform(7),
         };
+        let one_token = DraftTree {
+            token_ids: vec![3],
+            parents: vec![-1],
+            probs: vec![0.5],
+            score: 0.5,
+            match_len: 1,
+        };
         let n = 200_000;
         let mut counts = [0usize; 4];
         for _ in 0..n {
-            let (accepted, next) = v.verify(&rows, &[3]);
-            let first = if accepted == 1 { 3 } else { next };
+            let (path, next) = v.verify(&rows, &Rows::chain(&one_token, 1));
+            let first = if path.len() == 1 { 3 } else { next };
             counts[first as usize] += 1;
         }
         // χ² with 3 degrees of freedom; 16.27 is the 0.1% critical value.

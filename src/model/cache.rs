@@ -44,6 +44,30 @@ impl KvCache {
         self.len = self.len.min(len);
     }
 
+    /// Keeps, of the positions from `from` on, only the given offsets (increasing), moved down to
+    /// `from, from + 1, ..`: the accepted path of a verified draft tree, made contiguous.
+    pub fn keep(&mut self, from: usize, offsets: &[usize]) -> candle_core::Result<()> {
+        let increasing = offsets.windows(2).all(|w| w[0] < w[1]);
+        if !increasing || offsets.last().is_some_and(|&o| from + o >= self.len) {
+            candle_core::bail!(
+                "cannot keep offsets {offsets:?} after {from} of {} cached positions",
+                self.len
+            );
+        }
+        // Offsets only grow faster than their new places, so no source is overwritten before it
+        // is read.
+        for (k, v) in self.layers.iter().flatten() {
+            for (to, &offset) in offsets.iter().enumerate().filter(|(to, &o)| o != *to) {
+                for t in [k, v] {
+                    let row = t.narrow(2, from + offset, 1)?.contiguous()?;
+                    t.slice_set(&row, 2, from + to)?;
+                }
+            }
+        }
+        self.len = from + offsets.len();
+        Ok(())
+    }
+
     /// Marks `n` more positions valid, once every layer has written them.
     pub(crate) fn advance(&mut self, n: usize) {
         self.len += n;

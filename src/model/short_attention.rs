@@ -3,7 +3,10 @@
 //!
 //! Each query row attends over exactly the keys it sees, in the same loops whether it is decoded alone
 //! or verified with a draft, so greedy speculative decoding reproduces plain greedy decoding bit for
-//! bit (a batched pass would pad each row with masked keys and regroup softmax's sums). Done with
+//! bit (a batched pass would pad each row with masked keys and regroup softmax's sums). The rows of
+//! a pass may form a tree (a draft tree verified at once): a row then sees the cached positions and
+//! its own ancestors among the pass's rows, in order, exactly the keys a plain decode of its path
+//! would see. Done with
 //! candle's tensor ops this took a dozen small ops per row and layer, about 3 ms per row for
 //! SmolLM2; these loops take a fraction of that.
 
@@ -16,10 +19,50 @@ pub struct AttentionInput<'a> {
     /// The cache's views `(batch, kv_heads, pos + n, head_dim)`, the new rows included.
     pub keys: &'a Tensor,
     pub values: &'a Tensor,
-    /// Position of the first query row.
+    /// Positions cached before this pass.
     pub pos: usize,
+    /// Which of the pass's rows each row sees.
+    pub paths: &'a RowPaths,
     /// Sliding window of this layer, if any.
     pub window: Option<usize>,
+}
+
+/// For each row of a short pass, the rows it attends to among the pass's own: its ancestors from
+/// the first row down, then itself. A chain (decoding, a draft chain) sees every earlier row.
+#[derive(Debug, Clone)]
+pub struct RowPaths(Vec<Vec<usize>>);
+
+impl RowPaths {
+    pub fn chain(n: usize) -> Self {
+        Self((0..n).map(|i| (0..=i).collect()).collect())
+    }
+
+    /// The paths of a tree whose row `i > 0` hangs under `parents[i] < i` (`parents[0]`, the root's,
+    /// is ignored).
+    pub fn tree(parents: &[usize]) -> Result<Self, String> {
+        let mut paths: Vec<Vec<usize>> = Vec::with_capacity(parents.len());
+        for (i, &parent) in parents.iter().enumerate() {
+            let mut path = match i {
+                0 => Vec::new(),
+                _ => match paths.get(parent).filter(|_| parent < i) {
+                    Some(up) => up.clone(),
+                    None => return Err(format!("row {i} has parent {parent}, not an earlier row")),
+                },
+            };
+            path.push(i);
+            paths.push(path);
+        }
+        Ok(Self(paths))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Each row's distance from the first row: its position after the cached ones.
+    pub fn depths(&self) -> impl Iterator<Item = usize> + '_ {
+        self.0.iter().map(|p| p.len() - 1)
+    }
 }
 
 /// Attention output `(batch, n, heads · head_dim)`, the layout the output projection takes.
@@ -27,7 +70,14 @@ pub fn attend(input: &AttentionInput) -> candle_core::Result<Tensor> {
     let q = input.q.contiguous()?;
     let (batch, heads, n, d) = q.dims4()?;
     let (kb, kv_heads, len, kd) = input.keys.dims4()?;
-    if kb != batch || kd != d || len != input.pos + n || kv_heads == 0 || heads % kv_heads != 0 {
+    let paths_fit = input.paths.len() == n;
+    if kb != batch
+        || kd != d
+        || len != input.pos + n
+        || kv_heads == 0
+        || heads % kv_heads != 0
+        || !paths_fit
+    {
         candle_core::bail!(
             "attention: queries {:?} do not fit keys {:?} at position {}",
             q.dims(),
@@ -48,13 +98,25 @@ pub fn attend(input: &AttentionInput) -> candle_core::Result<Tensor> {
     for b in 0..batch {
         for h in 0..heads {
             let kvh = h / group;
-            for i in 0..n {
-                let end = input.pos + i + 1;
+            for (i, path) in input.paths.0.iter().enumerate() {
+                // The row's logical keys: cached positions `first..pos`, then its path, clipped
+                // from the front by the window.
+                let end = input.pos + path.len();
                 let first = input.window.map_or(0, |w| end.saturating_sub(w));
+                let cached = first.min(input.pos)..input.pos;
+                let path = &path[first.saturating_sub(input.pos)..];
                 let row = Row {
                     query: queries.rows(b, h, i, i + 1),
-                    keys: keys.rows(b, kvh, first, end),
-                    values: values.rows(b, kvh, first, end),
+                    keys: Vectors {
+                        cached: keys.rows(b, kvh, cached.start, cached.end),
+                        pass: keys.rows(b, kvh, input.pos, len),
+                        path,
+                    },
+                    values: Vectors {
+                        cached: values.rows(b, kvh, cached.start, cached.end),
+                        pass: values.rows(b, kvh, input.pos, len),
+                        path,
+                    },
                     d,
                     scale,
                 };
@@ -66,11 +128,30 @@ pub fn attend(input: &AttentionInput) -> candle_core::Result<Tensor> {
     Tensor::from_vec(out, (batch, n, heads * d), q.device())
 }
 
-/// One query row and the keys and values it sees, `d` floats each, back to back.
+/// Keys or values a row sees, `d` floats each: cached ones back to back, then the pass's rows on
+/// its path.
+struct Vectors<'a> {
+    cached: &'a [f32],
+    /// Every row of the pass, back to back.
+    pass: &'a [f32],
+    path: &'a [usize],
+}
+
+impl<'a> Vectors<'a> {
+    /// In order. Path rows come from [`RowPaths`], so they index `pass`.
+    fn iter(&self, d: usize) -> impl Iterator<Item = &'a [f32]> + '_ {
+        let pass = self.pass;
+        self.cached
+            .chunks_exact(d)
+            .chain(self.path.iter().map(move |&r| &pass[r * d..(r + 1) * d]))
+    }
+}
+
+/// One query row and the keys and values it sees.
 struct Row<'a> {
     query: &'a [f32],
-    keys: &'a [f32],
-    values: &'a [f32],
+    keys: Vectors<'a>,
+    values: Vectors<'a>,
     d: usize,
     scale: f32,
 }
@@ -91,13 +172,13 @@ impl Row<'_> {
             }
         }
         scores.clear();
-        for k in self.keys.chunks_exact(self.d) {
+        for k in self.keys.iter(self.d) {
             let dot: f32 = self.query.iter().zip(k).map(|(q, k)| q * k).sum();
             scores.push(dot * self.scale);
         }
         let sum = exponentiate(scores);
         out.fill(0.0);
-        for (e, v) in scores.iter().zip(self.values.chunks_exact(self.d)) {
+        for (e, v) in scores.iter().zip(self.values.iter(self.d)) {
             let p = e / sum;
             for (o, x) in out.iter_mut().zip(v) {
                 *o += p * x;
@@ -117,7 +198,7 @@ impl Row<'_> {
         let load = |v: &[f32], c: usize| _mm256_loadu_ps(v[8 * c..8 * c + 8].as_ptr());
         let q: [__m256; C] = std::array::from_fn(|c| load(self.query, c));
         scores.clear();
-        let mut groups = self.keys.chunks_exact(KEYS_AT_ONCE * d);
+        let mut groups = self.keys.cached.chunks_exact(KEYS_AT_ONCE * d);
         for group in &mut groups {
             let mut acc = [_mm256_setzero_ps(); KEYS_AT_ONCE];
             for (c, &qc) in q.iter().enumerate() {
@@ -127,7 +208,11 @@ impl Row<'_> {
             }
             scores.extend(acc.iter().map(|&a| hsum(a) * self.scale));
         }
-        for k in groups.remainder().chunks_exact(d) {
+        let rest = Vectors {
+            cached: groups.remainder(),
+            ..self.keys
+        };
+        for k in rest.iter(d) {
             let mut a = _mm256_setzero_ps();
             for (c, &qc) in q.iter().enumerate() {
                 a = _mm256_fmadd_ps(qc, load(k, c), a);
@@ -136,7 +221,7 @@ impl Row<'_> {
         }
         let sum = exponentiate(scores);
         let mut acc = [_mm256_setzero_ps(); C];
-        for (e, v) in scores.iter().zip(self.values.chunks_exact(d)) {
+        for (e, v) in scores.iter().zip(self.values.iter(d)) {
             let p = _mm256_set1_ps(e / sum);
             for (c, a) in acc.iter_mut().enumerate() {
                 *a = _mm256_fmadd_ps(p, load(v, c), *a);

@@ -45,8 +45,8 @@ struct ActBlock {
 /// and `4t+16..4t+20` of all eight columns.
 struct Q4_1Group {
     qs: [u8; 4 * QK],
-    d: [f32; LANES],
-    m: [f32; LANES],
+    d: [f16; LANES],
+    m: [f16; LANES],
 }
 
 /// One block of eight Q8_0 columns, `w = d·q` for signed 8-bit `q`, stored as `q + 128` (VNNI wants
@@ -54,7 +54,7 @@ struct Q4_1Group {
 /// is column `c`'s input `4t + i`. The `128·Σa` this adds is subtracted in integers.
 struct Q8_0Group {
     qs: [u8; LANES * QK],
-    d: [f32; LANES],
+    d: [f16; LANES],
 }
 
 /// The repacked weights of one matrix: column group `g`'s blocks at `g·kb..(g+1)·kb`.
@@ -76,7 +76,8 @@ impl Vnni {
     fn detect() -> Option<Self> {
         #[cfg(target_arch = "x86_64")]
         {
-            if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+            if !(avx2 && is_x86_feature_detected!("f16c")) {
                 return None;
             }
             if is_x86_feature_detected!("avxvnni") {
@@ -141,7 +142,7 @@ impl ShortMatmul {
         }
         // Column `c`'s block `b`, as stored in the file (row-major blocks).
         let block = |c: usize, b: usize| &data[(c * kb + b) * block_bytes..][..block_bytes];
-        let f16_at = |bytes: &[u8], i: usize| f16::from_le_bytes([bytes[i], bytes[i + 1]]).to_f32();
+        let f16_at = |bytes: &[u8], i: usize| f16::from_le_bytes([bytes[i], bytes[i + 1]]);
         let positions = (0..n / LANES).flat_map(|g| (0..kb).map(move |b| (g * LANES, b)));
         let groups = match q.dtype() {
             GgmlDType::Q4_1 => Groups::Q4_1(
@@ -149,8 +150,8 @@ impl ShortMatmul {
                     .map(|(first, b)| {
                         let mut group = Q4_1Group {
                             qs: [0; 4 * QK],
-                            d: [0.0; LANES],
-                            m: [0.0; LANES],
+                            d: [f16::ZERO; LANES],
+                            m: [f16::ZERO; LANES],
                         };
                         for c in 0..LANES {
                             let bytes = block(first + c, b);
@@ -177,7 +178,7 @@ impl ShortMatmul {
                     .map(|(first, b)| {
                         let mut group = Q8_0Group {
                             qs: [0; LANES * QK],
-                            d: [0.0; LANES],
+                            d: [f16::ZERO; LANES],
                         };
                         for c in 0..LANES {
                             let bytes = block(first + c, b);
@@ -282,7 +283,7 @@ impl ShortMatmul {
         for (index, rows_out) in out.chunks_mut(ROW_GROUP * LANES).enumerate() {
             let first = index * ROW_GROUP * kb;
             let rows = &acts[first..first + rows_out.len() / LANES * kb];
-            // SAFETY: `self.vnni` was detected on this CPU, with AVX2 and FMA.
+            // SAFETY: `self.vnni` was detected on this CPU, with AVX2, FMA and F16C.
             #[cfg(target_arch = "x86_64")]
             unsafe {
                 match (self.vnni, rows_out.len() / LANES) {
@@ -333,9 +334,9 @@ trait Interleaved: Sync {
     const OFFSET_128: bool;
     /// Which activation chunks `chunks(t)` pairs with.
     fn chunk_inputs(t: usize) -> [usize; 2];
-    fn d(&self) -> &[f32; LANES];
+    fn d(&self) -> &[f16; LANES];
     /// The per-column additive term `m` (Q4_1), multiplied by the activations' `d·Σq`.
-    fn m(&self) -> Option<&[f32; LANES]>;
+    fn m(&self) -> Option<&[f16; LANES]>;
 }
 
 impl Interleaved for Q4_1Group {
@@ -354,10 +355,10 @@ impl Interleaved for Q4_1Group {
     fn chunk_inputs(t: usize) -> [usize; 2] {
         [4 * t, 4 * (t + 4)]
     }
-    fn d(&self) -> &[f32; LANES] {
+    fn d(&self) -> &[f16; LANES] {
         &self.d
     }
-    fn m(&self) -> Option<&[f32; LANES]> {
+    fn m(&self) -> Option<&[f16; LANES]> {
         Some(&self.m)
     }
 }
@@ -377,12 +378,20 @@ impl Interleaved for Q8_0Group {
     fn chunk_inputs(t: usize) -> [usize; 2] {
         [8 * t, 8 * t + 4]
     }
-    fn d(&self) -> &[f32; LANES] {
+    fn d(&self) -> &[f16; LANES] {
         &self.d
     }
-    fn m(&self) -> Option<&[f32; LANES]> {
+    fn m(&self) -> Option<&[f16; LANES]> {
         None
     }
+}
+
+/// Eight f16 scales as f32 lanes (F16C).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn halves(h: &[f16; LANES]) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i))
 }
 
 /// The kernel, for `G` rows (`acts[r·kb..]`) against one column group, written once and compiled
@@ -423,7 +432,7 @@ unsafe fn rows_kernel<W: Interleaved, const G: usize>(
                 }
             }
         }
-        let d = _mm256_loadu_ps(w.d().as_ptr());
+        let d = halves(w.d());
         for (g, (lane, mut sum)) in lanes.iter_mut().zip(sums).enumerate() {
             let a = row(g);
             if W::OFFSET_128 {
@@ -432,7 +441,7 @@ unsafe fn rows_kernel<W: Interleaved, const G: usize>(
             let scale = _mm256_mul_ps(d, _mm256_set1_ps(a.d));
             *lane = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, *lane);
             if let Some(m) = w.m() {
-                *lane = _mm256_fmadd_ps(_mm256_loadu_ps(m.as_ptr()), _mm256_set1_ps(a.s), *lane);
+                *lane = _mm256_fmadd_ps(halves(m), _mm256_set1_ps(a.s), *lane);
             }
         }
     }
@@ -442,7 +451,7 @@ unsafe fn rows_kernel<W: Interleaved, const G: usize>(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,avxvnni")]
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 unsafe fn rows_avx_vnni<W: Interleaved, const G: usize>(
     weights: &[W],
     acts: &[ActBlock],
@@ -455,7 +464,7 @@ unsafe fn rows_avx_vnni<W: Interleaved, const G: usize>(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
 unsafe fn rows_avx512_vnni<W: Interleaved, const G: usize>(
     weights: &[W],
     acts: &[ActBlock],

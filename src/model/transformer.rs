@@ -7,7 +7,7 @@ use candle_core::{Device, Tensor};
 
 use super::cache::KvCache;
 use super::config::{Activation, ModelConfig, RopeLayout};
-use super::short_attention::{self, AttentionInput};
+use super::short_attention::{self, AttentionInput, RowPaths};
 use super::weights::{LayerWeights, Linear, Weights};
 use super::{ModelError, SHORT_PASS_ROWS};
 
@@ -132,9 +132,47 @@ impl Transformer {
         tokens: &Tensor,
         cache: &mut KvCache,
     ) -> Result<Tensor, ModelError> {
+        self.forward_rows(tokens, cache, None)
+    }
+
+    /// Logits `(n, vocab)` of a tree of `tokens` appended after what `cache` holds: row `i > 0` comes
+    /// after row `parents[i] < i` (row 0 after the cache), and each row's logits are exactly those
+    /// of decoding its path alone. The cache keeps all `n` rows; [`KvCache::keep`] then keeps the
+    /// path that was accepted. Short passes on the CPU only: fewer than [`SHORT_PASS_ROWS`] rows.
+    pub fn forward_tree(
+        &self,
+        tokens: &[u32],
+        parents: &[usize],
+        cache: &mut KvCache,
+    ) -> Result<Tensor, ModelError> {
+        self.check_tokens(tokens)?;
+        if tokens.len() >= SHORT_PASS_ROWS || parents.len() != tokens.len() {
+            return Err(ModelError::Invalid(format!(
+                "a tree pass takes fewer than {SHORT_PASS_ROWS} rows, one parent each; got {} \
+                 tokens and {} parents",
+                tokens.len(),
+                parents.len()
+            )));
+        }
+        if !self.device.is_cpu() {
+            return Err(ModelError::Invalid("tree passes run on the CPU".into()));
+        }
+        let paths = RowPaths::tree(parents).map_err(ModelError::Invalid)?;
+        let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
+        let hidden = self.forward_rows(&ids, cache, Some(paths))?;
+        self.logits(&hidden.squeeze(0)?)
+    }
+
+    /// Short passes take their rows' paths (a chain unless given), long ones attend with masks.
+    fn forward_rows(
+        &self,
+        tokens: &Tensor,
+        cache: &mut KvCache,
+        tree: Option<RowPaths>,
+    ) -> Result<Tensor, ModelError> {
         match self.device.is_cpu() {
-            true => super::on_rayon_worker(|| self.forward_hidden_here(tokens, cache)),
-            false => self.forward_hidden_here(tokens, cache),
+            true => super::on_rayon_worker(|| self.forward_hidden_here(tokens, cache, tree)),
+            false => self.forward_hidden_here(tokens, cache, tree),
         }
     }
 
@@ -142,6 +180,7 @@ impl Transformer {
         &self,
         tokens: &Tensor,
         cache: &mut KvCache,
+        tree: Option<RowPaths>,
     ) -> Result<Tensor, ModelError> {
         let (batch, n) = tokens.dims2()?;
         let pos = cache.len();
@@ -165,12 +204,24 @@ impl Transformer {
         if c.scale_embeddings {
             x = (x * (c.hidden_size as f64).sqrt())?;
         }
-        // Short passes attend row by row and need no masks.
-        let masks = (n >= SHORT_PASS_ROWS)
-            .then(|| Masks::new(n, pos, c.sliding_window, &self.device))
-            .transpose()?;
+        // Short passes attend row by row along their paths and need no masks; a tree's rows sit at
+        // their depths.
+        let rows = match (n < SHORT_PASS_ROWS, tree) {
+            (true, Some(paths)) => {
+                let at: Vec<u32> = paths.depths().map(|d| (pos + d) as u32).collect();
+                PassRows::Short {
+                    positions: Some(Tensor::new(at, &self.device)?),
+                    paths,
+                }
+            }
+            (true, None) => PassRows::Short {
+                positions: None,
+                paths: RowPaths::chain(n),
+            },
+            (false, _) => PassRows::Masked(Masks::new(n, pos, c.sliding_window, &self.device)?),
+        };
         for (i, layer) in self.weights.layers.iter().enumerate() {
-            x = self.layer_forward(i, layer, &x, pos, cache, masks.as_ref())?;
+            x = self.layer_forward(i, layer, &x, pos, cache, &rows)?;
         }
         cache.advance(n);
         Ok(rms_norm(&x, &self.weights.final_norm, c.rms_norm_eps)?)
@@ -206,7 +257,7 @@ impl Transformer {
         x: &Tensor,
         pos: usize,
         cache: &mut KvCache,
-        masks: Option<&Masks>,
+        rows: &PassRows,
     ) -> Result<Tensor, ModelError> {
         let c = &self.config;
         let (batch, n, _) = x.dims3()?;
@@ -225,20 +276,30 @@ impl Transformer {
         let k = heads(&qkv[1], c.num_kv_heads, &w.k_norm)?;
         let v = heads(&qkv[2], c.num_kv_heads, &None)?;
         let rope = self.rope_for(index)?;
-        let q = apply_rope(&q, rope, pos, c.rope_layout)?;
-        let k = apply_rope(&k, rope, pos, c.rope_layout)?;
+        let positions = match rows {
+            PassRows::Short {
+                positions: Some(at),
+                ..
+            } => Some(at),
+            _ => None,
+        };
+        let q = apply_rope(&q, rope, pos, positions, c.rope_layout)?;
+        let k = apply_rope(&k, rope, pos, positions, c.rope_layout)?;
         let (keys, values) = cache.append(index, &k, &v)?;
         let window = c.layer_window(index);
-        let attn = match masks {
-            Some(masks) => attention(&q, &keys, &values, c, masks.get(window))?,
-            None if self.device.is_cpu() => short_attention::attend(&AttentionInput {
-                q: &q,
-                keys: &keys,
-                values: &values,
-                pos,
-                window,
-            })?,
-            None => attention_by_row(&q, &keys, &values, c, pos, window)?,
+        let attn = match rows {
+            PassRows::Masked(masks) => attention(&q, &keys, &values, c, masks.get(window))?,
+            PassRows::Short { paths, .. } if self.device.is_cpu() => {
+                short_attention::attend(&AttentionInput {
+                    q: &q,
+                    keys: &keys,
+                    values: &values,
+                    pos,
+                    paths,
+                    window,
+                })?
+            }
+            PassRows::Short { .. } => attention_by_row(&q, &keys, &values, c, pos, window)?,
         };
         let mut attn = w.wo.forward(&attn)?;
         if let Some(nw) = &w.post_attn_norm {
@@ -267,20 +328,34 @@ impl Transformer {
     }
 }
 
+/// How the rows of a pass attend: short passes row by row along their paths (a tree's rows at
+/// the positions of their depths), long ones batched with masks.
+enum PassRows {
+    Short {
+        paths: RowPaths,
+        positions: Option<Tensor>,
+    },
+    Masked(Masks),
+}
+
 fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
     candle_nn::ops::rms_norm(&x.contiguous()?, weight, eps as f32)
 }
 
 /// Rotates `(batch, heads, n, head_dim)` queries or keys for positions `pos..pos + n`.
+/// Rotates `x` `(b, heads, n, d)` for positions `pos..pos + n`, or for the given ones (a tree's).
 fn apply_rope(
     x: &Tensor,
     rope: &RopeTable,
     pos: usize,
+    positions: Option<&Tensor>,
     layout: RopeLayout,
 ) -> candle_core::Result<Tensor> {
     let n = x.dim(2)?;
-    let cos = rope.cos.narrow(0, pos, n)?;
-    let sin = rope.sin.narrow(0, pos, n)?;
+    let (cos, sin) = match positions {
+        Some(at) => (rope.cos.index_select(at, 0)?, rope.sin.index_select(at, 0)?),
+        None => (rope.cos.narrow(0, pos, n)?, rope.sin.narrow(0, pos, n)?),
+    };
     match layout {
         RopeLayout::Interleaved => candle_nn::rotary_emb::rope_i(x, &cos, &sin),
         RopeLayout::Halves => candle_nn::rotary_emb::rope(x, &cos, &sin),
