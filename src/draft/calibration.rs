@@ -82,14 +82,15 @@ impl Outstanding {
 #[derive(Debug)]
 pub struct Calibration {
     records: [Record; 2],
-    outstanding: Option<Outstanding>,
+    /// Each source's open draft: both are open when their trees were handed out as one union.
+    outstanding: Vec<Outstanding>,
 }
 
 impl Default for Calibration {
     fn default() -> Self {
         Self {
             records: [PRIOR; 2],
-            outstanding: None,
+            outstanding: Vec::new(),
         }
     }
 }
@@ -149,10 +150,10 @@ impl Calibration {
         self.records[origin as usize].add(IDLE_DECAY, back * PRIOR.expected, back * PRIOR.accepted);
     }
 
-    /// Remembers the draft handed out for `origin` (release the previous one before calibrating
-    /// this one).
+    /// Remembers the draft handed out for `origin`, replacing its previous one (release the
+    /// previous drafts before calibrating new ones).
     pub fn drafted(&mut self, origin: Origin, draft: Calibrated) {
-        self.release();
+        self.outstanding.retain(|o| o.origin != origin);
         if draft.tree.is_empty() {
             return;
         }
@@ -165,46 +166,49 @@ impl Calibration {
             next_level: 0.0,
         };
         o.check_level();
-        self.outstanding = Some(o);
+        self.outstanding.push(o);
     }
 
-    /// Follows the open draft with an appended token; settles it at the first token off its paths
-    /// or past its leaves.
+    /// Follows the open drafts with an appended token; settles each at the first token off its
+    /// paths or past its leaves.
     pub fn appended(&mut self, token: u32) {
-        let Some(o) = self.outstanding.as_mut() else {
-            return;
-        };
-        let tree = &o.draft.tree;
-        let next = (0..tree.len()).find(|&i| tree.parents[i] == o.at && tree.token_ids[i] == token);
-        match next {
-            Some(i) => {
-                o.at = i as i32;
-                o.accepted += 1;
-                o.check_level();
+        let mut settled = Vec::new();
+        self.outstanding.retain_mut(|o| {
+            let tree = &o.draft.tree;
+            let next =
+                (0..tree.len()).find(|&i| tree.parents[i] == o.at && tree.token_ids[i] == token);
+            match next {
+                Some(i) => {
+                    o.at = i as i32;
+                    o.accepted += 1;
+                    o.check_level();
+                    true
+                }
+                None => {
+                    settled.push((o.origin, o.expected, o.accepted));
+                    false
+                }
             }
-            None => self.settle(),
+        });
+        for (origin, expected, accepted) in settled {
+            self.settle(origin, expected, accepted);
         }
     }
 
-    /// Ends the open draft before a new draft or a truncation: settled on the tokens appended along
-    /// it, the level after them unchecked (a loop that appends one token per step redrafts there);
-    /// forgotten if nothing was appended (the draft was asked for again, or never verified).
+    /// Ends the open drafts before new drafts or a truncation: each settled on the tokens appended
+    /// along it, the level after them unchecked (a loop that appends one token per step redrafts
+    /// there); forgotten if nothing was appended (the draft was asked for again, or never verified).
     pub fn release(&mut self) {
-        match self.outstanding.as_mut() {
-            Some(o) if o.accepted > 0 => {
-                o.expected -= o.next_level;
-                self.settle();
+        for o in std::mem::take(&mut self.outstanding) {
+            if o.accepted > 0 {
+                self.settle(o.origin, o.expected - o.next_level, o.accepted);
             }
-            _ => self.outstanding = None,
         }
     }
 
-    /// Closes the open draft, if any: what the checked tokens were expected to give against what
-    /// was accepted.
-    fn settle(&mut self) {
-        if let Some(o) = self.outstanding.take() {
-            self.records[o.origin as usize].add(DECAY, o.expected, o.accepted as f64);
-        }
+    /// What a draft's checked tokens were expected to give against what was accepted.
+    fn settle(&mut self, origin: Origin, expected: f64, accepted: usize) {
+        self.records[origin as usize].add(DECAY, expected, accepted as f64);
     }
 }
 
@@ -254,6 +258,25 @@ mod tests {
         let d = c.calibrate(Origin::Index, chain(&[5, 6], &[1.0, 1.0]), 0.3);
         assert_eq!(d.tree.token_ids, vec![5]);
         assert!((d.tree.probs[0] - a / e).abs() < 1e-12);
+    }
+
+    /// Drafts of both sources handed out as one union: each is followed and settled on its own.
+    #[test]
+    fn open_drafts_of_both_sources_settle_on_their_own() {
+        let mut c = Calibration::default();
+        let index = c.calibrate(Origin::Index, chain(&[5, 6], &[1.0, 1.0]), 0.0);
+        let prompt = c.calibrate(Origin::Prompt, chain(&[7, 8], &[1.0, 1.0]), 0.0);
+        c.drafted(Origin::Index, index);
+        c.drafted(Origin::Prompt, prompt);
+        // The target takes 5 then 6, then its own 9: the index draft is accepted whole, the
+        // prompt's first token rejected.
+        for t in [5, 6, 9] {
+            c.appended(t);
+        }
+        c.release();
+        let missed = (DECAY * PRIOR.accepted) / (DECAY * PRIOR.expected + 1.0);
+        assert!((c.factor(Origin::Prompt) - missed).abs() < 1e-12);
+        assert_eq!(c.factor(Origin::Index), 1.0);
     }
 
     #[test]

@@ -24,7 +24,8 @@ pub enum DraftSource {
     Index,
     /// The sequence's own tokens only.
     Prompt,
-    /// Both: the draft with the higher expected acceptance (after calibration).
+    /// Both: for trees their union, for chains the one with the higher expected acceptance
+    /// (after calibration).
     Both,
 }
 
@@ -40,8 +41,8 @@ pub struct DraftOptions {
     pub min_token_prob: f64,
     /// A node is drafted only when its path is at least this likely to be accepted, as the
     /// sequence's record calibrates its source (`calibration`): the cost of verifying one more
-    /// token, as a share of a decoding step, plus the drafter's own: 0.4 measured best for SmolLM2
-    /// on 2 CPU cores, where a row costs 0.29–0.45 of a step (eval/RESULTS.md); a few percent where
+    /// token, as a share of a decoding step, plus the drafter's own: 0.2 measured best for SmolLM2
+    /// on 2 CPU cores, where a row costs 0.16–0.26 of a step (eval/RESULTS.md); a few percent where
     /// verification is nearly free, as on a GPU.
     pub min_path_prob: f64,
     /// Adaptive length: at most this many draft tokens per matched token (0: off). Short matches
@@ -59,7 +60,7 @@ impl Default for DraftOptions {
             tree_budget: 32,
             tree: false,
             min_token_prob: 0.4,
-            min_path_prob: 0.4,
+            min_path_prob: 0.2,
             match_len_factor: 1.0,
             index_samples: 64,
             source: DraftSource::Both,
@@ -179,6 +180,15 @@ impl Sequence {
         for (origin, draft) in offers.iter().flatten() {
             if draft.tree.is_empty() {
                 self.calibration.idle(*origin);
+            }
+        }
+        if let [Some((_, index_draft)), Some((_, prompt_draft))] = &offers {
+            if opts.tree {
+                let union = index_draft.tree.union(&prompt_draft.tree);
+                for (origin, draft) in offers.into_iter().flatten() {
+                    self.calibration.drafted(origin, draft);
+                }
+                return union;
             }
         }
         let best = offers.into_iter().flatten().reduce(|a, b| {

@@ -44,6 +44,37 @@ impl DraftTree {
         }
     }
 
+    /// Both drafts in one tree: nodes on the same path of tokens merge, keeping the likelier
+    /// estimate (still never above the parent's, which is the likelier of two larger ones).
+    pub fn union(&self, other: &DraftTree) -> DraftTree {
+        let mut out = self.clone();
+        let mut merged = Vec::with_capacity(other.len());
+        for i in 0..other.len() {
+            let parent = match other.parents[i] {
+                -1 => -1,
+                p => merged[p as usize],
+            };
+            let token = other.token_ids[i];
+            let same = (0..out.len()).find(|&j| out.parents[j] == parent && out.token_ids[j] == token);
+            let at = match same {
+                Some(j) => {
+                    out.probs[j] = out.probs[j].max(other.probs[i]);
+                    j
+                }
+                None => {
+                    out.token_ids.push(token);
+                    out.parents.push(parent);
+                    out.probs.push(other.probs[i]);
+                    out.len() - 1
+                }
+            };
+            merged.push(at as i32);
+        }
+        out.score = out.probs.iter().sum();
+        out.match_len = self.match_len.max(other.match_len);
+        out
+    }
+
     /// Checks the shape: parents before children, probabilities in (0, 1] and never above the
     /// parent's, ids inside the vocabulary, the score their sum.
     pub fn validate(&self, vocab_size: u64) -> Result<(), String> {
@@ -218,6 +249,31 @@ impl Trie {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_union_merges_shared_paths_keeping_the_likelier_estimate() {
+        let chain = DraftTree {
+            token_ids: vec![5, 6],
+            parents: vec![-1, 0],
+            probs: vec![0.8, 0.5],
+            score: 1.3,
+            match_len: 4,
+        };
+        let fork = DraftTree {
+            token_ids: vec![7, 5, 8],
+            parents: vec![-1, -1, 1],
+            probs: vec![0.3, 0.9, 0.2],
+            score: 1.4,
+            match_len: 2,
+        };
+        let union = chain.union(&fork);
+        assert_eq!(union.token_ids, vec![5, 6, 7, 8]);
+        assert_eq!(union.parents, vec![-1, 0, -1, 0]);
+        assert_eq!(union.probs, vec![0.9, 0.5, 0.3, 0.2]);
+        assert_eq!(union.match_len, 4);
+        union.validate(10).unwrap();
+        assert_eq!(fork.union(&DraftTree::default()), fork);
+    }
 
     #[test]
     fn best_first_takes_the_likeliest_paths_within_the_budget() {
