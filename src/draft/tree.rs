@@ -55,7 +55,8 @@ impl DraftTree {
                 p => merged[p as usize],
             };
             let token = other.token_ids[i];
-            let same = (0..out.len()).find(|&j| out.parents[j] == parent && out.token_ids[j] == token);
+            let same =
+                (0..out.len()).find(|&j| out.parents[j] == parent && out.token_ids[j] == token);
             let at = match same {
                 Some(j) => {
                     out.probs[j] = out.probs[j].max(other.probs[i]);

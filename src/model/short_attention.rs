@@ -11,6 +11,7 @@
 //! SmolLM2; these loops take a fraction of that.
 
 use candle_core::{Layout, Storage, Tensor};
+use rayon::prelude::*;
 
 /// Where one layer's queries and cached keys/values live, and their shapes.
 pub struct AttentionInput<'a> {
@@ -93,12 +94,16 @@ pub fn attend(input: &AttentionInput) -> candle_core::Result<Tensor> {
     let queries = CpuView::of(&q_storage, q_layout, q.dims())?;
     let group = heads / kv_heads;
     let scale = 1.0 / (d as f32).sqrt();
-    let mut out = vec![0f32; batch * n * heads * d];
-    let mut scores = Vec::with_capacity(len);
-    for b in 0..batch {
-        for h in 0..heads {
+    // Heads in parallel (each row computes the same way on any thread), each writing its rows
+    // `n × d` back to back; then interleaved into the projection's layout.
+    let by_head: Vec<Vec<f32>> = (0..batch * heads)
+        .into_par_iter()
+        .map(|bh| {
+            let (b, h) = (bh / heads, bh % heads);
             let kvh = h / group;
-            for (i, path) in input.paths.0.iter().enumerate() {
+            let mut scores = Vec::with_capacity(len);
+            let mut out = vec![0f32; n * d];
+            for ((i, path), row_out) in input.paths.0.iter().enumerate().zip(out.chunks_mut(d)) {
                 // The row's logical keys: cached positions `first..pos`, then its path, clipped
                 // from the front by the window.
                 let end = input.pos + path.len();
@@ -120,9 +125,17 @@ pub fn attend(input: &AttentionInput) -> candle_core::Result<Tensor> {
                     d,
                     scale,
                 };
-                let at = ((b * n + i) * heads + h) * d;
-                row.attend(&mut scores, &mut out[at..at + d]);
+                row.attend(&mut scores, row_out);
             }
+            out
+        })
+        .collect();
+    let mut out = vec![0f32; batch * n * heads * d];
+    for (bh, head) in by_head.iter().enumerate() {
+        let (b, h) = (bh / heads, bh % heads);
+        for (i, row) in head.chunks(d).enumerate() {
+            let at = ((b * n + i) * heads + h) * d;
+            out[at..at + d].copy_from_slice(row);
         }
     }
     Tensor::from_vec(out, (batch, n, heads * d), q.device())

@@ -303,28 +303,100 @@ impl ShortMatmul {
 
 /// ggml's `quantize_row_q8_1`, row by row: per block, the scale `max|x|/127` rounded to f16 and
 /// quants rounded half away from zero. The rounding adds ½ to the magnitude and truncates, which
-/// vectorizes (`f32::round` is a libm call per value here) and differs from `roundf` only just
-/// below a half, where the addition itself rounds up.
+/// vectorizes, and differs from `roundf` only just below a half, where the addition itself rounds
+/// up.
 fn quantize_rows(xs: &[f32]) -> Vec<ActBlock> {
     xs.chunks_exact(QK)
         .map(|x| {
-            let amax = x.iter().fold(0f32, |a, &v| a.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-            let d = f16::from_f32(d).to_f32();
-            let qs: [i8; QK] = std::array::from_fn(|j| {
-                let v = x[j] * id;
-                ((v.abs() + 0.5) as i32 * if v < 0.0 { -1 } else { 1 }) as i8
-            });
-            let sum = qs.iter().map(|&q| q as i32).sum::<i32>();
-            ActBlock {
-                d,
-                s: d * sum as f32,
-                sum,
-                qs,
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the kernels' callers hold a `ShortMatmul`, which exists only where
+            // `Vnni::detect` found AVX2, FMA and F16C.
+            unsafe {
+                quantize_block_avx2(x)
             }
+            #[cfg(not(target_arch = "x86_64"))]
+            quantize_block(x)
         })
         .collect()
+}
+
+/// One block of [`quantize_rows`], in scalar arithmetic (the portable path and the AVX2 one's
+/// oracle).
+#[cfg(any(test, not(target_arch = "x86_64")))]
+fn quantize_block(x: &[f32]) -> ActBlock {
+    let amax = x.iter().fold(0f32, |a, &v| a.max(v.abs()));
+    let (d, id) = block_scale(amax);
+    let qs: [i8; QK] = std::array::from_fn(|j| {
+        let v = x[j] * id;
+        ((v.abs() + 0.5) as i32 * if v < 0.0 { -1 } else { 1 }) as i8
+    });
+    let sum = qs.iter().map(|&q| q as i32).sum::<i32>();
+    ActBlock {
+        d,
+        s: d * sum as f32,
+        sum,
+        qs,
+    }
+}
+
+/// The stored scale (f16-rounded `amax/127`) and the multiplier that quantizes by the unrounded one.
+fn block_scale(amax: f32) -> (f32, f32) {
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    (f16::from_f32(d).to_f32(), id)
+}
+
+/// [`quantize_block`] in eight lanes, bit for bit.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_block_avx2(x: &[f32]) -> ActBlock {
+    use std::arch::x86_64::*;
+    let mut block = ActBlock {
+        d: 0.0,
+        s: 0.0,
+        sum: 0,
+        qs: [0; QK],
+    };
+    let Some(x) = x.get(..QK) else {
+        return block;
+    };
+    let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(x.as_ptr().add(8 * i)));
+    let sign = _mm256_set1_ps(-0.0);
+    let abs = |a: __m256| _mm256_andnot_ps(sign, a);
+    let max = _mm256_max_ps(
+        _mm256_max_ps(abs(v[0]), abs(v[1])),
+        _mm256_max_ps(abs(v[2]), abs(v[3])),
+    );
+    let max = _mm_max_ps(_mm256_castps256_ps128(max), _mm256_extractf128_ps(max, 1));
+    let max = _mm_max_ps(max, _mm_movehl_ps(max, max));
+    let max = _mm_max_ss(max, _mm_movehdup_ps(max));
+    let (d, id) = block_scale(_mm_cvtss_f32(max));
+    let (id, half) = (_mm256_set1_ps(id), _mm256_set1_ps(0.5));
+    // |x·id| + ½ truncated, with the sign of x·id put back.
+    let q: [__m256i; 4] = std::array::from_fn(|i| {
+        let scaled = _mm256_mul_ps(v[i], id);
+        let magnitude = _mm256_cvttps_epi32(_mm256_add_ps(abs(scaled), half));
+        _mm256_sign_epi32(magnitude, _mm256_castps_si256(scaled))
+    });
+    let total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    let total = _mm_add_epi32(
+        _mm256_castsi256_si128(total),
+        _mm256_extracti128_si256(total, 1),
+    );
+    let total = _mm_add_epi32(total, _mm_shuffle_epi32(total, 0b01_00_11_10));
+    let total = _mm_add_epi32(total, _mm_shuffle_epi32(total, 0b10_11_00_01));
+    let sum = _mm_cvtsi128_si32(total);
+    // Packing works within 128-bit halves; the permutation puts the 32 bytes back in order.
+    let packed = _mm256_packs_epi16(
+        _mm256_packs_epi32(q[0], q[1]),
+        _mm256_packs_epi32(q[2], q[3]),
+    );
+    let ordered = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(block.qs.as_mut_ptr() as *mut __m256i, ordered);
+    block.d = d;
+    block.s = d * sum as f32;
+    block.sum = sum;
+    block
 }
 
 /// A column group's block in one of the interleaved formats.
@@ -580,6 +652,29 @@ mod tests {
                     "{a} vs candle {b}"
                 );
             }
+        }
+    }
+
+    /// The vector quantizer gives the scalar one's blocks bit for bit, halves and zeros included.
+    #[test]
+    fn vector_quantization_matches_scalar() {
+        let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+        if !(avx2 && is_x86_feature_detected!("f16c")) {
+            return;
+        }
+        let mut xs = pseudo(64 * QK, 7919, 1013, 9.0);
+        // A block whose maximum makes the scale 1 (exact halves), and a block of zeros.
+        xs.extend((0..QK).map(|i| if i == 0 { 127.0 } else { i as f32 - 15.5 }));
+        xs.extend([0.0; QK]);
+        for x in xs.chunks_exact(QK) {
+            // SAFETY: AVX2, FMA and F16C checked above.
+            let vector = unsafe { quantize_block_avx2(x) };
+            let scalar = quantize_block(x);
+            assert_eq!(vector.qs, scalar.qs, "{x:?}");
+            assert_eq!(
+                (vector.sum, vector.d, vector.s),
+                (scalar.sum, scalar.d, scalar.s)
+            );
         }
     }
 
