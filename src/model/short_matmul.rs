@@ -32,7 +32,8 @@ const ROW_GROUP: usize = 4;
 /// to f16), with the exact sum of its quants.
 struct ActBlock {
     d: f32,
-    /// `d` times the sum of `qs`: what a Q4_1 block's offset `m` multiplies.
+    /// `d` times the sum of `qs`, rounded through f16 as ggml's Q8_1 stores it: what a Q4_1
+    /// block's offset `m` multiplies (so our Q4_1 products agree with candle's to rounding order).
     s: f32,
     /// The sum of `qs`, for the unsigned storage of Q8_0 quants (see [`Q8_0Group`]).
     sum: i32,
@@ -333,7 +334,7 @@ fn quantize_block(x: &[f32]) -> ActBlock {
     let sum = qs.iter().map(|&q| q as i32).sum::<i32>();
     ActBlock {
         d,
-        s: d * sum as f32,
+        s: scaled_sum(d, sum),
         sum,
         qs,
     }
@@ -344,6 +345,11 @@ fn block_scale(amax: f32) -> (f32, f32) {
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     (f16::from_f32(d).to_f32(), id)
+}
+
+/// A block's `d·Σq` as Q8_1 keeps it: both factors and the product in f16.
+fn scaled_sum(d: f32, sum: i32) -> f32 {
+    f16::from_f32(f16::from_f32(sum as f32).to_f32() * d).to_f32()
 }
 
 /// [`quantize_block`] in eight lanes, bit for bit.
@@ -394,7 +400,7 @@ unsafe fn quantize_block_avx2(x: &[f32]) -> ActBlock {
     let ordered = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256(block.qs.as_mut_ptr() as *mut __m256i, ordered);
     block.d = d;
-    block.s = d * sum as f32;
+    block.s = scaled_sum(d, sum);
     block.sum = sum;
     block
 }
@@ -567,22 +573,37 @@ mod tests {
             .collect()
     }
 
-    /// The oracle: candle's dequantized weights against our dequantized activations, in f64.
+    /// The oracle: candle's dequantized weights against our dequantized activations, in f64, with
+    /// Q4_1's offsets taken as ggml's `vec_dot_q4_1_q8_1` takes them: `m` times the activations'
+    /// f16-rounded `d·Σq` (Q8_1's `s`), not their exact sum.
     fn reference(q: &QTensor, xs: &[f32], n: usize, k: usize) -> Vec<f64> {
         let w = flat(q.dequantize(&Device::Cpu).unwrap());
+        let raw = q.data().unwrap();
         let acts = quantize_rows(xs);
         let a: Vec<f64> = acts
             .iter()
             .flat_map(|b| b.qs.map(|q| q as f64 * b.d as f64))
             .collect();
         let m = xs.len() / k;
+        let kb = k / QK;
+        // Per (column, block): what Q8_1's rounded `s` adds over the exact sum, for Q4_1.
+        let offset_error = |c: usize, r: usize, b: usize| match q.dtype() {
+            GgmlDType::Q4_1 => {
+                let at = (c * kb + b) * (4 + QK / 2);
+                let min = f16::from_le_bytes([raw[at + 2], raw[at + 3]]).to_f32() as f64;
+                let act = &acts[r * kb + b];
+                let sum: i32 = act.qs.iter().map(|&x| x as i32).sum();
+                let s16 = f16::from_f32(f16::from_f32(sum as f32).to_f32() * act.d).to_f32();
+                min * (s16 as f64 - act.d as f64 * sum as f64)
+            }
+            _ => 0.0,
+        };
         (0..m)
             .flat_map(|r| {
                 let (a, w) = (&a, &w);
                 (0..n).map(move |c| {
-                    (0..k)
-                        .map(|i| a[r * k + i] * w[c * k + i] as f64)
-                        .sum::<f64>()
+                    let exact: f64 = (0..k).map(|i| a[r * k + i] * w[c * k + i] as f64).sum();
+                    exact + (0..kb).map(|b| offset_error(c, r, b)).sum::<f64>()
                 })
             })
             .collect()
