@@ -184,7 +184,10 @@ impl Sequence {
         }
         if let [Some((_, index_draft)), Some((_, prompt_draft))] = &offers {
             if opts.tree {
-                let union = index_draft.tree.union(&prompt_draft.tree);
+                let union = index_draft
+                    .tree
+                    .union(&prompt_draft.tree)
+                    .best(opts.tree_budget);
                 for (origin, draft) in offers.into_iter().flatten() {
                     self.calibration.drafted(origin, draft);
                 }

@@ -76,6 +76,40 @@ impl DraftTree {
         out
     }
 
+    /// The `budget` likeliest nodes, still a tree: a parent is never less likely than its child,
+    /// and ties go to the earlier node, so every kept node's parent is kept.
+    pub fn best(&self, budget: usize) -> DraftTree {
+        if self.len() <= budget {
+            return self.clone();
+        }
+        let mut order: Vec<usize> = (0..self.len()).collect();
+        order.sort_by(|&a, &b| self.probs[b].total_cmp(&self.probs[a]).then(a.cmp(&b)));
+        let mut keep = vec![false; self.len()];
+        for &i in &order[..budget] {
+            keep[i] = true;
+        }
+        let mut out = DraftTree {
+            match_len: self.match_len,
+            ..DraftTree::default()
+        };
+        let mut new_index = vec![-1i32; self.len()];
+        for i in (0..self.len()).filter(|&i| keep[i]) {
+            let parent = match self.parents[i] {
+                -1 => -1,
+                p => new_index[p as usize],
+            };
+            if self.parents[i] >= 0 && parent < 0 {
+                continue;
+            }
+            new_index[i] = out.len() as i32;
+            out.token_ids.push(self.token_ids[i]);
+            out.parents.push(parent);
+            out.probs.push(self.probs[i]);
+        }
+        out.score = out.probs.iter().sum();
+        out
+    }
+
     /// Checks the shape: parents before children, probabilities in (0, 1] and never above the
     /// parent's, ids inside the vocabulary, the score their sum.
     pub fn validate(&self, vocab_size: u64) -> Result<(), String> {
@@ -274,6 +308,13 @@ mod tests {
         assert_eq!(union.match_len, 4);
         union.validate(10).unwrap();
         assert_eq!(fork.union(&DraftTree::default()), fork);
+        // Cut to three nodes: 5 (0.9), 6 under it (0.5), 7 (0.3); 8 (0.2) goes.
+        let best = union.best(3);
+        assert_eq!(best.token_ids, vec![5, 6, 7]);
+        assert_eq!(best.parents, vec![-1, 0, -1]);
+        best.validate(10).unwrap();
+        assert_eq!(union.best(1).token_ids, vec![5]);
+        assert_eq!(union.best(9), union);
     }
 
     #[test]
