@@ -107,40 +107,13 @@ impl Calibration {
     /// is still a tree.
     pub fn calibrate(&self, origin: Origin, tree: DraftTree, min_path_prob: f64) -> Calibrated {
         let factor = self.factor(origin);
-        let mut out = DraftTree {
-            match_len: tree.match_len,
-            ..DraftTree::default()
-        };
-        let mut conditionals = Vec::new();
-        let mut new_index = vec![-1i32; tree.len()];
-        for i in 0..tree.len() {
-            let parent = tree.parents[i];
-            let (parent_raw, parent_new) = match parent {
-                -1 => (1.0, -1),
-                p => (tree.probs[p as usize], new_index[p as usize]),
-            };
-            if parent >= 0 && parent_new < 0 {
-                continue;
-            }
-            let conditional = tree.probs[i] / parent_raw;
-            let parent_path = match parent_new {
-                -1 => 1.0,
-                p => out.probs[p as usize],
-            };
-            let path = parent_path * (conditional * factor).min(1.0);
-            if !(path >= min_path_prob && path > 0.0) {
-                continue;
-            }
-            new_index[i] = out.len() as i32;
-            out.token_ids.push(tree.token_ids[i]);
-            out.parents.push(parent_new);
-            out.probs.push(path);
-            conditionals.push(conditional);
-        }
-        out.score = out.probs.iter().sum();
+        let (out, kept) = tree.rebuilt(|i, parent_path| {
+            let path = parent_path * (tree.conditional(i) * factor).min(1.0);
+            (path >= min_path_prob && path > 0.0).then_some(path)
+        });
         Calibrated {
+            conditionals: kept.iter().map(|&i| tree.conditional(i)).collect(),
             tree: out,
-            conditionals,
         }
     }
 

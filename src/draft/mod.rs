@@ -147,29 +147,27 @@ impl Sequence {
         self.calibration.release();
         // A source whose record keeps even a certain token under the bar is not consulted (its
         // index reads cost more than a drafted token is worth), only nudged back towards trust.
-        let hopeless = |origin| self.calibration.factor(origin) < opts.min_path_prob;
+        let offer = |origin: Origin, tree: &dyn Fn() -> DraftTree| {
+            let hopeless = self.calibration.factor(origin) < opts.min_path_prob;
+            let tree = if hopeless {
+                DraftTree::default()
+            } else {
+                tree()
+            };
+            (origin, self.calibrate(origin, tree, opts))
+        };
         let from_index = || {
-            if hopeless(Origin::Index) {
-                return (
-                    Origin::Index,
-                    self.calibrate(Origin::Index, DraftTree::default(), opts),
-                );
-            }
-            let depth = opts.depth_for(self.suffix.suffix_len());
-            let conts = self.suffix.continuations(index, opts.index_samples, depth);
-            let tree = opts.draft_from(&conts, self.suffix.suffix_len());
-            (Origin::Index, self.calibrate(Origin::Index, tree, opts))
+            offer(Origin::Index, &|| {
+                let depth = opts.depth_for(self.suffix.suffix_len());
+                let conts = self.suffix.continuations(index, opts.index_samples, depth);
+                opts.draft_from(&conts, self.suffix.suffix_len())
+            })
         };
         let from_prompt = || {
-            if hopeless(Origin::Prompt) {
-                return (
-                    Origin::Prompt,
-                    self.calibrate(Origin::Prompt, DraftTree::default(), opts),
-                );
-            }
-            let (conts, len) = self.lookup.continuations(&self.tokens, opts.max_tokens);
-            let tree = opts.draft_from(&conts, len);
-            (Origin::Prompt, self.calibrate(Origin::Prompt, tree, opts))
+            offer(Origin::Prompt, &|| {
+                let (conts, len) = self.lookup.continuations(&self.tokens, opts.max_tokens);
+                opts.draft_from(&conts, len)
+            })
         };
         let (index_draft, prompt_draft) = match opts.source {
             DraftSource::Index => (Some(from_index()), None),

@@ -88,12 +88,31 @@ impl DraftTree {
         for &i in &order[..budget] {
             keep[i] = true;
         }
+        self.rebuilt(|i, _| keep[i].then_some(self.probs[i])).0
+    }
+
+    /// Node `i`'s probability given its parent's.
+    pub fn conditional(&self, i: usize) -> f64 {
+        match self.parents[i] {
+            -1 => self.probs[i],
+            p => self.probs[i] / self.probs[p as usize],
+        }
+    }
+
+    /// The nodes `prob` keeps, with the probability it gives each from its index and its kept
+    /// parent's new probability (1 for a root); a node under a dropped one is dropped. Also the
+    /// kept nodes' indices in `self`.
+    pub fn rebuilt(
+        &self,
+        mut prob: impl FnMut(usize, f64) -> Option<f64>,
+    ) -> (DraftTree, Vec<usize>) {
         let mut out = DraftTree {
             match_len: self.match_len,
             ..DraftTree::default()
         };
+        let mut kept = Vec::new();
         let mut new_index = vec![-1i32; self.len()];
-        for i in (0..self.len()).filter(|&i| keep[i]) {
+        for i in 0..self.len() {
             let parent = match self.parents[i] {
                 -1 => -1,
                 p => new_index[p as usize],
@@ -101,13 +120,21 @@ impl DraftTree {
             if self.parents[i] >= 0 && parent < 0 {
                 continue;
             }
+            let parent_prob = match parent {
+                -1 => 1.0,
+                p => out.probs[p as usize],
+            };
+            let Some(p) = prob(i, parent_prob) else {
+                continue;
+            };
             new_index[i] = out.len() as i32;
             out.token_ids.push(self.token_ids[i]);
             out.parents.push(parent);
-            out.probs.push(self.probs[i]);
+            out.probs.push(p);
+            kept.push(i);
         }
         out.score = out.probs.iter().sum();
-        out
+        (out, kept)
     }
 
     /// Checks the shape: parents before children, probabilities in (0, 1] and never above the

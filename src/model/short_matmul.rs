@@ -23,6 +23,8 @@ use rayon::prelude::*;
 const QK: usize = 32;
 /// Output columns whose weights are interleaved: one per 32-bit lane of an AVX2 register.
 const LANES: usize = 8;
+/// `Interleaved::chunks` calls that cover a block's 32 inputs, eight at a time.
+const CHUNK_PAIRS: usize = QK / 8;
 /// Column groups per parallel work item.
 const GROUPS_PER_TASK: usize = 4;
 /// Rows whose accumulators are kept in registers while one weight block is in hand.
@@ -201,7 +203,9 @@ impl ShortMatmul {
 
     /// `x · Wᵀ` for `x` of shape `(.., k)`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        Ok(Self::forward_shared(&[self], x)?.remove(0))
+        Self::forward_shared(&[self], x)?
+            .pop()
+            .ok_or_else(|| candle_core::Error::Msg("quantized matmul: no output".into()))
     }
 
     /// `x · Wᵢᵀ` for several matrices of the same width: `x` is quantized once, and all the
@@ -411,8 +415,6 @@ trait Interleaved: Sync {
     /// four bytes per column. Q8_0 has 8 chunks, taken as two such pairs per `t`.
     #[cfg(target_arch = "x86_64")]
     unsafe fn chunks(&self, t: usize) -> [std::arch::x86_64::__m256i; 2];
-    /// How many `chunks` calls cover the 32 inputs: 4 (each giving inputs of two quarters).
-    const CHUNK_PAIRS: usize = 4;
     /// Whether quants are stored with +128 (then `128·Σa` comes off the integer sums).
     const OFFSET_128: bool;
     /// Which activation chunks `chunks(t)` pairs with.
@@ -504,7 +506,7 @@ unsafe fn rows_kernel<W: Interleaved, const G: usize>(
     for (b, w) in weights.iter().enumerate() {
         let row = |g: usize| acts.get_unchecked(g * kb + b);
         let mut sums = [_mm256_setzero_si256(); G];
-        for t in 0..W::CHUNK_PAIRS {
+        for t in 0..CHUNK_PAIRS {
             let chunks = w.chunks(t);
             let inputs = W::chunk_inputs(t);
             for (g, sum) in sums.iter_mut().enumerate() {

@@ -342,7 +342,6 @@ fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> candle_core::Result<Tensor
     candle_nn::ops::rms_norm(&x.contiguous()?, weight, eps as f32)
 }
 
-/// Rotates `(batch, heads, n, head_dim)` queries or keys for positions `pos..pos + n`.
 /// Rotates `x` `(b, heads, n, d)` for positions `pos..pos + n`, or for the given ones (a tree's).
 fn apply_rope(
     x: &Tensor,
