@@ -1,7 +1,7 @@
 //! The real models (SmolLM2-135M and Gemma-3-270M, fetched by `scripts/fetch_assets.py`) against
 //! candle-transformers' own implementations fed one token at a time, and against published figures.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -3,7 +3,7 @@
 //! independent computation: brute-force n-gram overlap, the engine's own ∞-gram query per position,
 //! the model's next-token distribution per context, and the mixture recomputed by hand.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

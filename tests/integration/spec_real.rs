@@ -6,7 +6,7 @@
 //! quantized kernels sum each output the same way for any number of rows, and short passes attend
 //! row by row along each row's path (a chain, or a draft tree's branch).
 
-mod common;
+use crate::common;
 
 use common::server::build_index;
 use infini_sidecar::corpus::Content;

@@ -3,7 +3,7 @@
 //! answered in-band and change nothing, metrics count what was served, deadlines stop `Score`, and a
 //! shutdown lets a running `Score` finish while refusing new calls.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::sync::OnceLock;

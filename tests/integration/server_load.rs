@@ -3,7 +3,7 @@
 //! in eval/SERVICE.md uses 60). No request may fail, and the process may not grow beyond a bound once
 //! warm. Latency percentiles are printed, and written to `$SIDECAR_LOAD_REPORT` when set.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

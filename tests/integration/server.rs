@@ -1,7 +1,7 @@
 //! The real gRPC server on a loopback port, called with a real tonic client: answers equal the
 //! library's, bad inputs get their status codes, and the bearer token is enforced.
 
-mod common;
+use crate::common;
 
 use common::server::{authed, build_index, config, open_session, start, step, Running};
 use infini_sidecar::draft::{DraftOptions, Sequence};

@@ -5,7 +5,7 @@
 //! Needs Python with grpcio and grpcio-tools: `$SIDECAR_PYTHON`, else the venv `scripts/test.sh`
 //! makes at `~/.cache/infini-sidecar/venv-client`.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -7,7 +7,7 @@
 //! Needs `INFINI_GRAM_PYTHON` (a Python with infini-gram 2.6.0) and the fetched assets; without them the
 //! test fails under CI and is skipped with a message elsewhere.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! reads after a matched suffix equals a brute-force scan of the documents, and drafts, chains and
 //! trees alike, are valid trees of in-vocabulary ids, at every position of real test text.
 
-mod common;
+use crate::common;
 
 use common::server::build_index;
 use infini_sidecar::corpus::Content;

@@ -1,7 +1,7 @@
 //! Corrupt or mismatched indexes are refused at open time with a message that names the problem,
 //! and the SmolLM2 tokenizer (rebuilt from GGUF metadata) round-trips real text exactly.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -1,0 +1,19 @@
+//! The integration tests, as one binary: each file is a module, so the crate and its dependencies
+//! are linked once instead of once per file (fifteen links with debug info were minutes of every
+//! fresh build). `cargo nextest run -E 'test(server_model::)'` runs one file's tests.
+
+mod common;
+
+mod cli;
+mod draft_real;
+mod engine_vs_brute_force;
+mod mix_real;
+mod model_real;
+mod model_tiny;
+mod open_checks;
+mod python_client;
+mod reference_peer;
+mod server;
+mod server_load;
+mod server_model;
+mod spec_real;
