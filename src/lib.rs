@@ -5,6 +5,7 @@ pub mod corpus;
 pub mod draft;
 pub mod eval;
 pub mod index;
+pub mod interrupt;
 pub mod mix;
 pub mod model;
 pub mod progress;

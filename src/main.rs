@@ -22,7 +22,7 @@ use infini_sidecar::mix::{self, GateOptions, LambdaRule, MixingParams};
 use infini_sidecar::model::{
     self, DeviceChoice, GenerateOptions, LoadOptions, Model, ModelError, WindowOptions,
 };
-use infini_sidecar::progress;
+use infini_sidecar::interrupt;
 use infini_sidecar::protocol;
 use infini_sidecar::server::{self, config::ServeConfig};
 use infini_sidecar::tokenizer::Tokenizer;
@@ -762,7 +762,7 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
-    progress::install_interrupt_handler();
+    interrupt::install_handler();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e)

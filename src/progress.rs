@@ -1,25 +1,6 @@
-//! Progress bars, clean interruption (Ctrl-C sets a flag that long jobs check between steps), and the
-//! process's peak memory for reports.
-
-use std::sync::atomic::{AtomicBool, Ordering};
+//! Progress bars, and the process's peak memory for reports. Stopping long work is `interrupt`'s.
 
 use indicatif::{ProgressBar, ProgressStyle};
-
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-/// Installs the Ctrl-C / SIGTERM handler. A second signal exits at once.
-pub fn install_interrupt_handler() {
-    let _ = ctrlc::set_handler(|| {
-        if INTERRUPTED.swap(true, Ordering::SeqCst) {
-            std::process::exit(130);
-        }
-        eprintln!("interrupting: finishing the current step, then cleaning up (again to exit now)");
-    });
-}
-
-pub fn interrupted() -> bool {
-    INTERRUPTED.load(Ordering::SeqCst)
-}
 
 /// A byte-counting bar (hidden when stderr is not a terminal, as in CI logs).
 pub fn bytes_bar(total: u64, what: &str) -> ProgressBar {

@@ -252,7 +252,7 @@ fn decode_here(
     let started = Instant::now();
     let mut pending = last;
     while run.tokens.len() < opts.max_new_tokens {
-        if crate::progress::interrupted() {
+        if crate::interrupt::interrupted() {
             return Err(ModelError::Interrupted.into());
         }
         let t = Instant::now();

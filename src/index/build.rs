@@ -282,7 +282,7 @@ fn build_into(
     let mut decontamination = opts.decontaminate.map(Decontaminator::record);
 
     while docs.peek().is_some() {
-        if progress::interrupted() {
+        if crate::interrupt::interrupted() {
             return Err(IndexError::Interrupted);
         }
         let mut batch = Vec::new();

@@ -54,7 +54,7 @@ impl Transformer {
         let decode_started = Instant::now();
         let mut tokens = vec![next];
         while tokens.len() < opts.max_new_tokens && Some(next) != opts.stop_token {
-            if crate::progress::interrupted() {
+            if crate::interrupt::interrupted() {
                 return Err(ModelError::Interrupted);
             }
             next = sampler.sample(&self.forward_last(&[next], &mut cache)?)?;

@@ -169,7 +169,7 @@ impl Transformer {
         // Windows are independent passes; one cache, emptied each time, keeps its allocation.
         let mut cache = self.new_cache();
         for w in plan_windows(tokens.len(), opts)? {
-            if crate::progress::interrupted() {
+            if crate::interrupt::interrupted() {
                 return Err(ModelError::Interrupted);
             }
             cache.truncate(0);

@@ -1,0 +1,133 @@
+//! Stopping long work cleanly. Two things can stop it: Ctrl-C or SIGTERM for the whole process (a
+//! flag that long jobs check between steps), and, in the server, a [`StopSignal`] for one request,
+//! raised when its deadline passes or its client goes away. Library loops call [`interrupted`] every
+//! so often and return their `Interrupted` error; they need not know which of the two it was.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Installs the Ctrl-C / SIGTERM handler. A second signal exits at once.
+pub fn install_handler() {
+    let _ = ctrlc::set_handler(|| {
+        if INTERRUPTED.swap(true, Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+        eprintln!("interrupting: finishing the current step, then cleaning up (again to exit now)");
+    });
+}
+
+thread_local! {
+    /// The stop signal of the request this thread works for, while [`StopSignal::run`] runs.
+    static CURRENT: RefCell<Option<StopSignal>> = const { RefCell::new(None) };
+}
+
+/// Whether the work on this thread should stop: the process was interrupted, or the request it
+/// works for was stopped. Cheap enough to call every few thousand steps of an inner loop.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Relaxed)
+        || CURRENT.with(|c| c.borrow().as_ref().is_some_and(StopSignal::is_stopped))
+}
+
+/// Why a request's work was stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// Its deadline passed.
+    Deadline,
+    /// Its caller went away (or the server is shutting down).
+    Cancelled,
+}
+
+#[derive(Debug)]
+struct StopState {
+    cancelled: AtomicBool,
+    deadline: Option<Instant>,
+}
+
+/// The stop signal of one request's work: shared between the task that waits for the answer (which
+/// raises it when the caller leaves) and the thread that does the work (which checks it).
+#[derive(Debug, Clone)]
+pub struct StopSignal(Arc<StopState>);
+
+impl StopSignal {
+    pub fn new(deadline: Option<Instant>) -> Self {
+        Self(Arc::new(StopState {
+            cancelled: AtomicBool::new(false),
+            deadline,
+        }))
+    }
+
+    /// Asks the work to stop at its next check.
+    pub fn cancel(&self) {
+        self.0.cancelled.store(true, Ordering::Relaxed);
+    }
+
+    /// Why the work should stop, if it should.
+    pub fn reason(&self) -> Option<StopReason> {
+        if self.0.cancelled.load(Ordering::Relaxed) {
+            Some(StopReason::Cancelled)
+        } else if self.0.deadline.is_some_and(|d| Instant::now() >= d) {
+            Some(StopReason::Deadline)
+        } else {
+            None
+        }
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.reason().is_some()
+    }
+
+    /// Runs `work` on this thread with this signal as the one [`interrupted`] checks.
+    pub fn run<T>(&self, work: impl FnOnce() -> T) -> T {
+        struct Restore(Option<StopSignal>);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                CURRENT.with(|c| *c.borrow_mut() = self.0.take());
+            }
+        }
+        let _restore = Restore(CURRENT.with(|c| c.borrow_mut().replace(self.clone())));
+        work()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_signal_stops_only_the_work_it_runs() {
+        let signal = StopSignal::new(None);
+        assert!(!signal.run(interrupted));
+        signal.cancel();
+        assert!(signal.run(interrupted));
+        assert_eq!(signal.reason(), Some(StopReason::Cancelled));
+        // Outside `run`, and on other threads, the signal is not seen.
+        assert!(!interrupted());
+        let seen = std::thread::spawn(interrupted).join().unwrap();
+        assert!(!seen);
+    }
+
+    #[test]
+    fn a_passed_deadline_stops_the_work() {
+        let signal = StopSignal::new(Some(Instant::now() - Duration::from_millis(1)));
+        assert_eq!(signal.reason(), Some(StopReason::Deadline));
+        assert!(signal.run(interrupted));
+        let later = StopSignal::new(Some(Instant::now() + Duration::from_secs(3600)));
+        assert!(!later.run(interrupted));
+    }
+
+    #[test]
+    fn nested_runs_restore_the_outer_signal() {
+        let outer = StopSignal::new(None);
+        let inner = StopSignal::new(None);
+        inner.cancel();
+        outer.run(|| {
+            assert!(inner.run(interrupted));
+            assert!(!interrupted());
+        });
+    }
+}
