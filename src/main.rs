@@ -508,16 +508,28 @@ fn index_info(index: &Index) -> serde_json::Value {
 fn run_serve(path: &Path) -> Result<()> {
     let config = ServeConfig::load(path)?;
     let runtime = tokio::runtime::Runtime::new()?;
-    runtime.block_on(async {
+    let served = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(config.bind)
             .await
             .with_context(|| format!("binding {}", config.bind))?;
-        server::serve(config, listener, shutdown_signal()).await
-    })
+        Ok::<_, anyhow::Error>(server::serve(config, listener, shutdown_signal()).await?)
+    });
+    // Work the drain deadline cut off may still be finishing on the blocking pool: do not wait.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    served
 }
 
-/// Ctrl-C or SIGTERM: stop accepting, let in-flight requests finish.
+/// Resolves at the first Ctrl-C or SIGTERM (the server then drains); a second one exits at once.
 async fn shutdown_signal() {
+    termination().await;
+    tokio::spawn(async {
+        termination().await;
+        eprintln!("second signal: exiting now");
+        std::process::exit(130);
+    });
+}
+
+async fn termination() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
@@ -536,7 +548,6 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
-    tracing::info!("shutting down: finishing in-flight requests");
 }
 
 /// Model, index and inputs of an evaluation, checked to belong together.
@@ -762,8 +773,12 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
-    interrupt::install_handler();
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    // The server handles its own signals: it drains instead of interrupting every request.
+    if !matches!(cli.command, Command::Serve { .. }) {
+        interrupt::install_handler();
+    }
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e)
             if matches!(

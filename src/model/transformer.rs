@@ -221,6 +221,11 @@ impl Transformer {
             (false, _) => PassRows::Masked(Masks::new(n, pos, c.sliding_window, &self.device)?),
         };
         for (i, layer) in self.weights.layers.iter().enumerate() {
+            // A long pass stops between layers when its request is stopped; the cache keeps its
+            // length, so the layers written so far are simply not counted.
+            if crate::interrupt::interrupted() {
+                return Err(ModelError::Interrupted);
+            }
             x = self.layer_forward(i, layer, &x, pos, cache, &rows)?;
         }
         cache.advance(n);

@@ -39,6 +39,26 @@ pub struct Limits {
     pub max_message_bytes: usize,
     /// Decoding sessions open at once.
     pub max_sessions: usize,
+    /// Tokens held in the own model's KV caches at once, over every session and request (≈ 46 kB
+    /// each for SmolLM2-135M); a step that would go past it gets RESOURCE_EXHAUSTED.
+    pub max_kv_tokens: usize,
+    /// Clauses of a `SearchDocuments` CNF.
+    pub max_cnf_clauses: usize,
+    /// Largest `max_clause_freq` a `SearchDocuments` request may ask for.
+    pub max_clause_freq: u64,
+    /// Places a `SearchDocuments` request may visit (its clauses' matches, each capped by
+    /// `max_clause_freq`): the work of a search, computed from counts before any is done.
+    pub max_search_places: u64,
+    /// TCP connections open at once; further clients wait in the listen backlog.
+    pub max_connections: usize,
+    /// Seconds a new connection has to send its first bytes (the HTTP/2 preface) before it is closed.
+    pub handshake_timeout_secs: u64,
+    /// Seconds between HTTP/2 keepalive pings; a peer that does not answer one within this time is
+    /// dropped.
+    pub keepalive_secs: u64,
+    /// Seconds open streams (sessions, `Score`) may run on after a shutdown signal before they are
+    /// closed with UNAVAILABLE.
+    pub drain_secs: u64,
 }
 
 impl Default for Limits {
@@ -49,8 +69,66 @@ impl Default for Limits {
             max_in_flight: 64,
             max_message_bytes: 4 << 20,
             max_sessions: 256,
+            max_kv_tokens: 65_536,
+            max_cnf_clauses: 64,
+            max_clause_freq: 1_000_000,
+            max_search_places: 4_000_000,
+            max_connections: 1_024,
+            handshake_timeout_secs: 10,
+            keepalive_secs: 30,
+            drain_secs: 30,
         }
     }
+}
+
+/// Smallest `max_message_bytes` that holds an ordinary request (a 49152-float logits vector needs
+/// ≈ 200 kB; this only refuses settings under which nothing would work).
+const MIN_MESSAGE_BYTES: usize = 4 << 10;
+
+impl Limits {
+    /// Refuses settings that would give a server that refuses everything.
+    fn check(&self) -> Result<(), ConfigError> {
+        let at_least_one = [
+            ("max_context_tokens", self.max_context_tokens as u64),
+            ("max_top_k", self.max_top_k as u64),
+            ("max_in_flight", self.max_in_flight as u64),
+            ("max_sessions", self.max_sessions as u64),
+            ("max_cnf_clauses", self.max_cnf_clauses as u64),
+            ("max_clause_freq", self.max_clause_freq),
+            ("max_search_places", self.max_search_places),
+            ("max_connections", self.max_connections as u64),
+            ("handshake_timeout_secs", self.handshake_timeout_secs),
+            ("keepalive_secs", self.keepalive_secs),
+        ];
+        if let Some((name, _)) = at_least_one.iter().find(|(_, v)| *v == 0) {
+            return Err(ConfigError::Invalid(format!(
+                "limits.{name} is 0: nothing could be served"
+            )));
+        }
+        if self.max_message_bytes < MIN_MESSAGE_BYTES {
+            return Err(ConfigError::Invalid(format!(
+                "limits.max_message_bytes is {}, below the {MIN_MESSAGE_BYTES} bytes any request needs",
+                self.max_message_bytes
+            )));
+        }
+        // tokio's semaphores hold at most this many permits.
+        let most = tokio::sync::Semaphore::MAX_PERMITS;
+        if self.max_in_flight > most || self.max_connections > most {
+            return Err(ConfigError::Invalid(format!(
+                "limits.max_in_flight and limits.max_connections must be at most {most}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A config that cannot be read or would not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: {message}")]
+    Read { path: String, message: String },
+    #[error("{0}")]
+    Invalid(String),
 }
 
 fn default_bind() -> SocketAddr {
@@ -58,17 +136,26 @@ fn default_bind() -> SocketAddr {
 }
 
 impl ServeConfig {
-    /// Reads a config; relative paths are taken from the config file's folder.
-    pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        let mut config: Self =
-            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    /// Reads a config; relative paths are taken from the config file's folder. Limits under which
+    /// nothing could be served are refused here, not discovered by the first client.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let read_error = |message: String| ConfigError::Read {
+            path: path.display().to_string(),
+            message,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| read_error(e.to_string()))?;
+        let mut config: Self = toml::from_str(&text).map_err(|e| read_error(e.to_string()))?;
+        config.limits.check()?;
         let base = path.parent().unwrap_or(Path::new("."));
         config.index = resolve(base, &config.index);
         config.mixing = config.mixing.map(|m| resolve(base, &m));
         config.model = config.model.map(|m| resolve(base, &m));
         Ok(config)
+    }
+
+    /// The checks of [`ServeConfig::load`], for a config built in code.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        self.limits.check()
     }
 }
 

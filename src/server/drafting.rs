@@ -1,4 +1,5 @@
 //! `Draft` and the drafting step of sessions: request options checked and mapped onto the drafter's.
+//! Sessions use this file; it knows nothing of sessions.
 
 use tonic::Status;
 
@@ -66,22 +67,14 @@ pub(super) fn response(tree: DraftTree) -> pb::DraftResponse {
     }
 }
 
-/// The unary `Draft`: an open session's sequence, or a context matched afresh.
-pub(super) fn draft(s: &State, r: pb::DraftRequest) -> Result<pb::DraftResponse, Status> {
-    let opts = options(r.options)?;
-    let tree = match r.target {
-        Some(pb::draft_request::Target::SessionId(id)) => {
-            let session = s.sessions.get(id)?;
-            let mut session = super::session::lock(&session);
-            session.draft(s, &opts)
-        }
-        Some(pb::draft_request::Target::Context(c)) => {
-            s.check_len("the context", c.ids.len())?;
-            Sequence::new(&s.index, c.ids)
-                .map_err(index_status)?
-                .draft(&s.index, &opts)
-        }
-        None => return Err(Status::invalid_argument("name a session_id or a context")),
-    };
-    Ok(response(tree))
+/// The unary `Draft` for a context matched afresh (an open session's is `session::draft`).
+pub(super) fn draft_context(
+    s: &State,
+    context: Vec<u32>,
+    opts: &DraftOptions,
+) -> Result<DraftTree, Status> {
+    s.check_len("the context", context.len())?;
+    Ok(Sequence::new(&s.index, context)
+        .map_err(index_status)?
+        .draft(&s.index, opts))
 }

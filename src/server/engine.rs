@@ -90,6 +90,11 @@ pub(super) fn next_token_distribution(
     })
 }
 
+/// Bytes a shown document token may take in a `SearchDocuments` answer: its id (a varint of up to
+/// 5 bytes) and its text (a token of the supported tokenizers decodes to at most a few dozen bytes;
+/// 16 covers all but rare long tokens, and the codec still refuses an answer over the limit).
+const BYTES_PER_SHOWN_TOKEN: u64 = 21;
+
 pub(super) fn search_documents(
     s: &State,
     r: pb::SearchDocumentsRequest,
@@ -101,6 +106,13 @@ pub(super) fn search_documents(
         .collect();
     let tokens: usize = cnf.iter().flatten().map(Vec::len).sum();
     s.check_len("the CNF", tokens)?;
+    if cnf.len() > s.limits.max_cnf_clauses {
+        return Err(Status::invalid_argument(format!(
+            "the CNF has {} clauses, more than the limit of {}",
+            cnf.len(),
+            s.limits.max_cnf_clauses
+        )));
+    }
     let defaults = SearchOptions::default();
     let or_default = |v: u64, d: u64| if v == 0 { d } else { v };
     let maxnum = or_default(r.maxnum.into(), defaults.maxnum as u64) as usize;
@@ -115,6 +127,22 @@ pub(super) fn search_documents(
         max_disp_len: or_default(r.max_disp_len.into(), defaults.max_disp_len as u64) as usize,
         max_clause_freq: or_default(r.max_clause_freq, defaults.max_clause_freq),
     };
+    if opts.max_clause_freq > s.limits.max_clause_freq {
+        return Err(Status::invalid_argument(format!(
+            "max_clause_freq must be at most {}",
+            s.limits.max_clause_freq
+        )));
+    }
+    // Known before any work: an answer that could not be sent is refused up front.
+    let worst_case = (opts.maxnum as u64)
+        .saturating_mul(opts.max_disp_len as u64)
+        .saturating_mul(BYTES_PER_SHOWN_TOKEN);
+    if worst_case > s.limits.max_message_bytes as u64 {
+        return Err(Status::resource_exhausted(format!(
+            "maxnum × max_disp_len = {} × {} tokens could take {worst_case} bytes, more than the message limit of {}: ask for fewer or shorter documents",
+            opts.maxnum, opts.max_disp_len, s.limits.max_message_bytes
+        )));
+    }
     let found = s.index.search_docs_cnf(&cnf, opts).map_err(index_status)?;
     Ok(pb::SearchDocumentsResponse {
         cnt: found.cnt,

@@ -13,6 +13,8 @@ use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use super::listen::AcceptBackoff;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MethodCode {
     method: &'static str,
@@ -36,6 +38,10 @@ pub struct Metrics {
     /// Requests holding an in-flight permit: the depth of the bounded work queue.
     pub in_flight: Gauge,
     pub sessions: Gauge,
+    /// Tokens held in the own model's KV caches (bounded by limits.max_kv_tokens).
+    pub kv_tokens: Gauge,
+    /// Open gRPC connections (bounded by limits.max_connections).
+    pub connections: Gauge,
 }
 
 impl Default for Metrics {
@@ -46,9 +52,11 @@ impl Default for Metrics {
             Family::<Method, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
         let in_flight = Gauge::default();
         let sessions = Gauge::default();
+        let kv_tokens = Gauge::default();
+        let connections = Gauge::default();
         registry.register(
             "requests",
-            "Finished requests (and session steps) by method and gRPC status code",
+            "Finished requests (and session steps) by method and final gRPC status code, whatever ended them: the handler, the codec, a deadline or the client leaving",
             requests.clone(),
         );
         registry.register(
@@ -62,12 +70,24 @@ impl Default for Metrics {
             in_flight.clone(),
         );
         registry.register("sessions", "Open decoding sessions", sessions.clone());
+        registry.register(
+            "kv_tokens",
+            "Tokens held in the own model's KV caches (bounded by limits.max_kv_tokens)",
+            kv_tokens.clone(),
+        );
+        registry.register(
+            "connections",
+            "Open gRPC connections (bounded by limits.max_connections)",
+            connections.clone(),
+        );
         Self {
             registry,
             requests,
             latency,
             in_flight,
             sessions,
+            kv_tokens,
+            connections,
         }
     }
 }
@@ -99,9 +119,17 @@ const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Serves `GET /metrics` on `listener` until the task is dropped.
 pub async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>) {
+    let mut backoff = AcceptBackoff::new();
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => {
+                backoff.succeeded();
+                stream
+            }
+            Err(e) => {
+                backoff.failed("metrics", &e).await;
+                continue;
+            }
         };
         let metrics = Arc::clone(&metrics);
         tokio::spawn(async move {

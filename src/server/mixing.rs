@@ -3,6 +3,7 @@
 
 use tonic::Status;
 
+use super::kv_budget::KvReservation;
 use super::{mix_status, model_status, pb, State};
 use crate::index::dense::TokenScore;
 use crate::index::query::InfgramNtdResult;
@@ -201,6 +202,7 @@ pub(super) fn mix(s: &State, r: pb::MixRequest) -> Result<pb::MixResponse, Statu
             ));
         }
         let model = s.model()?.transformer();
+        let _kv = KvReservation::new(&s.kv_budget, r.context.len())?;
         let logits = model
             .forward_last(&r.context, &mut model.new_cache())
             .map_err(model_status)?;

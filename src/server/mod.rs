@@ -6,8 +6,11 @@
 pub mod config;
 mod drafting;
 mod engine;
+mod kv_budget;
+mod listen;
 pub mod metrics;
 mod mixing;
+mod observe;
 mod score;
 mod serve;
 mod session;
@@ -18,17 +21,50 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::index::{Index, IndexError, OpenOptions};
+use crate::interrupt::{StopReason, StopSignal};
 use crate::mix::{MixError, MixingParams};
 use crate::model::{LoadOptions, Model, ModelError};
 use crate::tokenizer::Tokenizer;
-use config::{Limits, ServeConfig};
+use config::{ConfigError, Limits, ServeConfig};
+use kv_budget::KvBudget;
 use metrics::Metrics;
 use session::Sessions;
+
+/// Why the service could not start or stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    Setup(String),
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    #[error("mixing file: {0}")]
+    Mix(#[from] MixError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("serving: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+impl ServeError {
+    fn io(what: &str) -> impl FnOnce(std::io::Error) -> Self + '_ {
+        move |source| ServeError::Io {
+            what: what.to_string(),
+            source,
+        }
+    }
+}
 
 /// The generated code of the API.
 pub mod pb {
@@ -50,6 +86,10 @@ struct State {
     in_flight: Arc<Semaphore>,
     metrics: Arc<Metrics>,
     sessions: Sessions,
+    kv_budget: Arc<KvBudget>,
+    /// Set once the drain deadline of a shutdown has passed: open streams and running work end
+    /// with UNAVAILABLE.
+    closing: watch::Sender<bool>,
 }
 
 #[derive(Clone)]
@@ -57,9 +97,16 @@ pub struct SidecarService {
     state: Arc<State>,
 }
 
+/// What a request gets when its work was stopped by its [`StopSignal`]; [`on_pool`] turns it into
+/// the status that says why.
+fn stopped() -> Status {
+    Status::cancelled("the work was stopped")
+}
+
 fn index_status(e: IndexError) -> Status {
     match e {
         IndexError::Invalid(m) => Status::invalid_argument(m),
+        IndexError::Interrupted => stopped(),
         other => Status::internal(other.to_string()),
     }
 }
@@ -75,8 +122,26 @@ fn mix_status(e: MixError) -> Status {
 fn model_status(e: ModelError) -> Status {
     match e {
         ModelError::Invalid(m) => Status::invalid_argument(m),
+        ModelError::Interrupted => stopped(),
         other => Status::internal(other.to_string()),
     }
+}
+
+/// The status of work that `signal` stopped (a deadline, the client leaving, or the drain deadline
+/// of a shutdown); other outcomes pass unchanged.
+fn stop_status<T>(state: &State, signal: &StopSignal, outcome: Result<T, Status>) -> Result<T, Status> {
+    match (outcome, signal.reason()) {
+        (Err(status), Some(reason)) if status.code() == tonic::Code::Cancelled => Err(match reason {
+            _ if *state.closing.borrow() => closing_status(),
+            StopReason::Deadline => Status::deadline_exceeded("the deadline passed before the work was done"),
+            StopReason::Cancelled => Status::cancelled("the client went away"),
+        }),
+        (outcome, _) => outcome,
+    }
+}
+
+fn closing_status() -> Status {
+    Status::unavailable("the sidecar is shutting down")
 }
 
 /// A permit to do CPU work; the in-flight gauge follows it.
@@ -106,15 +171,6 @@ fn deadline_of<T>(request: &Request<T>) -> Option<Instant> {
         _ => return None,
     };
     Some(Instant::now() + timeout)
-}
-
-fn check_deadline(deadline: Option<Instant>) -> Result<(), Status> {
-    match deadline {
-        Some(d) if Instant::now() >= d => Err(Status::deadline_exceeded(
-            "the deadline passed before the work was done",
-        )),
-        _ => Ok(()),
-    }
 }
 
 impl State {
@@ -150,6 +206,14 @@ impl State {
         Ok(top_k as usize)
     }
 
+    /// Resolves once the drain deadline of a shutdown has passed (never before).
+    async fn closed(&self) {
+        let mut closing = self.closing.subscribe();
+        if closing.wait_for(|c| *c).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
     fn model(&self) -> Result<&Model, Status> {
         self.model.as_ref().ok_or_else(|| {
             Status::failed_precondition("the sidecar runs no model: set `model` in its config")
@@ -159,14 +223,21 @@ impl State {
 
 impl SidecarService {
     /// Opens the index (with its tokenizer), the mixing file and the model of a config.
-    pub fn open(config: &ServeConfig) -> anyhow::Result<Self> {
+    pub fn open(config: &ServeConfig) -> Result<Self, ServeError> {
         Self::open_with_metrics(config, Arc::new(Metrics::default()))
     }
 
-    pub fn open_with_metrics(config: &ServeConfig, metrics: Arc<Metrics>) -> anyhow::Result<Self> {
+    pub fn open_with_metrics(
+        config: &ServeConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, ServeError> {
+        config.check()?;
         let index = Index::open(&config.index, &OpenOptions::default())?;
         let tokenizer = index.tokenizer().cloned().ok_or_else(|| {
-            anyhow::anyhow!("{}: the index has no tokenizer", config.index.display())
+            ServeError::Setup(format!(
+                "{}: the index has no tokenizer",
+                config.index.display()
+            ))
         })?;
         let mixing = config
             .mixing
@@ -196,45 +267,72 @@ impl SidecarService {
                 limits: config.limits,
                 in_flight: Arc::new(Semaphore::new(config.limits.max_in_flight)),
                 sessions: Sessions::new(config.limits.max_sessions, Arc::clone(&metrics)),
+                kv_budget: KvBudget::new(config.limits.max_kv_tokens, metrics.kv_tokens.clone()),
                 metrics,
+                closing: watch::channel(false).0,
             }),
         })
     }
 
-    /// Runs CPU work on the blocking pool behind a permit, and records it as `method`.
+    /// Ends open streams and running work with UNAVAILABLE: the drain deadline of a shutdown.
+    pub(crate) fn close_streams(&self) {
+        self.state.closing.send_replace(true);
+    }
+
+    /// Runs CPU work on the blocking pool behind a permit (metrics are the `observe` layer's).
     async fn run<T: Send + 'static>(
         &self,
-        method: &'static str,
         deadline: Option<Instant>,
         work: impl FnOnce(&State) -> Result<T, Status> + Send + 'static,
     ) -> Result<Response<T>, Status> {
-        let started = Instant::now();
-        let result = on_pool(&self.state, deadline, work).await;
-        self.state.metrics.observe(
-            method,
-            started.elapsed(),
-            result.as_ref().err().map(Status::code),
-        );
-        result.map(Response::new)
+        on_pool(&self.state, deadline, work).await.map(Response::new)
     }
 }
 
-/// Runs CPU work on the blocking pool behind an in-flight permit, unless the deadline has passed by
-/// the time it would start.
+/// Raises a stop signal when dropped: the future awaiting the work was dropped, because its
+/// client went away.
+struct StopOnDrop(StopSignal);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// Runs CPU work on the blocking pool behind an in-flight permit, under a stop signal raised when
+/// the deadline passes, when the caller goes away (this future is dropped) or when a shutdown's
+/// drain deadline passes. The work's loops check it (`interrupt::interrupted`) and stop, so the
+/// permit comes back within moments either way.
 async fn on_pool<T: Send + 'static>(
     state: &Arc<State>,
     deadline: Option<Instant>,
     work: impl FnOnce(&State) -> Result<T, Status> + Send + 'static,
 ) -> Result<T, Status> {
     let permit = state.permit()?;
-    let state = Arc::clone(state);
-    tokio::task::spawn_blocking(move || {
+    let signal = StopSignal::new(deadline);
+    let stop_on_drop = StopOnDrop(signal.clone());
+    let worker_state = Arc::clone(state);
+    let worker_signal = signal.clone();
+    let worker = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        check_deadline(deadline)?;
-        work(&state)
-    })
-    .await
-    .map_err(|e| Status::internal(format!("worker failed: {e}")))?
+        worker_signal.run(|| {
+            if worker_signal.is_stopped() {
+                return Err(stopped());
+            }
+            work(&worker_state)
+        })
+    });
+    let outcome = tokio::select! {
+        joined = worker => joined.map_err(|e| Status::internal(format!("worker failed: {e}")))?,
+        _ = state.closed() => {
+            signal.cancel();
+            Err(closing_status())
+        }
+    };
+    let answer = stop_status(state, &signal, outcome);
+    // The work is over: raising the signal now changes nothing.
+    drop(stop_on_drop);
+    answer
 }
 
 type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -245,7 +343,7 @@ impl Sidecar for SidecarService {
         &self,
         request: Request<pb::InfoRequest>,
     ) -> Result<Response<pb::InfoResponse>, Status> {
-        self.run("Info", deadline_of(&request), |s| Ok(engine::info(s)))
+        self.run(deadline_of(&request), |s| Ok(engine::info(s)))
             .await
     }
 
@@ -255,7 +353,7 @@ impl Sidecar for SidecarService {
     ) -> Result<Response<pb::TokenizeResponse>, Status> {
         let deadline = deadline_of(&request);
         let r = request.into_inner();
-        self.run("Tokenize", deadline, move |s| engine::tokenize(s, r))
+        self.run(deadline, move |s| engine::tokenize(s, r))
             .await
     }
 
@@ -265,7 +363,7 @@ impl Sidecar for SidecarService {
     ) -> Result<Response<pb::DetokenizeResponse>, Status> {
         let deadline = deadline_of(&request);
         let r = request.into_inner();
-        self.run("Detokenize", deadline, move |s| engine::detokenize(s, r))
+        self.run(deadline, move |s| engine::detokenize(s, r))
             .await
     }
 
@@ -275,7 +373,7 @@ impl Sidecar for SidecarService {
     ) -> Result<Response<pb::CountResponse>, Status> {
         let deadline = deadline_of(&request);
         let r = request.into_inner();
-        self.run("Count", deadline, move |s| engine::count(s, r))
+        self.run(deadline, move |s| engine::count(s, r))
             .await
     }
 
@@ -285,7 +383,7 @@ impl Sidecar for SidecarService {
     ) -> Result<Response<pb::NextTokenDistributionResponse>, Status> {
         let deadline = deadline_of(&request);
         let r = request.into_inner();
-        self.run("NextTokenDistribution", deadline, move |s| {
+        self.run(deadline, move |s| {
             engine::next_token_distribution(s, r)
         })
         .await
@@ -297,7 +395,7 @@ impl Sidecar for SidecarService {
     ) -> Result<Response<pb::SearchDocumentsResponse>, Status> {
         let deadline = deadline_of(&request);
         let r = request.into_inner();
-        self.run("SearchDocuments", deadline, move |s| {
+        self.run(deadline, move |s| {
             engine::search_documents(s, r)
         })
         .await
@@ -309,7 +407,7 @@ impl Sidecar for SidecarService {
     ) -> Result<Response<pb::MixResponse>, Status> {
         let deadline = deadline_of(&request);
         let r = request.into_inner();
-        self.run("Mix", deadline, move |s| mixing::mix(s, r)).await
+        self.run(deadline, move |s| mixing::mix(s, r)).await
     }
 
     async fn draft(
@@ -318,8 +416,18 @@ impl Sidecar for SidecarService {
     ) -> Result<Response<pb::DraftResponse>, Status> {
         let deadline = deadline_of(&request);
         let r = request.into_inner();
-        self.run("Draft", deadline, move |s| drafting::draft(s, r))
-            .await
+        self.run(deadline, move |s| {
+            let opts = drafting::options(r.options)?;
+            let tree = match r.target {
+                Some(pb::draft_request::Target::SessionId(id)) => session::draft(s, id, &opts)?,
+                Some(pb::draft_request::Target::Context(c)) => {
+                    drafting::draft_context(s, c.ids, &opts)?
+                }
+                None => return Err(Status::invalid_argument("name a session_id or a context")),
+            };
+            Ok(drafting::response(tree))
+        })
+        .await
     }
 
     type ScoreStream = ResponseStream<pb::ScoreResponse>;

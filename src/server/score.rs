@@ -1,6 +1,7 @@
 //! `Score`: documents scored with the evaluator's protocol (the model over 1024-token windows, stride
 //! 512; the ∞-gram densely over the whole prefix), streamed back one document at a time. The work
-//! stops at the deadline or as soon as the client goes away.
+//! stops, mid-document too, at the deadline, as soon as the client goes away, or at a shutdown's
+//! drain deadline.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,8 +10,10 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
+use super::kv_budget::KvReservation;
 use super::mixing::{lambdas, LambdaChoice};
-use super::{check_deadline, pb, State, WorkPermit};
+use super::{pb, stop_status, stopped, State, WorkPermit};
+use crate::interrupt::StopSignal;
 use crate::eval::records::document_records;
 use crate::mix::{mixed_prob, LambdaRule};
 use crate::model::WindowOptions;
@@ -37,18 +40,30 @@ pub(super) fn start(
             .check_ids(&d.token_ids)
             .map_err(super::index_status)?;
     }
+    let kv = KvReservation::new(&state.kv_budget, WindowOptions::default().window)?;
     let permit = state.permit()?;
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    let signal = StopSignal::new(deadline);
+    // The client leaving (the stream dropped) or the drain deadline stops the work.
+    let watcher = {
+        let (signal, tx, state) = (signal.clone(), tx.clone(), Arc::clone(&state));
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tx.closed() => {}
+                _ = state.closed() => {}
+            }
+            signal.cancel();
+        })
+    };
     tokio::task::spawn_blocking(move || {
-        let started = Instant::now();
-        let outcome = score_all(&state, request, rule, deadline, &tx, permit);
-        if let Err(status) = &outcome {
+        let outcome = signal.run(|| score_all(&state, request, rule, &tx, permit));
+        let outcome = stop_status(&state, &signal, outcome);
+        if let Err(status) = outcome {
             // The client may be gone already; nothing else to tell.
-            let _ = tx.blocking_send(Err(status.clone()));
+            let _ = tx.blocking_send(Err(status));
         }
-        state
-            .metrics
-            .observe("Score", started.elapsed(), outcome.err().map(|s| s.code()));
+        watcher.abort();
+        drop(kv);
     });
     Ok(ReceiverStream::new(rx))
 }
@@ -59,14 +74,15 @@ fn score_all(
     s: &State,
     request: pb::ScoreRequest,
     rule: LambdaRule,
-    deadline: Option<Instant>,
     tx: &Sender,
     _permit: WorkPermit,
 ) -> Result<(), Status> {
     let model = s.model()?;
     let mut totals = pb::ScoreTotals::default();
     for (i, doc) in request.documents.into_iter().enumerate() {
-        check_deadline(deadline)?;
+        if crate::interrupt::interrupted() {
+            return Err(stopped());
+        }
         let scored = score_document(s, model, i, doc, rule, request.per_token)?;
         totals.documents += 1;
         totals.tokens += scored.tokens;
@@ -105,7 +121,13 @@ fn score_document(
         &doc.token_ids,
         |_| {},
     )
-    .map_err(|e| Status::internal(format!("scoring document {index}: {e:#}")))?
+    .map_err(|e| {
+        if crate::interrupt::interrupted() {
+            stopped()
+        } else {
+            Status::internal(format!("scoring document {index}: {e:#}"))
+        }
+    })?
     .tokens;
     let sparse: Vec<bool> = records.iter().map(|r| r.sparse).collect();
     let features: Vec<_> = records.iter().map(|r| r.features).collect();

@@ -1,17 +1,31 @@
 //! Binding the service: health and reflection beside it, the bearer token on the sidecar's RPCs,
-//! message size limits, and a graceful shutdown that lets in-flight requests finish.
+//! message size limits, bounded connections, and a shutdown that lets in-flight requests finish,
+//! then closes what is still open once the drain deadline passes.
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 use tonic::{Request, Status};
 
 use super::config::ServeConfig;
+use super::listen::{incoming, AcceptLimits};
 use super::metrics::{serve_metrics, Metrics};
+use super::observe::Observed;
 use super::pb::sidecar_server::SidecarServer;
-use super::{pb, SidecarService};
+use super::{pb, ServeError, SidecarService};
+
+/// Compares two byte strings in time that depends on their lengths only, not on where they differ.
+fn same_secret(given: &[u8], expected: &[u8]) -> bool {
+    given.len() == expected.len()
+        && std::hint::black_box(
+            given
+                .iter()
+                .zip(expected)
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b)),
+        ) == 0
+}
 
 /// Checks `authorization: Bearer TOKEN` when a token is configured.
 fn bearer_check(
@@ -27,9 +41,26 @@ fn bearer_check(
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
         match given {
-            Some(t) if t == expected => Ok(request),
+            Some(t) if same_secret(t.as_bytes(), expected.as_bytes()) => Ok(request),
             _ => Err(Status::unauthenticated("a valid bearer token is required")),
         }
+    }
+}
+
+/// The bearer token of `auth_token_env`: set and not blank, or the server does not start (an empty
+/// token would let `Bearer ` with nothing after it in).
+fn bearer_token(config: &ServeConfig) -> Result<Option<String>, ServeError> {
+    let Some(var) = &config.auth_token_env else {
+        return Ok(None);
+    };
+    match std::env::var(var) {
+        Ok(token) if !token.trim().is_empty() => Ok(Some(token)),
+        Ok(_) => Err(ServeError::Config(format!(
+            "auth_token_env names {var}, which is empty: set a token or drop auth_token_env"
+        ))),
+        Err(_) => Err(ServeError::Config(format!(
+            "auth_token_env names {var}, which is not set"
+        ))),
     }
 }
 
@@ -53,20 +84,21 @@ fn limit_malloc_arenas() {
     }
 }
 
-/// Serves `config` until `shutdown` resolves, then drains in-flight requests.
+/// Once open streams have been told to close, how long the server waits for the last connections.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// Serves `config` until `shutdown` resolves, then drains: new connections are refused, in-flight
+/// requests finish, and after `limits.drain_secs` the streams still open (sessions, `Score`) and
+/// the work still running are ended with UNAVAILABLE.
 pub async fn serve(
     config: ServeConfig,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<()> {
-    let token = match &config.auth_token_env {
-        Some(var) => Some(
-            std::env::var(var)
-                .map_err(|_| anyhow::anyhow!("auth_token_env names {var}, which is not set"))?,
-        ),
-        None => None,
-    };
-    if token.is_none() && !listener.local_addr()?.ip().is_loopback() {
+) -> Result<(), ServeError> {
+    config.check()?;
+    let token = bearer_token(&config)?;
+    let local = listener.local_addr().map_err(ServeError::io("listener"))?;
+    if token.is_none() && !local.ip().is_loopback() {
         tracing::warn!("serving beyond loopback without a bearer token");
     }
     limit_malloc_arenas();
@@ -77,33 +109,91 @@ pub async fn serve(
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
-                .map_err(|e| anyhow::anyhow!("metrics_bind {addr}: {e}"))?;
-            tracing::info!("metrics on http://{}/metrics", listener.local_addr()?);
-            Some(AbortOnDrop(tokio::spawn(serve_metrics(listener, metrics))))
+                .map_err(ServeError::io(&format!("metrics_bind {addr}")))?;
+            tracing::info!(
+                "metrics on http://{}/metrics",
+                listener.local_addr().map_err(ServeError::io("metrics"))?
+            );
+            Some(AbortOnDrop(tokio::spawn(serve_metrics(
+                listener,
+                Arc::clone(&metrics),
+            ))))
         }
         None => None,
     };
-    let limit = config.limits.max_message_bytes;
-    let sidecar = SidecarServer::new(service)
-        .max_decoding_message_size(limit)
-        .max_encoding_message_size(limit);
-    let sidecar =
-        tonic::service::interceptor::InterceptedService::new(sidecar, bearer_check(token));
+    let limits = config.limits;
+    let sidecar = SidecarServer::new(service.clone())
+        .max_decoding_message_size(limits.max_message_bytes)
+        .max_encoding_message_size(limits.max_message_bytes);
+    let sidecar = Observed::new(
+        tonic::service::interceptor::InterceptedService::new(sidecar, bearer_check(token)),
+        Arc::clone(&metrics),
+    );
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<SidecarServer<SidecarService>>()
         .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    tracing::info!("serving on {}", listener.local_addr()?);
-    // No Nagle: a session's small step messages would otherwise wait for delayed ACKs (≈ 40 ms).
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    Server::builder()
+        .build_v1()
+        .map_err(|e| ServeError::Config(format!("reflection: {e}")))?;
+    tracing::info!("serving on {local}");
+    let connections = incoming(
+        listener,
+        AcceptLimits {
+            max_connections: limits.max_connections,
+            handshake_timeout: Duration::from_secs(limits.handshake_timeout_secs),
+        },
+        metrics.connections.clone(),
+    );
+    let (draining_tx, mut draining) = tokio::sync::watch::channel(false);
+    let keepalive = Duration::from_secs(limits.keepalive_secs);
+    let server = Server::builder()
+        .http2_keepalive_interval(Some(keepalive))
+        .http2_keepalive_timeout(Some(keepalive))
         .add_service(health)
         .add_service(reflection)
         .add_service(sidecar)
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await?;
-    Ok(())
+        .serve_with_incoming_shutdown(connections, async move {
+            shutdown.await;
+            tracing::info!(
+                "shutting down: finishing in-flight requests, closing open streams in {} s",
+                limits.drain_secs
+            );
+            let _ = draining_tx.send(true);
+        });
+    tokio::pin!(server);
+    let drain_deadline = async {
+        if draining.wait_for(|d| *d).await.is_ok() {
+            tokio::time::sleep(Duration::from_secs(limits.drain_secs)).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        served = &mut server => return served.map_err(ServeError::Transport),
+        _ = drain_deadline => {}
+    }
+    tracing::info!("drain deadline passed: closing open streams with UNAVAILABLE");
+    service.close_streams();
+    tokio::select! {
+        served = &mut server => served.map_err(ServeError::Transport),
+        _ = tokio::time::sleep(CLOSE_GRACE) => {
+            tracing::warn!("connections still open after the drain deadline: leaving them");
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_match_only_when_equal() {
+        assert!(same_secret(b"s3cret", b"s3cret"));
+        assert!(!same_secret(b"s3cres", b"s3cret"));
+        assert!(!same_secret(b"", b"s3cret"));
+        assert!(!same_secret(b"s3cret!", b"s3cret"));
+    }
 }

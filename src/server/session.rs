@@ -4,7 +4,6 @@
 //! by id while the stream lives so other RPCs (drafting) can reach it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -12,9 +11,10 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
+use super::kv_budget::KvReservation;
 use super::metrics::Metrics;
 use super::mixing::{mixed, neural_distribution, LambdaChoice};
-use super::{drafting, index_status, model_status, on_pool, pb, State};
+use super::{closing_status, drafting, index_status, model_status, on_pool, pb, State};
 use crate::draft::{DraftOptions, DraftTree, Sequence};
 use crate::model::KvCache;
 
@@ -25,34 +25,45 @@ pub(super) struct Session {
 }
 
 /// The own model's cache of the sequence's first `cache.len()` tokens, and the logits after the
-/// whole sequence once computed. Tokens are run lazily, when logits are asked for.
+/// whole sequence once computed. Tokens are run lazily, when logits are asked for; the KV budget is
+/// held for the whole sequence from the moment it is appended, so a step that would pass the budget
+/// is refused before it changes anything.
 struct NeuralCache {
     cache: KvCache,
     logits: Option<Vec<f32>>,
+    reservation: KvReservation,
 }
 
 impl Session {
     fn new(s: &State, start: pb::SessionStart) -> Result<Self, Status> {
         s.check_len("the context", start.context.len())?;
-        let seq = Sequence::new(&s.index, start.context).map_err(index_status)?;
         let neural = match start.use_model {
             true => Some(NeuralCache {
                 cache: s.model()?.transformer().new_cache(),
                 logits: None,
+                reservation: KvReservation::new(&s.kv_budget, start.context.len())?,
             }),
             false => None,
         };
+        let seq = Sequence::new(&s.index, start.context).map_err(index_status)?;
         Ok(Self { seq, neural })
     }
 
-    /// A draft continuing the session's sequence.
-    pub(super) fn draft(&mut self, s: &State, opts: &DraftOptions) -> DraftTree {
-        self.seq.draft(&s.index, opts)
-    }
 
     fn append(&mut self, s: &State, tokens: &[u32]) -> Result<(), Status> {
-        s.check_len("the session", self.seq.tokens().len() + tokens.len())?;
-        self.seq.append(&s.index, tokens).map_err(index_status)?;
+        let before = self.seq.tokens().len();
+        let after = before + tokens.len();
+        s.check_len("the session", after)?;
+        if let Some(n) = &mut self.neural {
+            n.reservation.resize(after)?;
+        }
+        if let Err(e) = self.seq.append(&s.index, tokens) {
+            if let Some(n) = &mut self.neural {
+                // Cannot fail: it shrinks back to what was held.
+                let _ = n.reservation.resize(before);
+            }
+            return Err(index_status(e));
+        }
         if let Some(n) = &mut self.neural {
             n.logits = None;
         }
@@ -73,6 +84,7 @@ impl Session {
         if let Some(n) = &mut self.neural {
             n.cache.truncate(len);
             n.logits = None;
+            n.reservation.resize(len)?;
         }
         Ok(())
     }
@@ -121,10 +133,10 @@ impl Session {
 
 type Shared = Arc<Mutex<Session>>;
 
-/// The open sessions, by id.
+/// The open sessions, by id. An id is a capability: 64 random bits, so a client reaches only the
+/// sessions whose ids it was given (its own), never another's by counting.
 pub(super) struct Sessions {
     max: usize,
-    next_id: AtomicU64,
     open: Mutex<HashMap<u64, Shared>>,
     metrics: Arc<Metrics>,
 }
@@ -142,7 +154,7 @@ impl Drop for OpenSession {
     }
 }
 
-pub(super) fn lock(session: &Shared) -> MutexGuard<'_, Session> {
+fn lock(session: &Shared) -> MutexGuard<'_, Session> {
     // A step that panicked left the session as it was before it (steps validate first).
     session.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -151,7 +163,6 @@ impl Sessions {
     pub(super) fn new(max: usize, metrics: Arc<Metrics>) -> Self {
         Self {
             max,
-            next_id: AtomicU64::new(1),
             open: Mutex::new(HashMap::new()),
             metrics,
         }
@@ -169,7 +180,14 @@ impl Sessions {
                 self.max
             )));
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = loop {
+            let id = getrandom::u64().map_err(|e| {
+                Status::internal(format!("no randomness for a session id: {e}"))
+            })?;
+            if id != 0 && !table.contains_key(&id) {
+                break id;
+            }
+        };
         table.insert(id, session);
         self.metrics.sessions.inc();
         Ok(id)
@@ -182,7 +200,7 @@ impl Sessions {
     }
 
     /// The open session `id`, or NOT_FOUND.
-    pub(super) fn get(&self, id: u64) -> Result<Shared, Status> {
+    fn get(&self, id: u64) -> Result<Shared, Status> {
         self.table()
             .get(&id)
             .cloned()
@@ -190,7 +208,15 @@ impl Sessions {
     }
 }
 
-/// Serves one `Session` stream: steps run one at a time, in order, on the blocking pool.
+/// The unary `Draft` for an open session: a draft continuing its sequence.
+pub(super) fn draft(s: &State, id: u64, opts: &DraftOptions) -> Result<DraftTree, Status> {
+    let session = s.sessions.get(id)?;
+    let mut session = lock(&session);
+    Ok(session.seq.draft(&s.index, opts))
+}
+
+/// Serves one `Session` stream: steps run one at a time, in order, on the blocking pool. At a
+/// shutdown's drain deadline the stream ends with UNAVAILABLE.
 pub(super) fn start(
     state: Arc<State>,
     mut inbound: Streaming<pb::SessionRequest>,
@@ -198,7 +224,17 @@ pub(super) fn start(
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
         let mut session: Option<OpenSession> = None;
-        while let Ok(Some(request)) = inbound.message().await {
+        loop {
+            let request = tokio::select! {
+                message = inbound.message() => match message {
+                    Ok(Some(request)) => request,
+                    _ => break,
+                },
+                _ = state.closed() => {
+                    let _ = tx.send(Err(closing_status())).await;
+                    break;
+                }
+            };
             let started = Instant::now();
             let (method, reply) = step(&state, &mut session, request).await;
             let code = match &reply.result {
@@ -269,7 +305,8 @@ async fn step(
                     Step::Mix(m) => s.mix(st, m).map(|m| Some(Answer::Mix(m))),
                     Step::Draft(o) => {
                         let opts = drafting::options(Some(o))?;
-                        Ok(Some(Answer::Draft(drafting::response(s.draft(st, &opts)))))
+                        let tree = s.seq.draft(&st.index, &opts);
+                        Ok(Some(Answer::Draft(drafting::response(tree))))
                     }
                     Step::Start(_) => Ok(None),
                 }

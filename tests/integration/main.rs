@@ -15,5 +15,6 @@ mod python_client;
 mod reference_peer;
 mod server;
 mod server_load;
+mod server_hardening;
 mod server_model;
 mod spec_real;

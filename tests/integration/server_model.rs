@@ -5,11 +5,12 @@
 
 use crate::common;
 
-use std::io::{Read, Write};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::server::{build_index, config, open_session, start, step, with_model, Running};
+use common::server::{
+    build_index, config, free_port, open_session, sample, scrape, start, step, with_model, Running,
+};
 use infini_sidecar::corpus::Content;
 use infini_sidecar::eval::records::document_records;
 use infini_sidecar::index::{Index, OpenOptions};
@@ -131,26 +132,6 @@ async fn own_model_mix(
     )
 }
 
-fn scrape(addr: std::net::SocketAddr) -> String {
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    text
-}
-
-/// The value of one sample line of the exposition.
-fn sample(text: &str, prefix: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn score_sessions_and_own_model_match_the_library() {
     let dir = tempfile::tempdir().unwrap();
@@ -158,10 +139,7 @@ async fn score_sessions_and_own_model_match_the_library() {
     let index = Index::open(&config.index, &OpenOptions::default()).unwrap();
     let params = MixingParams::load(config.mixing.as_ref().unwrap()).unwrap();
     // A free port for the metrics endpoint.
-    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let metrics_port = free_port();
     let config = ServeConfig {
         metrics_bind: Some(metrics_port),
         ..config

@@ -93,7 +93,7 @@ pub struct Running {
     pub client: SidecarClient<Channel>,
     pub addr: std::net::SocketAddr,
     pub stop: oneshot::Sender<()>,
-    pub task: JoinHandle<anyhow::Result<()>>,
+    pub task: JoinHandle<Result<(), infini_sidecar::server::ServeError>>,
 }
 
 pub async fn start(config: ServeConfig) -> Running {
@@ -162,4 +162,34 @@ pub async fn step(
         .await
         .unwrap();
     replies.message().await.unwrap().unwrap()
+}
+
+/// The metrics exposition served at `addr`.
+pub fn scrape(addr: std::net::SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    text
+}
+
+/// The value of one sample line of the exposition (0 when absent).
+pub fn sample(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A free loopback port (for a metrics endpoint).
+pub fn free_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
 }

@@ -1,0 +1,208 @@
+//! Every call of the sidecar's gRPC service as its client sees it: the final status, whatever set
+//! it (our handler, tonic's codec, a deadline, the client leaving before the end), and the time to
+//! it, recorded in the metrics. tonic's codec answers a message over the size limit with
+//! OUT_OF_RANGE, where gRPC's convention (the code clients treat as "too big") is
+//! RESOURCE_EXHAUSTED: that code is rewritten here. The service itself never answers OUT_OF_RANGE.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use http_body::{Body, Frame, SizeHint};
+use tonic::codegen::http::{self, HeaderMap, HeaderValue};
+use tonic::codegen::{Bytes, Service};
+use tonic::server::NamedService;
+use tonic::{Code, Status};
+
+use super::metrics::Metrics;
+
+/// The RPCs of `sidecar.v1`, as metric labels.
+const METHODS: &[&str] = &[
+    "Info",
+    "Tokenize",
+    "Detokenize",
+    "Count",
+    "NextTokenDistribution",
+    "SearchDocuments",
+    "Mix",
+    "Draft",
+    "Score",
+    "Session",
+];
+
+fn method_of(path: &str) -> &'static str {
+    let name = path.rsplit('/').next().unwrap_or_default();
+    METHODS
+        .iter()
+        .find(|m| **m == name)
+        .copied()
+        .unwrap_or("unknown")
+}
+
+/// A gRPC service whose calls are observed.
+#[derive(Clone)]
+pub(super) struct Observed<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+impl<S> Observed<S> {
+    pub(super) fn new(inner: S, metrics: Arc<Metrics>) -> Self {
+        Self { inner, metrics }
+    }
+}
+
+impl<S: NamedService> NamedService for Observed<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+/// One call until its status is known; dropped before that, the client left.
+struct Call {
+    metrics: Arc<Metrics>,
+    method: &'static str,
+    started: Instant,
+    finished: bool,
+}
+
+impl Call {
+    fn finish(&mut self, code: Code) {
+        if !self.finished {
+            self.finished = true;
+            let code = (code != Code::Ok).then_some(code);
+            self.metrics
+                .observe(self.method, self.started.elapsed(), code);
+        }
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        self.finish(Code::Cancelled);
+    }
+}
+
+/// The status of a response's headers or trailers, rewritten to RESOURCE_EXHAUSTED if it was the
+/// codec's OUT_OF_RANGE.
+fn final_code(headers: &mut HeaderMap) -> Option<Code> {
+    let code = Code::from(
+        headers
+            .get("grpc-status")?
+            .to_str()
+            .ok()?
+            .parse::<i32>()
+            .ok()?,
+    );
+    if code == Code::OutOfRange {
+        let exhausted = Code::ResourceExhausted as i32;
+        headers.insert("grpc-status", HeaderValue::from(exhausted));
+        return Some(Code::ResourceExhausted);
+    }
+    Some(code)
+}
+
+impl<S, B> Service<http::Request<B>> for Observed<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let mut call = Call {
+            metrics: Arc::clone(&self.metrics),
+            method: method_of(request.uri().path()),
+            started: Instant::now(),
+            finished: false,
+        };
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let mut response = match answer.await {
+                Ok(response) => response,
+                Err(e) => {
+                    call.finish(Code::Internal);
+                    return Err(e);
+                }
+            };
+            // A trailers-only response (an error before any message) carries its status here.
+            if let Some(code) = final_code(response.headers_mut()) {
+                call.finish(code);
+                return Ok(response);
+            }
+            Ok(response.map(|inner| {
+                tonic::body::Body::new(ObservedBody {
+                    inner,
+                    call: Some(call),
+                })
+            }))
+        })
+    }
+}
+
+/// A response body that records its call when the trailers (the status) go out.
+struct ObservedBody {
+    inner: tonic::body::Body,
+    call: Option<Call>,
+}
+
+impl Body for ObservedBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = &mut *self;
+        let mut polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let code = match &mut polled {
+            Poll::Ready(Some(Ok(frame))) => frame.trailers_mut().and_then(final_code),
+            Poll::Ready(Some(Err(status))) => Some(status.code()),
+            // gRPC always ends with trailers: a body without them was cut off.
+            Poll::Ready(None) => Some(Code::Unknown),
+            Poll::Pending => None,
+        };
+        if let (Some(code), Some(mut call)) = (code, code.and_then(|_| this.call.take())) {
+            call.finish(code);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_codecs_out_of_range_becomes_resource_exhausted() {
+        let mut headers = HeaderMap::new();
+        headers.insert("grpc-status", HeaderValue::from(Code::OutOfRange as i32));
+        assert_eq!(final_code(&mut headers), Some(Code::ResourceExhausted));
+        assert_eq!(headers["grpc-status"], "8");
+        headers.insert("grpc-status", HeaderValue::from(Code::InvalidArgument as i32));
+        assert_eq!(final_code(&mut headers), Some(Code::InvalidArgument));
+        assert_eq!(final_code(&mut HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn methods_are_named_by_the_last_path_segment() {
+        assert_eq!(method_of("/sidecar.v1.Sidecar/Count"), "Count");
+        assert_eq!(method_of("/sidecar.v1.Sidecar/Session"), "Session");
+        assert_eq!(method_of("/sidecar.v1.Sidecar/Nope"), "unknown");
+    }
+}
