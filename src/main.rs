@@ -18,11 +18,11 @@ use infini_sidecar::eval::spec::{self as eval_spec, SpecEvalOptions};
 use infini_sidecar::index::build::{build, BuildOptions};
 use infini_sidecar::index::decontam::{self, Decontaminator};
 use infini_sidecar::index::{Index, IndexError, OpenOptions, TokenWidth};
+use infini_sidecar::interrupt;
 use infini_sidecar::mix::{self, GateOptions, LambdaRule, MixingParams};
 use infini_sidecar::model::{
     self, DeviceChoice, GenerateOptions, LoadOptions, Model, ModelError, WindowOptions,
 };
-use infini_sidecar::interrupt;
 use infini_sidecar::protocol;
 use infini_sidecar::server::{self, config::ServeConfig};
 use infini_sidecar::tokenizer::Tokenizer;
@@ -716,7 +716,24 @@ fn open_reader(path: &str) -> Result<Box<dyn BufRead>> {
     })
 }
 
+/// Refuses `--output` naming the file `--input` reads (by device and inode, so links count too):
+/// creating the output would empty the queries before they are read.
+fn check_distinct_files(input: &str, output: &str) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    if input == "-" || output == "-" {
+        return Ok(());
+    }
+    let (Ok(i), Ok(o)) = (std::fs::metadata(input), std::fs::metadata(output)) else {
+        return Ok(());
+    };
+    if (i.dev(), i.ino()) == (o.dev(), o.ino()) {
+        bail!("--output {output} is the --input file: writing answers there would destroy the queries; name another file");
+    }
+    Ok(())
+}
+
 fn run_query(args: QueryArgs) -> Result<()> {
+    check_distinct_files(&args.input, &args.output)?;
     let index = Index::open(&args.open.index, &open_options(&args.open)?)?;
     if args.warm {
         index.warm_up();

@@ -1,8 +1,10 @@
 //! The batch query protocol of `infini-sidecar query`: one JSON object per input line, one per output
 //! line, in order. Field names follow the reference engine; fields of the input other than the query's
-//! own (such as `qid`) are copied to the output. A bad line gets `{"error": ...}` and the run goes on.
+//! own (such as `qid`) are copied to the output, except `error`, `latency` and `result`, which only
+//! the answer writes, and where the answer has a field of the same name, the answer's wins. A bad line
+//! (not JSON, not UTF-8, longer than [`MAX_LINE_BYTES`]) gets `{"error": ...}` and the run goes on.
 
-use std::io::{BufRead, Write};
+use std::io::{BufRead, ErrorKind, Write};
 
 use rayon::prelude::*;
 use serde_json::{json, Map, Value};
@@ -23,7 +25,10 @@ const QUERY_FIELDS: &[&str] = &[
     "max_clause_freq",
     "doc_ix",
 ];
-/// Longest input line accepted (bytes).
+/// Fields only an answer writes: an input field of these names is not copied through, so that a
+/// successful answer never carries an `error`, nor a `latency` that is not ours.
+const RESERVED_FIELDS: &[&str] = &["error", "latency", "result"];
+/// Longest input line accepted (bytes); a longer one is read past, not kept, and refused.
 pub const MAX_LINE_BYTES: usize = 64 << 20;
 /// Lines answered in parallel at a time.
 const CHUNK_LINES: usize = 256;
@@ -100,6 +105,7 @@ fn answer_query(index: &Index, q: &Map<String, Value>) -> Result<Value, String> 
                 maxnum: u64_of(q.get("maxnum"), "maxnum")?.map_or(defaults.maxnum, |n| n.min(1000) as usize),
                 max_disp_len: u64_of(q.get("max_disp_len"), "max_disp_len")?.map_or(defaults.max_disp_len, |n| n.min(1 << 20) as usize),
                 max_clause_freq: u64_of(q.get("max_clause_freq"), "max_clause_freq")?.unwrap_or(defaults.max_clause_freq),
+                ..defaults
             };
             let cnf = match q.get("cnf") {
                 Some(c) => cnf_of(c)?,
@@ -157,10 +163,9 @@ fn answer(index: &Index, line: &str, timing: bool) -> (String, bool) {
             failed = true;
         }
         Ok(q) => {
-            for (k, v) in q
-                .iter()
-                .filter(|(k, _)| !QUERY_FIELDS.contains(&k.as_str()))
-            {
+            for (k, v) in q.iter().filter(|(k, _)| {
+                !QUERY_FIELDS.contains(&k.as_str()) && !RESERVED_FIELDS.contains(&k.as_str())
+            }) {
                 out.insert(k.clone(), v.clone());
             }
             let start = thread_cpu_seconds();
@@ -185,6 +190,75 @@ fn answer(index: &Index, line: &str, timing: bool) -> (String, bool) {
     (Value::Object(out).to_string(), failed)
 }
 
+/// One input line: a query's text, or why it cannot be one.
+enum Line {
+    Query(String),
+    Refused(String),
+}
+
+/// Reads the next line into `buf` without its `\n`, keeping at most `max` bytes: the rest of a longer
+/// line is read and dropped, so memory stays bounded whatever the input. Returns the line's full
+/// length, or `None` at the end of the input.
+fn read_line_bounded(
+    input: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Option<usize>> {
+    buf.clear();
+    let mut total = 0usize;
+    loop {
+        let available = match input.fill_buf() {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if available.is_empty() {
+            return Ok((total > 0).then_some(total));
+        }
+        let newline = available.iter().position(|&b| b == b'\n');
+        let part = &available[..newline.unwrap_or(available.len())];
+        let room = max.saturating_sub(buf.len()).min(part.len());
+        buf.extend_from_slice(&part[..room]);
+        total += part.len();
+        let used = newline.map_or(available.len(), |at| at + 1);
+        input.consume(used);
+        if newline.is_some() {
+            return Ok(Some(total));
+        }
+    }
+}
+
+/// The next non-blank line, or `None` at the end of the input.
+fn next_line(
+    input: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Option<Line>> {
+    loop {
+        let Some(len) = read_line_bounded(input, buf, max)? else {
+            return Ok(None);
+        };
+        if len > max {
+            return Ok(Some(Line::Refused(format!(
+                "line of {len} bytes exceeds the limit of {max}"
+            ))));
+        }
+        if buf.last() == Some(&b'\r') {
+            buf.pop();
+        }
+        match std::str::from_utf8(buf) {
+            Ok(text) if text.trim().is_empty() => continue,
+            Ok(text) => return Ok(Some(Line::Query(text.to_owned()))),
+            Err(e) => {
+                return Ok(Some(Line::Refused(format!(
+                    "not UTF-8 (invalid byte at {})",
+                    e.valid_up_to()
+                ))))
+            }
+        }
+    }
+}
+
 /// Reads queries from `input` and writes answers to `output`, in order; returns (queries, errors).
 pub fn run_batch(
     index: &Index,
@@ -192,14 +266,30 @@ pub fn run_batch(
     output: &mut impl Write,
     timing: bool,
 ) -> std::io::Result<(u64, u64)> {
+    run_batch_limited(index, input, output, timing, MAX_LINE_BYTES)
+}
+
+/// [`run_batch`] with lines limited to `max_line` bytes. A chunk answered in parallel holds at most
+/// `CHUNK_LINES` lines and about `max_line` bytes of them.
+fn run_batch_limited(
+    index: &Index,
+    mut input: impl BufRead,
+    output: &mut impl Write,
+    timing: bool,
+    max_line: usize,
+) -> std::io::Result<(u64, u64)> {
     let (mut queries, mut errors) = (0u64, 0u64);
-    let mut lines = input.lines();
+    let mut buf = Vec::new();
     loop {
         let mut chunk = Vec::with_capacity(CHUNK_LINES);
-        for line in lines.by_ref().take(CHUNK_LINES) {
-            let line = line?;
-            if !line.trim().is_empty() {
-                chunk.push(line);
+        let mut chunk_bytes = 0;
+        while chunk.len() < CHUNK_LINES && chunk_bytes < max_line {
+            match next_line(&mut input, &mut buf, max_line)? {
+                Some(line) => {
+                    chunk_bytes += buf.len();
+                    chunk.push(line);
+                }
+                None => break,
             }
         }
         if chunk.is_empty() {
@@ -207,12 +297,9 @@ pub fn run_batch(
         }
         let answers: Vec<(String, bool)> = chunk
             .par_iter()
-            .map(|line| {
-                if line.len() > MAX_LINE_BYTES {
-                    (json!({"error": format!("line of {} bytes exceeds {MAX_LINE_BYTES}", line.len())}).to_string(), true)
-                } else {
-                    answer(index, line, timing)
-                }
+            .map(|line| match line {
+                Line::Query(text) => answer(index, text, timing),
+                Line::Refused(why) => (json!({ "error": why }).to_string(), true),
             })
             .collect();
         for (a, failed) in answers {
@@ -220,5 +307,56 @@ pub fn run_batch(
             errors += u64::from(failed);
             writeln!(output, "{a}")?;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::corpus::{Content, InputDoc};
+    use crate::index::build::{build, BuildOptions};
+    use crate::index::{OpenOptions, TokenWidth};
+
+    #[test]
+    fn lines_are_bounded_and_bad_ones_answered_in_place() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("idx");
+        let doc = InputDoc {
+            content: Content::Tokens(vec![5, 6, 5]),
+            metadata: None,
+            input_bytes: 0,
+        };
+        build(
+            std::iter::once(Ok(doc)),
+            &BuildOptions::new(out.clone(), TokenWidth::U16, 0, 100),
+        )
+        .unwrap();
+        let index = Index::open(&out, &OpenOptions::default()).unwrap();
+        let query = r#"{"op":"count","ids":[5]}"#;
+        let max = query.len() + 2;
+        let mut input = Vec::new();
+        input.extend_from_slice(format!("{query} \r\n").as_bytes()); // exactly max, with the \r
+        input.extend_from_slice(format!("{query}   \n").as_bytes()); // one byte over
+        input.extend_from_slice(&[b'x'; 5000]);
+        input.extend_from_slice(b"\n\xc3\n \n\n");
+        input.extend_from_slice(query.as_bytes()); // no newline at the end
+        let mut output = Vec::new();
+        let (queries, errors) =
+            run_batch_limited(&index, &input[..], &mut output, false, max).unwrap();
+        let answers: Vec<Value> = String::from_utf8(output)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!((queries, errors), (5, 3));
+        assert_eq!(answers[0]["count"], 2);
+        let over = format!("line of {} bytes exceeds the limit of {max}", max + 1);
+        assert_eq!(answers[1]["error"], over.as_str());
+        assert_eq!(
+            answers[2]["error"],
+            format!("line of 5000 bytes exceeds the limit of {max}").as_str()
+        );
+        assert!(answers[3]["error"].as_str().unwrap().contains("UTF-8"));
+        assert_eq!(answers[4]["count"], 2);
     }
 }

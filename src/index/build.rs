@@ -2,6 +2,12 @@
 //! shards small enough for the memory budget; each shard's suffix array is built in RAM with libsais and
 //! written next to its tokens. Everything goes to a `.partial` folder renamed into place at the end, so an
 //! interrupted or failed build leaves nothing that looks like an index.
+//!
+//! What is at the output path decides what a build may do there ([`check_out`]): nothing is built over
+//! the working folder, one of its parents or the root; `force` replaces only an empty folder or an index
+//! folder (every entry a file an index build writes, and a manifest or `tokenized.0` among them), never a
+//! plain file, a link or a folder holding anything else. `.partial-PID` folders that a killed build left
+//! beside the output are removed when their process is gone and they hold only index files.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -14,8 +20,8 @@ use serde::Serialize;
 use crate::corpus::{Content, InputDoc};
 use crate::index::decontam::{DecontaminationRecord, Decontaminator};
 use crate::index::format::{
-    ptr_size_for, FileRecord, Manifest, ShardPaths, ShardRecord, TokenWidth, TokenizerRecord,
-    FORMAT_NAME, FORMAT_VERSION, TOKENIZER_FILE,
+    is_index_file, ptr_size_for, FileRecord, Manifest, ShardPaths, ShardRecord, TokenWidth,
+    TokenizerRecord, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, TOKENIZER_FILE,
 };
 use crate::index::sa::{write_table, TokenBuf, MAX_SHARD_TOKENS};
 use crate::index::{IndexError, Result};
@@ -29,7 +35,8 @@ pub struct BuildOptions<'a> {
     pub vocab_size: u64,
     /// Needed for text input; recorded (fingerprint and a copy) in the index.
     pub tokenizer: Option<&'a Tokenizer>,
-    /// Peak memory the build may use, in bytes; decides the shard size.
+    /// Peak memory the build may use, in bytes; decides the shard size. Tokenizing takes up to about
+    /// 32 MB per thread on top (texts are encoded in pieces of `tokenizer::PIECE_BYTES`).
     pub memory_budget: u64,
     /// Hard cap on tokens per shard (mostly for tests), on top of the budget.
     pub max_shard_tokens: Option<u64>,
@@ -89,10 +96,17 @@ const RESERVED_BYTES: u64 = 192 << 20;
 /// Text bytes tokenized per parallel batch.
 const BATCH_BYTES: u64 = 8 << 20;
 
+/// Most tokens in one shard (separators included): what the memory budget allows, capped by
+/// `max_shard_tokens`. A shard needs room for a separator and one token.
 pub fn shard_token_limit(opts: &BuildOptions) -> Result<u64> {
+    if let Some(cap) = opts.max_shard_tokens.filter(|&cap| cap < 2) {
+        return Err(IndexError::Invalid(format!(
+            "a shard cap of {cap} tokens (--max-shard-tokens) leaves no room for a document: \
+             a shard needs at least 2 (a separator and one token)"
+        )));
+    }
     let usable = opts.memory_budget.saturating_sub(RESERVED_BYTES);
     let limit = (usable / build_bytes_per_token(opts.width)).min(MAX_SHARD_TOKENS);
-    let limit = opts.max_shard_tokens.map_or(limit, |cap| limit.min(cap));
     if limit < 2 {
         return Err(IndexError::Invalid(format!(
             "a memory budget of {} MiB leaves no room for a shard (at least {} MiB needed)",
@@ -100,7 +114,16 @@ pub fn shard_token_limit(opts: &BuildOptions) -> Result<u64> {
             (RESERVED_BYTES >> 20) + 1
         )));
     }
-    Ok(limit)
+    Ok(opts.max_shard_tokens.map_or(limit, |cap| limit.min(cap)))
+}
+
+/// What to raise when a document does not fit a shard of `limit` tokens.
+fn shard_limit_source(opts: &BuildOptions, limit: u64) -> &'static str {
+    if opts.max_shard_tokens == Some(limit) {
+        "--max-shard-tokens"
+    } else {
+        "the memory budget (--memory-gib)"
+    }
 }
 
 /// One shard being filled.
@@ -219,13 +242,158 @@ fn tokenize_batch(
         .collect()
 }
 
-fn partial_dir(out: &Path) -> PathBuf {
-    let mut name = out
-        .file_name()
-        .map(|n| n.to_os_string())
-        .unwrap_or_default();
-    name.push(format!(".partial-{}", std::process::id()));
-    out.with_file_name(name)
+/// Work folders of builds into `out` are named this prefix followed by the build's process id.
+fn partial_prefix(out: &Path) -> String {
+    let name = out.file_name().unwrap_or_default().to_string_lossy();
+    format!("{name}.partial-")
+}
+
+/// Refuses an output path a build must not touch, before any work: the working folder, one of its
+/// parents or the root (whatever `force` says), an existing path without `force`, and with `force`
+/// anything but an empty folder or an index folder ([`Contents`]).
+fn check_out(out: &Path, force: bool) -> Result<()> {
+    let refuse_cwd = || {
+        IndexError::Invalid(format!(
+            "--out {}: refusing to build over the current folder, one of its parents or the root; \
+             name a folder of its own",
+            out.display()
+        ))
+    };
+    // `.`, `..`, `/` and paths ending in `..` have no final name to build beside.
+    if out.file_name().is_none() {
+        return Err(refuse_cwd());
+    }
+    let meta = match std::fs::symlink_metadata(out) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(IndexError::io(out, e)),
+        Ok(meta) => meta,
+    };
+    if let (Ok(target), Ok(cwd)) = (
+        out.canonicalize(),
+        std::env::current_dir().and_then(|d| d.canonicalize()),
+    ) {
+        if cwd.starts_with(&target) {
+            return Err(refuse_cwd());
+        }
+    }
+    if !force {
+        return Err(IndexError::Invalid(format!(
+            "{} exists: remove it or pass --force",
+            out.display()
+        )));
+    }
+    if !meta.is_dir() {
+        return Err(IndexError::Invalid(format!(
+            "{} is not a folder (a file or a link): --force replaces only an index folder, so \
+             nothing was changed; remove it yourself if it should go",
+            out.display()
+        )));
+    }
+    let contents = Contents::of(out)?;
+    if let Some(name) = contents.foreign {
+        return Err(IndexError::Invalid(format!(
+            "{} holds {name}, which no index build writes: --force replaces only an index folder, \
+             so nothing was changed",
+            out.display()
+        )));
+    }
+    if !contents.empty && !contents.marked {
+        return Err(IndexError::Invalid(format!(
+            "{} holds index-like files but neither {MANIFEST_FILE} nor tokenized.0: not an index, \
+             so --force leaves it alone",
+            out.display()
+        )));
+    }
+    Ok(())
+}
+
+/// What a folder holds, as far as replacing it is concerned.
+struct Contents {
+    /// The first entry an index build does not write: a folder, a link, a file of another name.
+    foreign: Option<String>,
+    /// A manifest or `tokenized.0` is there: what marks an index.
+    marked: bool,
+    empty: bool,
+}
+
+impl Contents {
+    fn of(dir: &Path) -> Result<Self> {
+        let mut contents = Contents {
+            foreign: None,
+            marked: false,
+            empty: true,
+        };
+        for entry in std::fs::read_dir(dir).map_err(|e| IndexError::io(dir, e))? {
+            let entry = entry.map_err(|e| IndexError::io(dir, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let kind = entry
+                .file_type()
+                .map_err(|e| IndexError::io(&entry.path(), e))?;
+            contents.empty = false;
+            if !kind.is_file() || !is_index_file(&name) {
+                contents.foreign = Some(name);
+                break;
+            }
+            contents.marked |= name == MANIFEST_FILE || name == "tokenized.0";
+        }
+        Ok(contents)
+    }
+}
+
+/// Whether process `pid` exists on this machine (one we may not signal exists too).
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 sends nothing; it only asks whether the process exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// Removes the `<out>.partial-PID` folders that builds killed before their cleanup left beside `out`:
+/// those of processes that are gone (or of this very process, which has not started its own yet),
+/// holding nothing but index files. Anything else is left alone.
+fn remove_stale_partials(out: &Path) -> Result<()> {
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return Ok(());
+    };
+    let prefix = partial_prefix(out);
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(&prefix)
+            .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|d| d.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let path = entry.path();
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if !is_dir || (pid != std::process::id() && process_alive(pid)) {
+            continue;
+        }
+        if !Contents::of(&path).is_ok_and(|c| c.foreign.is_none()) {
+            tracing::warn!(path = %path.display(), "leaving a stale build folder that holds other files");
+            continue;
+        }
+        std::fs::remove_dir_all(&path).map_err(|e| IndexError::io(&path, e))?;
+        tracing::warn!(path = %path.display(), pid, "removed the work folder of a build that is gone");
+    }
+    Ok(())
+}
+
+/// Puts the finished `work` folder at `out`, replacing what is there only if [`check_out`] still
+/// allows it: the build may have run for hours.
+fn install(work: &Path, out: &Path, force: bool) -> Result<()> {
+    check_out(out, force)?;
+    if std::fs::symlink_metadata(out).is_ok() {
+        std::fs::remove_dir_all(out).map_err(|e| IndexError::io(out, e))?;
+    }
+    std::fs::rename(work, out).map_err(|e| IndexError::io(out, e))
 }
 
 /// Builds an index at `opts.out` from `docs`.
@@ -233,29 +401,23 @@ pub fn build(
     docs: impl Iterator<Item = Result<InputDoc>>,
     opts: &BuildOptions,
 ) -> Result<BuildReport> {
-    if opts.out.exists() && !opts.force {
-        return Err(IndexError::Invalid(format!(
-            "{} exists: remove it or pass --force",
-            opts.out.display()
-        )));
+    check_out(&opts.out, opts.force)?;
+    opts.width.check_vocab(opts.vocab_size, opts.eos_token_id)?;
+    let limit = shard_token_limit(opts)?;
+    remove_stale_partials(&opts.out)?;
+    let work = opts.out.with_file_name(format!(
+        "{}{}",
+        partial_prefix(&opts.out),
+        std::process::id()
+    ));
+    if let Some(parent) = work.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|e| IndexError::io(parent, e))?;
     }
-    if opts.vocab_size > opts.width.capacity() || opts.eos_token_id as u64 >= opts.vocab_size {
-        return Err(IndexError::Invalid(format!(
-            "vocabulary size {} with eos id {} does not fit {}-byte tokens",
-            opts.vocab_size,
-            opts.eos_token_id,
-            opts.width.bytes()
-        )));
-    }
-    let work = partial_dir(&opts.out);
-    std::fs::create_dir_all(&work).map_err(|e| IndexError::io(&work, e))?;
-    let result = build_into(docs, opts, &work);
+    std::fs::create_dir(&work).map_err(|e| IndexError::io(&work, e))?;
+    let result = build_into(docs, opts, &work, limit)
+        .and_then(|report| install(&work, &opts.out, opts.force).map(|()| report));
     match result {
         Ok(mut report) => {
-            if opts.out.exists() {
-                std::fs::remove_dir_all(&opts.out).map_err(|e| IndexError::io(&opts.out, e))?;
-            }
-            std::fs::rename(&work, &opts.out).map_err(|e| IndexError::io(&opts.out, e))?;
             report.out = opts.out.display().to_string();
             Ok(report)
         }
@@ -270,9 +432,9 @@ fn build_into(
     docs: impl Iterator<Item = Result<InputDoc>>,
     opts: &BuildOptions,
     dir: &Path,
+    limit: u64,
 ) -> Result<BuildReport> {
     let started = Instant::now();
-    let limit = shard_token_limit(opts)?;
     let width = opts.width;
     let bar = progress::bytes_bar(opts.input_bytes, "tokenize");
     let mut shards: Vec<ShardRecord> = Vec::new();
@@ -313,7 +475,10 @@ fn build_into(
             }
             let needed = tokens.len() as u64 + 1;
             if needed > limit {
-                return Err(IndexError::Invalid(format!("a document of {needed} tokens does not fit a shard of {limit} tokens: raise the memory budget")));
+                return Err(IndexError::Invalid(format!(
+                    "a document of {needed} tokens does not fit a shard of {limit} tokens: raise {}",
+                    shard_limit_source(opts, limit)
+                )));
             }
             if current.tokens.len() as u64 + needed > limit {
                 let t = Instant::now();

@@ -45,25 +45,41 @@ fn hash(gram: &[u32]) -> u64 {
     h.digest()
 }
 
+/// Refuses settings that would drop documents for no reason: n-grams of no tokens (every document
+/// "overlaps"), or a share outside (0, 1] (0 drops everything; above 1 nothing can reach).
+fn check_settings(n: usize, threshold: f64) -> Result<()> {
+    if n == 0 {
+        return Err(IndexError::Invalid(
+            "the decontamination n-gram length must be at least 1".into(),
+        ));
+    }
+    if !(threshold > 0.0 && threshold <= 1.0) {
+        return Err(IndexError::Invalid(format!(
+            "the decontamination threshold is a share of a document's n-grams, in (0, 1], not {threshold}"
+        )));
+    }
+    Ok(())
+}
+
 impl Decontaminator {
     pub fn new<'a>(
         evaluation: impl IntoIterator<Item = &'a [u32]>,
         n: usize,
         threshold: f64,
-    ) -> Self {
-        let n = n.max(1);
+    ) -> Result<Self> {
+        check_settings(n, threshold)?;
         let mut documents = 0;
         let ngrams = evaluation
             .into_iter()
             .inspect(|_| documents += 1)
             .flat_map(|doc| doc.windows(n).map(hash))
             .collect();
-        Self {
+        Ok(Self {
             ngrams,
             documents,
             n,
             threshold,
-        }
+        })
     }
 
     /// The n-grams of evaluation text files (plain or Pile JSON lines), tokenized as the index is.
@@ -73,6 +89,7 @@ impl Decontaminator {
         n: usize,
         threshold: f64,
     ) -> Result<Self> {
+        check_settings(n, threshold)?;
         let inputs =
             corpus::text_documents(corpus::expand_inputs(paths)?).collect::<Result<Vec<_>>>()?;
         let docs = inputs
@@ -84,7 +101,7 @@ impl Decontaminator {
                 Content::Tokens(tokens) => Ok(tokens),
             })
             .collect::<Result<Vec<Vec<u32>>>>()?;
-        Ok(Self::new(docs.iter().map(|d| d.as_slice()), n, threshold))
+        Self::new(docs.iter().map(|d| d.as_slice()), n, threshold)
     }
 
     /// Share of the document's n-grams that occur in the evaluation data (0 when it has none).
@@ -142,7 +159,7 @@ mod tests {
             (0..5).collect(),                 // shorter than n
             (95..135).chain(0..13).collect(), // pieces of both
         ];
-        let d = Decontaminator::new(eval.iter().map(|v| v.as_slice()), 13, 0.8);
+        let d = Decontaminator::new(eval.iter().map(|v| v.as_slice()), 13, 0.8).unwrap();
         for doc in &docs {
             let want = brute_overlap(&eval, doc, 13);
             assert!((d.overlap(doc) - want).abs() < 1e-12, "{doc:?}");
@@ -151,5 +168,18 @@ mod tests {
         assert!(!d.is_contaminated(&docs[1]));
         assert!(!d.is_contaminated(&docs[2]));
         assert!(!d.is_contaminated(&docs[3]));
+    }
+
+    #[test]
+    fn settings_that_would_drop_documents_for_no_reason_are_refused() {
+        let eval: Vec<u32> = (0..40).collect();
+        let new = |n, threshold| Decontaminator::new([eval.as_slice()], n, threshold);
+        let err = new(0, 0.8).err().unwrap().to_string();
+        assert!(err.contains("at least 1"), "{err}");
+        for threshold in [0.0, 1.5, -0.1, f64::NAN] {
+            let err = new(13, threshold).err().unwrap().to_string();
+            assert!(err.contains("(0, 1]"), "{threshold}: {err}");
+        }
+        assert!(new(1, 1.0).is_ok());
     }
 }

@@ -7,7 +7,7 @@
 use serde::Serialize;
 
 use crate::index::suffix::SuffixMatch;
-use crate::index::{Index, Result};
+use crate::index::{Index, IndexError, Result};
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TokenScore {
@@ -21,13 +21,17 @@ pub struct TokenScore {
 }
 
 impl Index {
-    /// Scores every token of `ids` given all tokens before it.
+    /// Scores every token of `ids` given all tokens before it; stops when interrupted (checked per
+    /// token: each costs a few suffix-array searches).
     pub fn score(&self, ids: &[u32]) -> Result<Vec<TokenScore>> {
         self.check_ids(ids)?;
         let eos = self.eos_token_id();
         let mut out = Vec::with_capacity(ids.len());
         let mut state = SuffixMatch::new(self);
         for (i, &token) in ids.iter().enumerate() {
+            if crate::interrupt::interrupted() {
+                return Err(IndexError::Interrupted);
+            }
             let (suffix_len, prompt_cnt) = (state.suffix_len(), state.prompt_cnt());
             let sparse = self.is_sparse(state.matches());
             // Separators and shard ends also count as eos, beyond the literal token.

@@ -5,9 +5,11 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::index::query::Matches;
 use crate::index::{Index, IndexError, Result};
 
-/// Knobs of a document search, with the reference engine's defaults.
+/// Knobs of a document search, with the reference engine's defaults, and the caps that bound its work
+/// before any is done.
 #[derive(Debug, Clone, Copy)]
 pub struct SearchOptions {
     /// Most documents returned.
@@ -16,6 +18,11 @@ pub struct SearchOptions {
     pub max_disp_len: usize,
     /// A clause matching more places than this is subsampled, and the answer flagged `approx`.
     pub max_clause_freq: u64,
+    /// Most clauses in a CNF.
+    pub max_clauses: usize,
+    /// Most places a search may visit: the sum over its clauses of min(matches, `max_clause_freq`),
+    /// known from the counts before any place is visited. Bounds the time and memory of one search.
+    pub max_places: u64,
 }
 
 impl Default for SearchOptions {
@@ -24,6 +31,8 @@ impl Default for SearchOptions {
             maxnum: 1,
             max_disp_len: 1000,
             max_clause_freq: 50_000,
+            max_clauses: 64,
+            max_places: 4_000_000,
         }
     }
 }
@@ -46,14 +55,35 @@ pub struct Document {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SearchResult {
-    /// Number of matching documents (a lower bound when `approx`).
+    /// The reference engine's `cnt`, a number of matches rather than documents: for a single n-gram
+    /// its occurrences, for one clause the occurrences of all its n-grams. With several clauses, the
+    /// matches of the rarest clause that lie in documents matching every clause (the reference counts
+    /// those with the other clauses nearby instead). Estimated from the sample when `approx`.
     pub cnt: u64,
+    /// Number of matching documents (a lower bound when `approx`).
+    pub doc_cnt: u64,
     pub approx: bool,
     pub documents: Vec<Document>,
 }
 
 /// A place in the corpus: shard and byte offset.
 type Place = (usize, u64);
+
+/// A document: shard and local index.
+type DocKey = (usize, u64);
+
+/// What a clause has in one document: its first place there, and how many places were visited.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    first: Place,
+    places: u64,
+}
+
+/// The documents a clause matches, in index order.
+type ClauseDocs = BTreeMap<DocKey, Seen>;
+
+/// Places visited between two checks for an interrupt.
+const CHECK_EVERY: u64 = 1024;
 
 impl Index {
     /// Documents containing `ids` anywhere.
@@ -75,69 +105,115 @@ impl Index {
                 "a CNF needs at least one clause, each with at least one non-empty n-gram".into(),
             ));
         }
+        if cnf.len() > opts.max_clauses {
+            return Err(IndexError::Invalid(format!(
+                "a CNF of {} clauses exceeds the limit of {}",
+                cnf.len(),
+                opts.max_clauses
+            )));
+        }
+        if opts.max_clause_freq == 0 {
+            return Err(IndexError::Invalid(
+                "max_clause_freq must be a positive integer".into(),
+            ));
+        }
         for ngram in cnf.iter().flatten() {
             self.check_ids(ngram)?;
         }
-        let mut approx = false;
-        // For each clause: matching document → first place it matches there.
-        let mut clauses: Vec<BTreeMap<(usize, u64), Place>> = Vec::with_capacity(cnf.len());
-        for clause in cnf {
-            let (docs, sampled) = self.clause_documents(clause, opts.max_clause_freq);
-            approx |= sampled;
-            clauses.push(docs);
+        // Every n-gram is located first: the counts bound the work before any place is visited.
+        let located: Vec<Vec<Matches>> = cnf
+            .iter()
+            .map(|clause| {
+                clause
+                    .iter()
+                    .map(|ngram| self.locate(self.encode(ngram), None))
+                    .collect()
+            })
+            .collect();
+        let totals: Vec<u64> = located
+            .iter()
+            .map(|clause| clause.iter().map(Matches::count).sum())
+            .collect();
+        let places = totals
+            .iter()
+            .map(|&t| t.min(opts.max_clause_freq))
+            .fold(0u64, u64::saturating_add);
+        if places > opts.max_places {
+            return Err(IndexError::Invalid(format!(
+                "this search would visit {places} places (over its clauses, the matches of each up to \
+                 max_clause_freq {}), beyond the limit of {}: use rarer n-grams or a lower max_clause_freq",
+                opts.max_clause_freq, opts.max_places
+            )));
         }
-        let (first, rest) = clauses
+        let mut approx = false;
+        let mut clauses: Vec<(ClauseDocs, u64)> = Vec::with_capacity(cnf.len());
+        for (matches, &total) in located.iter().zip(&totals) {
+            let stride = total.div_ceil(opts.max_clause_freq).max(1);
+            let docs = self.clause_documents(matches, stride)?;
+            approx |= stride > 1;
+            clauses.push((docs, stride));
+        }
+        let anchor = (0..clauses.len())
+            .min_by_key(|&c| totals[c])
+            .unwrap_or_default();
+        let ((first, _), rest) = clauses
             .split_first()
             .ok_or_else(|| IndexError::Invalid("empty CNF".into()))?;
-        let matching: Vec<(&(usize, u64), &Place)> = first
+        let matching: Vec<(&DocKey, &Seen)> = first
             .iter()
-            .filter(|(doc, _)| rest.iter().all(|c| c.contains_key(doc)))
+            .filter(|(doc, _)| rest.iter().all(|(c, _)| c.contains_key(doc)))
             .collect();
+        let cnt = if clauses.len() == 1 {
+            totals[0]
+        } else {
+            let (anchor_docs, stride) = &clauses[anchor];
+            matching
+                .iter()
+                .filter_map(|(doc, _)| anchor_docs.get(doc))
+                .map(|seen| seen.places * stride)
+                .sum()
+        };
         let documents = matching
             .iter()
             .take(opts.maxnum)
-            .map(|&(&(s, d), &place)| self.document(s, d, place, opts.max_disp_len))
+            .map(|&(&(s, d), seen)| self.document(s, d, seen.first, opts.max_disp_len))
             .collect();
         Ok(SearchResult {
-            cnt: matching.len() as u64,
+            cnt,
+            doc_cnt: matching.len() as u64,
             approx,
             documents,
         })
     }
 
-    /// Documents matched by any n-gram of a clause, keyed by (shard, local doc).
-    fn clause_documents(
-        &self,
-        clause: &[Vec<u32>],
-        max_freq: u64,
-    ) -> (BTreeMap<(usize, u64), Place>, bool) {
-        let mut docs = BTreeMap::new();
-        let mut sampled = false;
-        let matches: Vec<_> = clause
-            .iter()
-            .map(|ngram| self.locate(self.encode(ngram), None))
-            .collect();
-        let total: u64 = matches.iter().map(|m| m.count()).sum();
-        let stride = if total > max_freq {
-            total.div_ceil(max_freq)
-        } else {
-            1
-        };
-        for m in &matches {
+    /// Documents matched by any n-gram of a clause, visiting every `stride`-th place of each range.
+    fn clause_documents(&self, matches: &[Matches], stride: u64) -> Result<ClauseDocs> {
+        let mut docs = ClauseDocs::new();
+        let mut visited = 0u64;
+        for m in matches {
             for (s, (shard, range)) in self.shards.iter().zip(&m.ranges).enumerate() {
                 let mut rank = range.lo;
                 while rank < range.hi {
+                    visited += 1;
+                    if visited.is_multiple_of(CHECK_EVERY) && crate::interrupt::interrupted() {
+                        return Err(IndexError::Interrupted);
+                    }
                     let ptr = shard.ptr(rank);
                     let place = (s, ptr);
                     docs.entry((s, shard.doc_of(ptr)))
-                        .and_modify(|p: &mut Place| *p = (*p).min(place))
-                        .or_insert(place);
+                        .and_modify(|seen| {
+                            seen.first = seen.first.min(place);
+                            seen.places += 1;
+                        })
+                        .or_insert(Seen {
+                            first: place,
+                            places: 1,
+                        });
                     rank += stride;
                 }
-                sampled |= stride > 1 && !range.is_empty();
             }
         }
-        (docs, sampled)
+        Ok(docs)
     }
 
     fn doc_ix_base(&self, shard: usize) -> u64 {
@@ -149,7 +225,7 @@ impl Index {
         let w = self.width().bytes() as u64;
         let (start, end) = (shard.doc_start(doc) + w, shard.doc_end(doc));
         let doc_len = end.saturating_sub(start) / w;
-        let needle_tok = (needle.1.saturating_sub(start)) / w;
+        let needle_tok = (needle.1.saturating_sub(start) / w).min(doc_len);
         let disp_len = doc_len.min(max_disp_len as u64);
         // A window of disp_len tokens that shows the needle with context on both sides.
         let from_tok = needle_tok

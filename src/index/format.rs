@@ -55,6 +55,20 @@ impl TokenWidth {
         1u64 << (8 * self.bytes())
     }
 
+    /// Refuses a vocabulary whose ids could reach the separator (the largest value), where a token
+    /// would be counted as a document boundary; the eos id must be one of the vocabulary's ids.
+    pub fn check_vocab(self, vocab_size: u64, eos_token_id: u32) -> Result<(), IndexError> {
+        if vocab_size == 0 || vocab_size >= self.capacity() || eos_token_id as u64 >= vocab_size {
+            return Err(IndexError::Invalid(format!(
+                "vocabulary size {vocab_size} with eos id {eos_token_id} does not fit {}-byte tokens: \
+                 ids must stay below the separator {} and the eos id below the vocabulary size",
+                self.bytes(),
+                self.separator()
+            )));
+        }
+        Ok(())
+    }
+
     pub fn from_bits(bits: u32) -> Result<Self, IndexError> {
         match bits {
             8 => Ok(TokenWidth::U8),
@@ -145,6 +159,7 @@ impl ShardPaths {
         }
     }
 
+    /// The files every shard has, then the optional metadata pair.
     pub fn all(&self) -> [&PathBuf; 5] {
         [
             &self.tokenized,
@@ -154,6 +169,20 @@ impl ShardPaths {
             &self.metaoff,
         ]
     }
+}
+
+/// Whether `name` is one of the files an index build writes: the manifest, the tokenizer copy, or a
+/// shard file (`tokenized.N`, `table.N`, `offset.N`, `metadata.N`, `metaoff.N`). `--force` replaces
+/// only folders that hold nothing else.
+pub fn is_index_file(name: &str) -> bool {
+    if name == MANIFEST_FILE || name == TOKENIZER_FILE {
+        return true;
+    }
+    name.split_once('.').is_some_and(|(stem, n)| {
+        ["tokenized", "table", "offset", "metadata", "metaoff"].contains(&stem)
+            && !n.is_empty()
+            && n.bytes().all(|b| b.is_ascii_digit())
+    })
 }
 
 /// Size and checksum of one file, as recorded in the manifest.
@@ -275,6 +304,46 @@ mod tests {
         assert_eq!(ptr_size_for(65537), 3);
         assert_eq!(ptr_size_for(1 << 32), 4);
         assert_eq!(ptr_size_for((1 << 32) + 1), 5);
+    }
+
+    #[test]
+    fn a_vocabulary_never_reaches_the_separator() {
+        assert!(TokenWidth::U16.check_vocab(65535, 0).is_ok());
+        let err = TokenWidth::U16
+            .check_vocab(65536, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("separator 65535"), "{err}");
+        assert!(TokenWidth::U8.check_vocab(256, 0).is_err());
+        assert!(TokenWidth::U8.check_vocab(10, 10).is_err());
+        for vocab in [1, 255, 256, 65535, 65536, 1 << 20] {
+            let width = TokenWidth::for_vocab(vocab);
+            assert!(width.check_vocab(vocab, 0).is_ok(), "{vocab}");
+            assert!(width.check_vocab(width.capacity() - 1, 0).is_ok());
+        }
+    }
+
+    #[test]
+    fn index_files_are_recognised_by_name() {
+        for name in [
+            "tokenized.0",
+            "table.12",
+            "metaoff.3",
+            MANIFEST_FILE,
+            TOKENIZER_FILE,
+        ] {
+            assert!(is_index_file(name), "{name}");
+        }
+        for name in [
+            "thesis.txt",
+            "table.",
+            "table.x",
+            "tokenized.0.bak",
+            "offsets.0",
+            ".partial",
+        ] {
+            assert!(!is_index_file(name), "{name}");
+        }
     }
 
     #[test]

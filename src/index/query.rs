@@ -204,10 +204,14 @@ impl Index {
     pub fn ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult> {
         self.check_ids(prompt)?;
         let m = self.locate(self.encode(prompt), None);
-        Ok(self.ntd_given(&m, max_support))
+        self.ntd_given(&m, max_support)
     }
 
-    pub(crate) fn ntd_given(&self, prompt: &Matches, max_support: Option<u64>) -> NtdResult {
+    pub(crate) fn ntd_given(
+        &self,
+        prompt: &Matches,
+        max_support: Option<u64>,
+    ) -> Result<NtdResult> {
         let prompt_cnt = prompt.count();
         let mut dist = BTreeMap::new();
         let qlen = prompt.bytes.len();
@@ -230,32 +234,38 @@ impl Index {
                             .or_insert(0) += 1;
                     }
                 }
-                _ => self.collect_exact(shard, *range, qlen, &mut dist),
+                _ => self.collect_exact(shard, *range, qlen, &mut dist)?,
             }
         }
-        NtdResult {
+        Ok(NtdResult {
             prompt_cnt,
             dist,
             approx,
-        }
+        })
     }
 
     /// Exact next-token counts of a range: the range is sorted by next token, so a sub-range whose first
-    /// and last next tokens agree holds only that token (divide and conquer, App. A).
+    /// and last next tokens agree holds only that token (divide and conquer, App. A). The work grows
+    /// with the number of distinct next tokens, so it stops when interrupted.
     fn collect_exact(
         &self,
         shard: &Shard,
         range: RankRange,
         qlen: usize,
         dist: &mut BTreeMap<u32, u64>,
-    ) {
+    ) -> Result<()> {
         let mut stack = vec![(
             range.lo,
             range.hi,
             shard.next_key(range.lo, qlen),
             shard.next_key(range.hi - 1, qlen),
         )];
+        let mut steps = 0u64;
         while let Some((lo, hi, first, last)) = stack.pop() {
+            steps += 1;
+            if steps.is_multiple_of(1024) && crate::interrupt::interrupted() {
+                return Err(IndexError::Interrupted);
+            }
             if first == last {
                 *dist.entry(self.token_of(first)).or_insert(0) += hi - lo;
                 continue;
@@ -264,6 +274,7 @@ impl Index {
             stack.push((mid, hi, shard.next_key(mid, qlen), last));
             stack.push((lo, mid, first, shard.next_key(mid - 1, qlen)));
         }
+        Ok(())
     }
 
     /// Sparse flag of the prompt's matches: exactly one possible next token over all shards.
@@ -363,7 +374,7 @@ impl Index {
     ) -> Result<InfgramNtdResult> {
         self.check_ids(prompt)?;
         let (suffix_len, m) = self.longest_suffix(prompt);
-        Ok(self.infgram_ntd_given(suffix_len, &m, max_support))
+        self.infgram_ntd_given(suffix_len, &m, max_support)
     }
 
     /// The ∞-gram distribution of a suffix of `suffix_len` tokens already located.
@@ -372,17 +383,17 @@ impl Index {
         suffix_len: usize,
         m: &Matches,
         max_support: Option<u64>,
-    ) -> InfgramNtdResult {
-        let ntd = self.ntd_given(m, max_support);
+    ) -> Result<InfgramNtdResult> {
+        let ntd = self.ntd_given(m, max_support)?;
         let sparse = if ntd.approx {
             self.is_sparse(m)
         } else {
             ntd.dist.len() == 1
         };
-        InfgramNtdResult {
+        Ok(InfgramNtdResult {
             ntd,
             suffix_len,
             sparse,
-        }
+        })
     }
 }

@@ -90,12 +90,7 @@ impl Index {
                 (width, eos, opts.vocab_size.unwrap_or(width.capacity() - 1))
             }
         };
-        if vocab_size == 0 || vocab_size > width.capacity() || eos_token_id as u64 >= vocab_size {
-            return Err(IndexError::Invalid(format!(
-                "vocabulary size {vocab_size} and eos id {eos_token_id} do not fit {}-byte tokens",
-                width.bytes()
-            )));
-        }
+        width.check_vocab(vocab_size, eos_token_id)?;
 
         let mut shards = Vec::with_capacity(n_shards);
         for n in 0..n_shards {
@@ -180,11 +175,30 @@ impl Index {
     }
 }
 
+/// Checks the files of one shard against the manifest's records: every file the shard has (the
+/// metadata pair when either is there) must have a record, so `verify` checks every byte it serves.
 fn check_recorded_files(
     paths: &ShardPaths,
     records: &[crate::index::format::FileRecord],
     checksums: bool,
 ) -> Result<()> {
+    let [tokenized, table, offset, metadata, metaoff] = paths.all();
+    let has_metadata = metadata.exists() || metaoff.exists();
+    let expected = [tokenized, table, offset].into_iter().chain(
+        has_metadata
+            .then_some([metadata, metaoff])
+            .into_iter()
+            .flatten(),
+    );
+    for path in expected {
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if !records.iter().any(|r| r.name == name) {
+            return Err(IndexError::Corrupt(format!(
+                "the manifest has no record of {}: its size and checksum cannot be checked",
+                path.display()
+            )));
+        }
+    }
     for record in records {
         let path = paths.tokenized.with_file_name(&record.name);
         if !paths.all().iter().any(|p| **p == path) {

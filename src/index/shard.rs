@@ -50,8 +50,33 @@ fn map(path: &Path) -> Result<Mmap, IndexError> {
     unsafe { Mmap::map(&file) }.map_err(|e| IndexError::io(path, e))
 }
 
+/// Checks every u64 of an offsets file in order with `valid(previous, current)`: one pass over the
+/// file, so that no later read can take a length or a position from a corrupt entry.
+fn check_offsets(
+    path: &Path,
+    bytes: &[u8],
+    rule: &str,
+    valid: impl Fn(Option<u64>, u64) -> bool,
+) -> Result<(), IndexError> {
+    let mut prev = None;
+    for (i, entry) in bytes.chunks_exact(8).enumerate() {
+        let mut buf = [0u8; 8];
+        buf.copy_from_slice(entry);
+        let at = u64::from_le_bytes(buf);
+        if !valid(prev, at) {
+            return Err(IndexError::Corrupt(format!(
+                "{}: entry {i} is {at}: {rule}",
+                path.display()
+            )));
+        }
+        prev = Some(at);
+    }
+    Ok(())
+}
+
 impl Shard {
-    /// Maps the files of shard `paths` and checks that their sizes agree with each other.
+    /// Maps the files of shard `paths` and checks that their sizes agree with each other and that every
+    /// document and metadata offset lies inside its file, in order (one pass over the offsets).
     pub fn open(paths: &ShardPaths, width: TokenWidth) -> Result<Self, IndexError> {
         let tokens = map(&paths.tokenized)?;
         let table = map(&paths.table)?;
@@ -82,6 +107,13 @@ impl Shard {
             )));
         }
         let doc_cnt = offsets.len() as u64 / 8;
+        let rule = format!(
+            "document offsets must start at 0 and increase, each a multiple of {w} below the \
+             {ds_size} bytes of {name}"
+        );
+        check_offsets(&paths.offset, &offsets, &rule, |prev, at| {
+            prev.map_or(at == 0, |p| at > p) && at < ds_size && at.is_multiple_of(w)
+        })?;
         let metadata = if paths.metadata.exists() || paths.metaoff.exists() {
             let (mt, om) = (map(&paths.metadata)?, map(&paths.metaoff)?);
             if om.len() as u64 != doc_cnt * 8 {
@@ -91,6 +123,14 @@ impl Shard {
                     om.len() / 8
                 )));
             }
+            let mt_size = mt.len() as u64;
+            let rule = format!(
+                "metadata offsets must not decrease nor pass the {mt_size} bytes of {}",
+                paths.metadata.display()
+            );
+            check_offsets(&paths.metaoff, &om, &rule, |prev, at| {
+                prev.is_none_or(|p| at >= p) && at <= mt_size
+            })?;
             Some((mt, om))
         } else {
             None
@@ -105,10 +145,9 @@ impl Shard {
             tok_cnt,
             doc_cnt,
         };
-        let (first, last) = (shard.doc_start(0), shard.doc_start(doc_cnt - 1));
-        if first != 0 || last >= ds_size || width.read(&shard.tokens, 0) != width.separator() {
+        if width.read(&shard.tokens, 0) != width.separator() {
             return Err(IndexError::Corrupt(format!(
-                "{name}: does not start with a document separator, or offsets point past the end"
+                "{name}: does not start with a document separator"
             )));
         }
         Ok(shard)
@@ -229,10 +268,11 @@ impl Shard {
         u64::from_le_bytes(buf)
     }
 
-    /// Byte offset one past the end of document `doc`.
+    /// Byte offset one past the end of document `doc` (open checked that offsets increase inside
+    /// the shard; the clamp keeps a length derived from it within the file all the same).
     pub fn doc_end(&self, doc: u64) -> u64 {
         if doc + 1 < self.doc_cnt {
-            self.doc_start(doc + 1)
+            self.doc_start(doc + 1).min(self.ds_size())
         } else {
             self.ds_size()
         }
@@ -253,10 +293,12 @@ impl Shard {
         lo
     }
 
-    /// Token ids of document `doc` in byte range `[from, to)` of the shard, separator excluded.
+    /// Token ids in byte range `[from, to)` of the shard, clamped to the shard.
     pub fn tokens_between(&self, from: u64, to: u64) -> Vec<u32> {
         let w = self.width.bytes();
-        (from as usize..to as usize)
+        let to = (to as usize).min(self.tokens.len() / w * w);
+        let from = (from as usize).min(to);
+        (from..to)
             .step_by(w)
             .map(|at| self.width.read(&self.tokens, at))
             .collect()

@@ -86,7 +86,7 @@ impl SuffixMatch {
     }
 
     /// The ∞-gram next-token distribution after the sequence, as [`Index::infgram_ntd`] gives it.
-    pub fn infgram_ntd(&self, index: &Index, max_support: Option<u64>) -> InfgramNtdResult {
+    pub fn infgram_ntd(&self, index: &Index, max_support: Option<u64>) -> Result<InfgramNtdResult> {
         index.infgram_ntd_given(self.suffix_len(), &self.matches, max_support)
     }
 }

@@ -126,6 +126,7 @@ pub(super) fn search_documents(
         maxnum,
         max_disp_len: or_default(r.max_disp_len.into(), defaults.max_disp_len as u64) as usize,
         max_clause_freq: or_default(r.max_clause_freq, defaults.max_clause_freq),
+        ..defaults
     };
     if opts.max_clause_freq > s.limits.max_clause_freq {
         return Err(Status::invalid_argument(format!(
@@ -146,6 +147,7 @@ pub(super) fn search_documents(
     let found = s.index.search_docs_cnf(&cnf, opts).map_err(index_status)?;
     Ok(pb::SearchDocumentsResponse {
         cnt: found.cnt,
+        doc_cnt: found.doc_cnt,
         approx: found.approx,
         documents: found
             .documents

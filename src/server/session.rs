@@ -116,7 +116,11 @@ impl Session {
     fn mix(&mut self, s: &State, m: pb::SessionMix) -> Result<pb::MixResponse, Status> {
         let top_k = s.check_top_k(m.top_k)?;
         let lambda = LambdaChoice::or_split(m.lambda.map(Into::into))?;
-        let infgram = self.seq.suffix().infgram_ntd(&s.index, None);
+        let infgram = self
+            .seq
+            .suffix()
+            .infgram_ntd(&s.index, None)
+            .map_err(index_status)?;
         let neural = neural_distribution(s, m.neural.map(Into::into), || self.own_logits(s))?;
         mixed(s, self.seq.tokens(), &infgram, &neural, lambda, top_k)
     }

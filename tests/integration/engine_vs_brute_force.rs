@@ -73,6 +73,34 @@ impl Oracle {
             .unwrap_or(0)
     }
 
+    /// Matches of a clause in document `d`: every occurrence of each of its n-grams.
+    fn clause_matches(&self, d: usize, clause: &[Vec<u32>]) -> u64 {
+        clause
+            .iter()
+            .map(|q| {
+                self.occurrences(q)
+                    .iter()
+                    .filter(|&&(doc, _)| doc == d)
+                    .count() as u64
+            })
+            .sum()
+    }
+
+    /// The reference's `cnt` of a CNF: matches (not documents) of its rarest clause in the documents
+    /// that match every clause; for a single clause, all its matches.
+    fn cnf_cnt(&self, cnf: &[Vec<Vec<u32>>]) -> u64 {
+        let total = |clause: &[Vec<u32>]| -> u64 {
+            (0..self.docs.len())
+                .map(|d| self.clause_matches(d, clause))
+                .sum()
+        };
+        let rarest = cnf.iter().min_by_key(|c| total(c)).unwrap();
+        self.docs_matching(cnf)
+            .into_iter()
+            .map(|d| self.clause_matches(d, rarest))
+            .sum()
+    }
+
     fn docs_matching(&self, cnf: &[Vec<Vec<u32>>]) -> Vec<usize> {
         let contains =
             |doc: &[u32], q: &[u32]| q.len() <= doc.len() && doc.windows(q.len()).any(|w| w == q);
@@ -242,10 +270,12 @@ fn check_all(b: &Built, random: &[Vec<u32>]) {
                         maxnum: 1000,
                         max_disp_len: 10_000,
                         max_clause_freq: 1 << 40,
+                        ..SearchOptions::default()
                     },
                 )
                 .unwrap();
-            assert_eq!(got.cnt, want.len() as u64, "cnf {cnf:?}");
+            assert_eq!(got.doc_cnt, want.len() as u64, "cnf {cnf:?}");
+            assert_eq!(got.cnt, oracle.cnf_cnt(&cnf), "cnt of cnf {cnf:?}");
             let got_docs: Vec<usize> = got.documents.iter().map(|d| d.doc_ix as usize).collect();
             assert_eq!(got_docs, want, "cnf docs {cnf:?}");
             for d in &got.documents {
@@ -321,4 +351,77 @@ fn several_shards_are_built_and_merged() {
         b.index.num_shards()
     );
     check_all(&b, &[vec![1, 2, 3], vec![9]]);
+}
+
+#[test]
+fn document_search_work_is_bounded_before_it_is_done() {
+    // 40 documents of 60 tokens: symbol 1 occurs 1200 times, once every other token.
+    let docs: Vec<Vec<u32>> = (0..40)
+        .map(|i| {
+            (0..60)
+                .map(|j| if j % 2 == 0 { 1 } else { 2 + (i + j) % 4 })
+                .collect()
+        })
+        .collect();
+    let b = build_corpus(&docs, TokenWidth::U16, 1 << 20);
+    let one = vec![spread(1, TokenWidth::U16)];
+    let opts = SearchOptions::default();
+    // Too many clauses: refused by number, before any lookup.
+    let many: Vec<Vec<Vec<u32>>> = vec![vec![one.clone()]; opts.max_clauses + 1];
+    let err = b
+        .index
+        .search_docs_cnf(&many, opts)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!("limit of {}", opts.max_clauses)),
+        "{err}"
+    );
+    // Too many places: 3 clauses of 1200 matches each against a cap of 2500.
+    let capped = SearchOptions {
+        max_places: 2500,
+        ..opts
+    };
+    let three = vec![vec![one.clone()]; 3];
+    let err = b
+        .index
+        .search_docs_cnf(&three, capped)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("3600 places") && err.contains("2500"), "{err}");
+    // ... unless max_clause_freq samples each clause down to what the cap allows.
+    let sampled = SearchOptions {
+        max_clause_freq: 800,
+        ..capped
+    };
+    let found = b.index.search_docs_cnf(&three, sampled).unwrap();
+    assert!(found.approx && found.doc_cnt > 0);
+    assert!(b
+        .index
+        .search_docs_cnf(
+            &three,
+            SearchOptions {
+                max_clause_freq: 0,
+                ..opts
+            }
+        )
+        .is_err());
+
+    // A stopped request stops the search, the exact distribution and dense scoring.
+    let stop = infini_sidecar::interrupt::StopSignal::new(None);
+    stop.cancel();
+    let interrupted = |e: infini_sidecar::index::IndexError| {
+        matches!(e, infini_sidecar::index::IndexError::Interrupted)
+    };
+    let search = stop.run(|| b.index.search_docs(&one, opts));
+    assert!(interrupted(search.unwrap_err()));
+    let score = stop.run(|| b.index.score(&[one[0], one[0]]));
+    assert!(interrupted(score.unwrap_err()));
+    // The exact distribution after the empty prompt splits the whole array: over 1024 steps only
+    // with many distinct tokens, so a corpus of 3000 of them.
+    let wide: Vec<Vec<u32>> = vec![(1..3000).collect()];
+    let w = build_corpus(&wide, TokenWidth::U16, 1 << 20);
+    let ntd = stop.run(|| w.index.ntd(&[], None));
+    assert!(interrupted(ntd.unwrap_err()));
+    assert_eq!(w.index.ntd(&[], None).unwrap().dist.len(), 3000);
 }

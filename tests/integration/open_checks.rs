@@ -183,3 +183,149 @@ fn smollm2_tokenizer_round_trips_real_text_and_pairs_by_fingerprint() {
     );
     assert!(err.contains("tokenizer"), "{err}");
 }
+
+/// One shard of 20 documents with metadata, so offsets in the middle are not the first nor the last.
+fn many_documents_index(dir: &Path) -> std::path::PathBuf {
+    let out = dir.join("many");
+    let docs = (0..20u32).map(|i| {
+        Ok(InputDoc {
+            content: Content::Tokens((0..10).map(|j| (i + j) % 17 + 1).collect()),
+            metadata: Some(format!("{{\"doc\":{i}}}")),
+            input_bytes: 0,
+        })
+    });
+    build(
+        docs,
+        &BuildOptions::new(out.clone(), TokenWidth::U16, 0, 100),
+    )
+    .unwrap();
+    out
+}
+
+/// Overwrites entry `i` of a u64 offsets file, keeping its size (so the manifest's sizes still agree).
+fn set_entry(path: &Path, i: usize, value: u64) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[i * 8..i * 8 + 8].copy_from_slice(&value.to_le_bytes());
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn a_corrupt_offset_anywhere_is_refused_at_open() {
+    let tmp = tempfile::tempdir().unwrap();
+    let idx = many_documents_index(tmp.path());
+    let ds_size = std::fs::metadata(idx.join("tokenized.0")).unwrap().len();
+    let pristine = std::fs::read(idx.join("offset.0")).unwrap();
+    // Far past the end (an abort on a 2 TB allocation once), just past the end (a panic once), odd
+    // (inside a token), and out of order.
+    for (i, value) in [(10, 1_000_000_000_000), (10, ds_size), (10, 221), (10, 2)] {
+        std::fs::write(idx.join("offset.0"), &pristine).unwrap();
+        set_entry(&idx.join("offset.0"), i, value);
+        let err = open_err(&idx, &OpenOptions::default());
+        assert!(
+            err.contains("corrupt") && err.contains("offset.0") && err.contains(&value.to_string()),
+            "{value}: {err}"
+        );
+    }
+    std::fs::write(idx.join("offset.0"), &pristine).unwrap();
+    let index = Index::open(&idx, &OpenOptions::default()).unwrap();
+    assert_eq!(index.get_document(9).unwrap().doc_len, 10);
+    drop(index);
+    // Metadata offsets: none may pass the metadata file or go back.
+    let mt_size = std::fs::metadata(idx.join("metadata.0")).unwrap().len();
+    for value in [1_000_000_000_000, mt_size + 1, 1] {
+        set_entry(&idx.join("metaoff.0"), 10, value);
+        let err = open_err(&idx, &OpenOptions::default());
+        assert!(err.contains("metaoff.0"), "{value}: {err}");
+    }
+}
+
+#[test]
+fn a_vocabulary_reaching_the_separator_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let docs = || {
+        std::iter::once(Ok(InputDoc {
+            content: Content::Tokens(vec![1, 2, 3]),
+            metadata: None,
+            input_bytes: 0,
+        }))
+    };
+    // 65536 ids of 16 bits: id 65535 would be the document separator.
+    let opts = BuildOptions::new(tmp.path().join("wide"), TokenWidth::U16, 0, 65536);
+    let err = build(docs(), &opts).unwrap_err().to_string();
+    assert!(err.contains("separator"), "{err}");
+    assert!(!tmp.path().join("wide").exists());
+    // The largest vocabulary that fits, and then a manifest that claims one more.
+    let idx = tmp.path().join("idx");
+    build(
+        docs(),
+        &BuildOptions::new(idx.clone(), TokenWidth::U16, 0, 65535),
+    )
+    .unwrap();
+    let manifest = idx.join(infini_sidecar::index::format::MANIFEST_FILE);
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(
+        &manifest,
+        text.replace("\"vocab_size\": 65535", "\"vocab_size\": 65536"),
+    )
+    .unwrap();
+    let err = open_err(&idx, &OpenOptions::default());
+    assert!(err.contains("separator"), "{err}");
+    // Without a manifest the caller's vocabulary is held to the same rule.
+    std::fs::remove_file(&manifest).unwrap();
+    let opts = OpenOptions {
+        eos_token_id: Some(0),
+        vocab_size: Some(65536),
+        ..OpenOptions::default()
+    };
+    let err = open_err(&idx, &opts);
+    assert!(err.contains("separator"), "{err}");
+}
+
+#[test]
+fn a_shard_cap_too_small_is_named_as_such() {
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = BuildOptions {
+        max_shard_tokens: Some(1),
+        ..BuildOptions::new(tmp.path().join("idx"), TokenWidth::U16, 0, 100)
+    };
+    let docs = std::iter::once(Ok(InputDoc {
+        content: Content::Tokens(vec![1, 2, 3]),
+        metadata: None,
+        input_bytes: 0,
+    }));
+    let err = build(docs, &opts).unwrap_err().to_string();
+    assert!(
+        err.contains("--max-shard-tokens") && !err.contains("memory"),
+        "{err}"
+    );
+    // A document larger than the cap names the cap too, not the memory budget.
+    let opts = BuildOptions {
+        max_shard_tokens: Some(3),
+        ..opts
+    };
+    let docs = std::iter::once(Ok(InputDoc {
+        content: Content::Tokens(vec![1, 2, 3]),
+        metadata: None,
+        input_bytes: 0,
+    }));
+    let err = build(docs, &opts).unwrap_err().to_string();
+    assert!(err.contains("raise --max-shard-tokens"), "{err}");
+}
+
+#[test]
+fn long_texts_encode_in_pieces_to_the_ids_of_the_whole() {
+    let tokenizer = common::smollm2_tokenizer();
+    let whole: tokenizers::Tokenizer = tokenizer.to_json().unwrap().parse().unwrap();
+    // Real text with its newlines and runs of spaces, several pieces long.
+    let text: String = common::minipile_docs("train", 400)
+        .into_iter()
+        .filter_map(|d| match d.content {
+            Content::Text(t) => Some(t),
+            Content::Tokens(_) => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n\n  ");
+    assert!(text.len() > 4 * infini_sidecar::tokenizer::PIECE_BYTES);
+    let want = whole.encode_fast(text.as_str(), false).unwrap();
+    assert!(tokenizer.encode(&text).unwrap() == want.get_ids());
+}

@@ -4,7 +4,7 @@
   reference_engine.py query --index DIR --eos N --vocab N --dtype u16 [--timing] < queries.jsonl > answers.jsonl
 
 Reads the same JSON lines as `infini-sidecar query` (ops count, prob, ntd, infgram_prob, infgram_ntd,
-find) and answers in the same shape: `dist` maps token id to count. With --timing each answer carries
+find, search_docs with `ids` or a one-clause `cnf`: `cnt` and `approx` only) and answers in the same shape: `dist` maps token id to count. With --timing each answer carries
 `latency`, the process CPU time of the engine call in ms (prefetch disabled: the reference's fastest
 mode when the index is in RAM).
 """
@@ -32,6 +32,13 @@ def answer(engine, q, max_support):
         return engine.infgram_prob(prompt_ids=q["prompt"], cont_id=q["cont"])
     if op == "find":
         return engine.find(input_ids=q["ids"])
+    if op == "search_docs":
+        # Documents are sampled at random by the reference: only the counts are comparable.
+        if "cnf" in q:
+            r = engine.search_docs_cnf(cnf=q["cnf"], maxnum=1)
+        else:
+            r = engine.search_docs(input_ids=q["ids"], maxnum=1)
+        return r if "error" in r else {"cnt": r["cnt"], "approx": r["approx"]}
     if op == "score":
         # The reference has no dense op: one infgram_prob per position, as the paper's evaluation does.
         ids = q["ids"]
@@ -63,7 +70,7 @@ def main():
         elapsed = time.process_time() - start
         r = dict(r)
         for k, v in q.items():
-            if k not in ("op", "ids", "prompt", "cont", "max_support"):
+            if k not in ("op", "ids", "prompt", "cont", "max_support", "cnf"):
                 r[k] = v
         if args.timing:
             r["latency"] = elapsed * 1e3
