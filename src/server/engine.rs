@@ -106,13 +106,6 @@ pub(super) fn search_documents(
         .collect();
     let tokens: usize = cnf.iter().flatten().map(Vec::len).sum();
     s.check_len("the CNF", tokens)?;
-    if cnf.len() > s.limits.max_cnf_clauses {
-        return Err(Status::invalid_argument(format!(
-            "the CNF has {} clauses, more than the limit of {}",
-            cnf.len(),
-            s.limits.max_cnf_clauses
-        )));
-    }
     let defaults = SearchOptions::default();
     let or_default = |v: u64, d: u64| if v == 0 { d } else { v };
     let maxnum = or_default(r.maxnum.into(), defaults.maxnum as u64) as usize;
@@ -126,7 +119,8 @@ pub(super) fn search_documents(
         maxnum,
         max_disp_len: or_default(r.max_disp_len.into(), defaults.max_disp_len as u64) as usize,
         max_clause_freq: or_default(r.max_clause_freq, defaults.max_clause_freq),
-        ..defaults
+        max_clauses: s.limits.max_cnf_clauses,
+        max_places: s.limits.max_search_places,
     };
     if opts.max_clause_freq > s.limits.max_clause_freq {
         return Err(Status::invalid_argument(format!(

@@ -112,7 +112,12 @@ pub(super) struct Connection {
 }
 
 impl Connection {
-    fn new(stream: TcpStream, slot: OwnedSemaphorePermit, handshake: Duration, open: &Gauge) -> Self {
+    fn new(
+        stream: TcpStream,
+        slot: OwnedSemaphorePermit,
+        handshake: Duration,
+        open: &Gauge,
+    ) -> Self {
         open.inc();
         Self {
             stream,

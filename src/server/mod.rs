@@ -129,13 +129,21 @@ fn model_status(e: ModelError) -> Status {
 
 /// The status of work that `signal` stopped (a deadline, the client leaving, or the drain deadline
 /// of a shutdown); other outcomes pass unchanged.
-fn stop_status<T>(state: &State, signal: &StopSignal, outcome: Result<T, Status>) -> Result<T, Status> {
+fn stop_status<T>(
+    state: &State,
+    signal: &StopSignal,
+    outcome: Result<T, Status>,
+) -> Result<T, Status> {
     match (outcome, signal.reason()) {
-        (Err(status), Some(reason)) if status.code() == tonic::Code::Cancelled => Err(match reason {
-            _ if *state.closing.borrow() => closing_status(),
-            StopReason::Deadline => Status::deadline_exceeded("the deadline passed before the work was done"),
-            StopReason::Cancelled => Status::cancelled("the client went away"),
-        }),
+        (Err(status), Some(reason)) if status.code() == tonic::Code::Cancelled => {
+            Err(match reason {
+                _ if *state.closing.borrow() => closing_status(),
+                StopReason::Deadline => {
+                    Status::deadline_exceeded("the deadline passed before the work was done")
+                }
+                StopReason::Cancelled => Status::cancelled("the client went away"),
+            })
+        }
         (outcome, _) => outcome,
     }
 }
@@ -285,7 +293,9 @@ impl SidecarService {
         deadline: Option<Instant>,
         work: impl FnOnce(&State) -> Result<T, Status> + Send + 'static,
     ) -> Result<Response<T>, Status> {
-        on_pool(&self.state, deadline, work).await.map(Response::new)
+        on_pool(&self.state, deadline, work)
+            .await
+            .map(Response::new)
     }
 }
 
@@ -353,8 +363,7 @@ impl Sidecar for SidecarService {
     ) -> Result<Response<pb::TokenizeResponse>, Status> {
         let deadline = deadline_of(&request);
         let r = request.into_inner();
-        self.run(deadline, move |s| engine::tokenize(s, r))
-            .await
+        self.run(deadline, move |s| engine::tokenize(s, r)).await
     }
 
     async fn detokenize(
@@ -363,8 +372,7 @@ impl Sidecar for SidecarService {
     ) -> Result<Response<pb::DetokenizeResponse>, Status> {
         let deadline = deadline_of(&request);
         let r = request.into_inner();
-        self.run(deadline, move |s| engine::detokenize(s, r))
-            .await
+        self.run(deadline, move |s| engine::detokenize(s, r)).await
     }
 
     async fn count(
@@ -373,8 +381,7 @@ impl Sidecar for SidecarService {
     ) -> Result<Response<pb::CountResponse>, Status> {
         let deadline = deadline_of(&request);
         let r = request.into_inner();
-        self.run(deadline, move |s| engine::count(s, r))
-            .await
+        self.run(deadline, move |s| engine::count(s, r)).await
     }
 
     async fn next_token_distribution(
@@ -383,10 +390,8 @@ impl Sidecar for SidecarService {
     ) -> Result<Response<pb::NextTokenDistributionResponse>, Status> {
         let deadline = deadline_of(&request);
         let r = request.into_inner();
-        self.run(deadline, move |s| {
-            engine::next_token_distribution(s, r)
-        })
-        .await
+        self.run(deadline, move |s| engine::next_token_distribution(s, r))
+            .await
     }
 
     async fn search_documents(
@@ -395,10 +400,8 @@ impl Sidecar for SidecarService {
     ) -> Result<Response<pb::SearchDocumentsResponse>, Status> {
         let deadline = deadline_of(&request);
         let r = request.into_inner();
-        self.run(deadline, move |s| {
-            engine::search_documents(s, r)
-        })
-        .await
+        self.run(deadline, move |s| engine::search_documents(s, r))
+            .await
     }
 
     async fn mix(

@@ -14,7 +14,7 @@ use http_body::{Body, Frame, SizeHint};
 use tonic::codegen::http::{self, HeaderMap, HeaderValue};
 use tonic::codegen::{Bytes, Service};
 use tonic::server::NamedService;
-use tonic::{Code, Status};
+use tonic::Code;
 
 use super::metrics::Metrics;
 
@@ -102,10 +102,12 @@ fn final_code(headers: &mut HeaderMap) -> Option<Code> {
     Some(code)
 }
 
-impl<S, B> Service<http::Request<B>> for Observed<S>
+impl<S, B, R> Service<http::Request<B>> for Observed<S>
 where
-    S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S: Service<http::Request<B>, Response = http::Response<R>>,
     S::Future: Send + 'static,
+    R: Body<Data = Bytes> + Send + 'static,
+    R::Error: Into<tonic::codegen::StdError>,
 {
     type Response = http::Response<tonic::body::Body>;
     type Error = S::Error;
@@ -134,11 +136,11 @@ where
             // A trailers-only response (an error before any message) carries its status here.
             if let Some(code) = final_code(response.headers_mut()) {
                 call.finish(code);
-                return Ok(response);
+                return Ok(response.map(tonic::body::Body::new));
             }
             Ok(response.map(|inner| {
                 tonic::body::Body::new(ObservedBody {
-                    inner,
+                    inner: Box::pin(inner),
                     call: Some(call),
                 })
             }))
@@ -147,24 +149,25 @@ where
 }
 
 /// A response body that records its call when the trailers (the status) go out.
-struct ObservedBody {
-    inner: tonic::body::Body,
+struct ObservedBody<R> {
+    inner: Pin<Box<R>>,
     call: Option<Call>,
 }
 
-impl Body for ObservedBody {
+impl<R: Body<Data = Bytes>> Body for ObservedBody<R> {
     type Data = Bytes;
-    type Error = Status;
+    type Error = R::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, R::Error>>> {
         let this = &mut *self;
-        let mut polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let mut polled = this.inner.as_mut().poll_frame(cx);
         let code = match &mut polled {
             Poll::Ready(Some(Ok(frame))) => frame.trailers_mut().and_then(final_code),
-            Poll::Ready(Some(Err(status))) => Some(status.code()),
+            // The stream broke off before its status.
+            Poll::Ready(Some(Err(_))) => Some(Code::Unknown),
             // gRPC always ends with trailers: a body without them was cut off.
             Poll::Ready(None) => Some(Code::Unknown),
             Poll::Pending => None,
@@ -194,7 +197,10 @@ mod tests {
         headers.insert("grpc-status", HeaderValue::from(Code::OutOfRange as i32));
         assert_eq!(final_code(&mut headers), Some(Code::ResourceExhausted));
         assert_eq!(headers["grpc-status"], "8");
-        headers.insert("grpc-status", HeaderValue::from(Code::InvalidArgument as i32));
+        headers.insert(
+            "grpc-status",
+            HeaderValue::from(Code::InvalidArgument as i32),
+        );
         assert_eq!(final_code(&mut headers), Some(Code::InvalidArgument));
         assert_eq!(final_code(&mut HeaderMap::new()), None);
     }

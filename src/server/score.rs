@@ -13,8 +13,8 @@ use tonic::Status;
 use super::kv_budget::KvReservation;
 use super::mixing::{lambdas, LambdaChoice};
 use super::{pb, stop_status, stopped, State, WorkPermit};
-use crate::interrupt::StopSignal;
 use crate::eval::records::document_records;
+use crate::interrupt::StopSignal;
 use crate::mix::{mixed_prob, LambdaRule};
 use crate::model::WindowOptions;
 

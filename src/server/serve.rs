@@ -9,7 +9,7 @@ use std::time::Duration;
 use tonic::transport::Server;
 use tonic::{Request, Status};
 
-use super::config::ServeConfig;
+use super::config::{ConfigError, ServeConfig};
 use super::listen::{incoming, AcceptLimits};
 use super::metrics::{serve_metrics, Metrics};
 use super::observe::Observed;
@@ -55,12 +55,12 @@ fn bearer_token(config: &ServeConfig) -> Result<Option<String>, ServeError> {
     };
     match std::env::var(var) {
         Ok(token) if !token.trim().is_empty() => Ok(Some(token)),
-        Ok(_) => Err(ServeError::Config(format!(
+        Ok(_) => Err(ServeError::Config(ConfigError::Invalid(format!(
             "auth_token_env names {var}, which is empty: set a token or drop auth_token_env"
-        ))),
-        Err(_) => Err(ServeError::Config(format!(
+        )))),
+        Err(_) => Err(ServeError::Config(ConfigError::Invalid(format!(
             "auth_token_env names {var}, which is not set"
-        ))),
+        )))),
     }
 }
 
@@ -136,7 +136,7 @@ pub async fn serve(
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .build_v1()
-        .map_err(|e| ServeError::Config(format!("reflection: {e}")))?;
+        .map_err(|e| ServeError::Setup(format!("reflection: {e}")))?;
     tracing::info!("serving on {local}");
     let connections = incoming(
         listener,

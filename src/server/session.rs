@@ -49,7 +49,6 @@ impl Session {
         Ok(Self { seq, neural })
     }
 
-
     fn append(&mut self, s: &State, tokens: &[u32]) -> Result<(), Status> {
         let before = self.seq.tokens().len();
         let after = before + tokens.len();
@@ -185,9 +184,8 @@ impl Sessions {
             )));
         }
         let id = loop {
-            let id = getrandom::u64().map_err(|e| {
-                Status::internal(format!("no randomness for a session id: {e}"))
-            })?;
+            let id = getrandom::u64()
+                .map_err(|e| Status::internal(format!("no randomness for a session id: {e}")))?;
             if id != 0 && !table.contains_key(&id) {
                 break id;
             }

@@ -14,7 +14,7 @@ mod open_checks;
 mod python_client;
 mod reference_peer;
 mod server;
-mod server_load;
 mod server_hardening;
+mod server_load;
 mod server_model;
 mod spec_real;
