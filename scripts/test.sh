@@ -19,7 +19,7 @@ clippy_log="$(mktemp)"
 CARGO_TARGET_DIR="$CACHE/target-clippy" cargo clippy --all-targets --quiet -- -D warnings \
   >"$clippy_log" 2>&1 &
 clippy=$!
-if ! cargo nextest run --no-run --quiet; then
+if ! cargo nextest run --no-run --cargo-quiet; then
   wait "$clippy" || true
   cat "$clippy_log"
   exit 1
