@@ -320,6 +320,24 @@ mod tests {
         assert!(NeuralDistribution::from_top_k(vec![(12, -0.1)], 0.0, 10).is_err());
     }
 
+    /// Huge finite logits (hardening item 13): a log-normaliser of max + ln Σ loses ln Σ to the
+    /// rounding of max, which gave every one of 49152 equal logits of 1e20 probability 1, and at 1e17
+    /// put probabilities ≈ 180× off.
+    #[test]
+    fn huge_logits_still_normalise() {
+        for big in [1e17f32, 1e20, f32::MAX] {
+            let nn = NeuralDistribution::from_logits(&vec![big; 49152]).unwrap();
+            let total: f64 = (0..49152).map(|t| nn.prob(t)).sum();
+            assert!((total - 1.0).abs() < 1e-5, "logits {big:e}: Σp = {total}");
+            assert!((nn.prob(7) * 49152.0 - 1.0).abs() < 1e-5, "{big:e}");
+        }
+        // The two ends of f32: all the mass on the one top logit.
+        let mut logits = vec![f32::MIN; 49152];
+        logits[5] = f32::MAX;
+        let nn = NeuralDistribution::from_logits(&logits).unwrap();
+        assert_eq!((nn.prob(5), nn.prob(6)), (1.0, 0.0));
+    }
+
     #[test]
     fn entropy_by_hand() {
         let nn = NeuralDistribution::from_logits(&[0.0, 0.0, 0.0, 0.0]).unwrap();
