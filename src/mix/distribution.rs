@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::{mixed_prob, MixError};
 use crate::index::query::NtdResult;
+use crate::softmax::log_softmax;
 
 /// The ∞-gram's next-token distribution: the tokens seen after the matched suffix, with probabilities
 /// that sum to one, sorted by token so a lookup is a binary search (the support of a short suffix
@@ -76,22 +77,15 @@ impl TopKLogprobs {
 }
 
 impl NeuralDistribution {
-    /// From raw logits (log-softmax in f64 for accuracy).
+    /// From raw logits.
     pub fn from_logits(logits: &[f32]) -> Result<Self, MixError> {
         if logits.is_empty() || logits.iter().any(|l| !l.is_finite()) {
             return Err(MixError::Invalid(
                 "logits must be non-empty and finite".into(),
             ));
         }
-        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let log_z = max
-            + logits
-                .iter()
-                .map(|&l| (l as f64 - max).exp())
-                .sum::<f64>()
-                .ln();
         Ok(Self::Full {
-            logprobs: logits.iter().map(|&l| (l as f64 - log_z) as f32).collect(),
+            logprobs: log_softmax(logits),
         })
     }
 

@@ -12,8 +12,9 @@ use std::time::Duration;
 use common::server::{build_index, config, open_session, start, step, with_model, Running};
 use infini_sidecar::corpus::Content;
 use infini_sidecar::eval::documents::{load_documents, TokenBudget};
-use infini_sidecar::eval::records::{document_records, Collector};
+use infini_sidecar::eval::records::Collector;
 use infini_sidecar::eval::report::build_report;
+use infini_sidecar::evidence::{self, document_records};
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::mix::{self, LambdaRule, MixingParams, NeuralDistribution, SparseDistribution};
 use infini_sidecar::model::{Model, WindowOptions};
@@ -207,9 +208,9 @@ async fn score_sessions_and_own_model_match_the_library() {
         assert_eq!(got.token_scores.len(), want.len());
         let domain = (i == 1).then_some("linux-doc");
         let sparse: Vec<bool> = want.iter().map(|r| r.sparse).collect();
-        let lambdas = params
-            .lambdas(LambdaRule::DomainSplit, domain, &sparse, &[])
-            .unwrap();
+        let lambdas =
+            evidence::lambdas(LambdaRule::DomainSplit, Some(&params), domain, &sparse, &[])
+                .unwrap();
         for ((g, w), l) in got.token_scores.iter().zip(want).zip(&lambdas) {
             assert_eq!(g.token, w.token);
             assert_eq!(g.infgram_prob, w.infgram_prob);
@@ -502,7 +503,10 @@ async fn score_matches_eval_ppl_for_every_rule_and_lambda_0_and_1() {
         .flat_map(|d| &d.tokens)
         .filter(|t| t.infgram_prob == 0.0)
         .count();
-    assert!(unseen > 0, "no token the ∞-gram never saw: λ = 1 tests nothing");
+    assert!(
+        unseen > 0,
+        "no token the ∞-gram never saw: λ = 1 tests nothing"
+    );
     let (lambda_0, ppl_0) = report.perplexity_by_lambda[0];
     let (lambda_1, ppl_1) = *report.perplexity_by_lambda.last().unwrap();
 
@@ -529,6 +533,8 @@ async fn score_matches_eval_ppl_for_every_rule_and_lambda_0_and_1() {
             Some(lambda_1),
         ),
     ];
+    // Every case is checked before the test fails, so a failure shows all that disagree.
+    let mut disagreements = Vec::new();
     for (lambda, want_ppl, want_lambda) in cases {
         let request = pb::ScoreRequest {
             documents: docs
@@ -554,20 +560,30 @@ async fn score_matches_eval_ppl_for_every_rule_and_lambda_0_and_1() {
             totals.neural_perplexity,
             total.neural_perplexity
         );
-        assert!(
-            rel(totals.mixed_perplexity, want_ppl) < 1e-6,
-            "{lambda:?}: Score {} vs eval ppl {want_ppl}",
-            totals.mixed_perplexity
-        );
+        // Written so that an infinite or NaN perplexity counts as a disagreement.
+        let agrees = rel(totals.mixed_perplexity, want_ppl) < 1e-6;
+        if !agrees {
+            disagreements.push(format!(
+                "{lambda:?}: Score {} vs eval ppl {want_ppl}",
+                totals.mixed_perplexity
+            ));
+        }
         if let Some(want) = want_lambda {
             for item in &items[..items.len() - 1] {
                 let score_response::Item::Document(d) = item else {
                     panic!("a document expected");
                 };
-                assert!(d.token_scores.iter().all(|t| t.lambda == want));
+                if let Some(t) = d.token_scores.iter().find(|t| t.lambda != want) {
+                    disagreements.push(format!(
+                        "{lambda:?}: Score's λ {} vs eval ppl's {want}",
+                        t.lambda
+                    ));
+                    break;
+                }
             }
         }
     }
+    assert!(disagreements.is_empty(), "{disagreements:#?}");
     let _ = stop.send(());
 }
 
