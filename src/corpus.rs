@@ -1,14 +1,36 @@
-//! Reading documents to index: plain text files (one document each), Pile-style JSON lines
-//! (`{"text": ..., "meta": ...}` one document a line, optionally gzipped), or a pre-tokenized file in the
-//! infini-gram layout (an all-ones separator before every document).
+//! Reading text documents: plain text files (one document each) and Pile-style JSON lines
+//! (`{"text": ..., "meta": ...}` one document a line, optionally gzipped). The bottom of the data
+//! path: the index builds on it (and reads its own pre-tokenized files, `index::token_file`); it
+//! imports nothing of the crate.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
-use crate::index::format::TokenWidth;
-use crate::index::{IndexError, Result};
+#[derive(Debug, thiserror::Error)]
+pub enum CorpusError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    /// Input that is not what it should be: a missing path, text that is not UTF-8, a bad JSON line.
+    #[error("{0}")]
+    Invalid(String),
+}
 
+impl CorpusError {
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        CorpusError::Io {
+            path: path.display().to_string(),
+            source,
+        }
+    }
+}
+
+pub type Result<T, E = CorpusError> = std::result::Result<T, E>;
+
+/// A document's content: text to tokenize, or tokens already.
 pub enum Content {
     Text(String),
     Tokens(Vec<u32>),
@@ -46,21 +68,30 @@ pub fn expand_inputs(paths: &[PathBuf]) -> Result<Vec<(PathBuf, String)>> {
                 .unwrap_or_default();
             out.push((root.clone(), name));
         } else {
-            return Err(IndexError::Invalid(format!(
+            return Err(CorpusError::Invalid(format!(
                 "{}: no such file or folder",
                 root.display()
             )));
         }
     }
     if out.is_empty() {
-        return Err(IndexError::Invalid("no input files".into()));
+        return Err(CorpusError::Invalid("no input files".into()));
     }
     Ok(out)
 }
 
+/// Bytes of the given files together (for a progress bar; unreadable ones count 0).
+pub fn total_bytes(files: &[(PathBuf, String)]) -> u64 {
+    files
+        .iter()
+        .filter_map(|(p, _)| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    for entry in std::fs::read_dir(dir).map_err(|e| IndexError::io(dir, e))? {
-        let path = entry.map_err(|e| IndexError::io(dir, e))?.path();
+    for entry in std::fs::read_dir(dir).map_err(|e| CorpusError::io(dir, e))? {
+        let path = entry.map_err(|e| CorpusError::io(dir, e))?.path();
         if path.is_dir() {
             walk(&path, out)?;
         } else {
@@ -77,7 +108,7 @@ fn is_json_lines(path: &Path) -> bool {
 }
 
 fn open_maybe_gz(path: &Path) -> Result<Box<dyn BufRead + Send>> {
-    let file = File::open(path).map_err(|e| IndexError::io(path, e))?;
+    let file = File::open(path).map_err(|e| CorpusError::io(path, e))?;
     Ok(if path.extension().is_some_and(|e| e == "gz") {
         Box::new(BufReader::with_capacity(
             1 << 20,
@@ -110,9 +141,9 @@ fn whole_file(mut reader: Box<dyn BufRead + Send>, path: &Path, rel: &str) -> Re
     let mut bytes = Vec::new();
     reader
         .read_to_end(&mut bytes)
-        .map_err(|e| IndexError::io(path, e))?;
+        .map_err(|e| CorpusError::io(path, e))?;
     let text = String::from_utf8(bytes)
-        .map_err(|_| IndexError::Invalid(format!("{}: not UTF-8 text", path.display())))?;
+        .map_err(|_| CorpusError::Invalid(format!("{}: not UTF-8 text", path.display())))?;
     let metadata = serde_json::json!({"path": rel, "linenum": 0, "metadata": {}}).to_string();
     Ok(InputDoc {
         input_bytes: text.len() as u64,
@@ -132,14 +163,14 @@ fn json_lines(
         .filter_map(move |(linenum, line)| {
             let line = match line {
                 Ok(l) => l,
-                Err(e) => return Some(Err(IndexError::io(&path, e))),
+                Err(e) => return Some(Err(CorpusError::io(&path, e))),
             };
             if line.trim().is_empty() {
                 return None;
             }
             let input_bytes = line.len() as u64 + 1;
             let bad = |msg: &str| {
-                IndexError::Invalid(format!("{}:{}: {msg}", path.display(), linenum + 1))
+                CorpusError::Invalid(format!("{}:{}: {msg}", path.display(), linenum + 1))
             };
             let mut value: serde_json::Value = match serde_json::from_str(&line) {
                 Ok(v) => v,
@@ -160,66 +191,4 @@ fn json_lines(
                 input_bytes,
             }))
         })
-}
-
-/// Documents of a pre-tokenized file: little-endian tokens of `width`, each document preceded by the
-/// all-ones separator (the reference's `tokenized.N` layout).
-pub fn token_file_documents(
-    path: &Path,
-    width: TokenWidth,
-) -> Result<impl Iterator<Item = Result<InputDoc>>> {
-    let file = File::open(path).map_err(|e| IndexError::io(path, e))?;
-    let len = file.metadata().map_err(|e| IndexError::io(path, e))?.len();
-    let w = width.bytes() as u64;
-    if len == 0 || len % w != 0 {
-        return Err(IndexError::Invalid(format!(
-            "{}: {len} bytes is not a whole number of {w}-byte tokens",
-            path.display()
-        )));
-    }
-    let mut reader = BufReader::with_capacity(1 << 20, file);
-    let sep = width.separator();
-    let mut next_token = move || -> std::io::Result<Option<u32>> {
-        let mut buf = [0u8; 4];
-        match reader.read_exact(&mut buf[..w as usize]) {
-            Ok(()) => Ok(Some(u32::from_le_bytes(buf))),
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
-            Err(e) => Err(e),
-        }
-    };
-    let first = next_token().map_err(|e| IndexError::io(path, e))?;
-    if first != Some(sep) {
-        return Err(IndexError::Invalid(format!(
-            "{}: does not start with a document separator (wrong --token-width?)",
-            path.display()
-        )));
-    }
-    let path = path.to_path_buf();
-    let mut done = false;
-    Ok(std::iter::from_fn(move || {
-        if done {
-            return None;
-        }
-        let mut tokens = Vec::new();
-        loop {
-            match next_token() {
-                Ok(Some(t)) if t == sep => break,
-                Ok(Some(t)) => tokens.push(t),
-                Ok(None) => {
-                    done = true;
-                    break;
-                }
-                Err(e) => {
-                    done = true;
-                    return Some(Err(IndexError::io(&path, e)));
-                }
-            }
-        }
-        let input_bytes = (tokens.len() as u64 + 1) * w;
-        Some(Ok(InputDoc {
-            content: Content::Tokens(tokens),
-            metadata: None,
-            input_bytes,
-        }))
-    }))
 }

@@ -4,6 +4,7 @@
 pub mod corpus;
 pub mod draft;
 pub mod eval;
+pub mod evidence;
 pub mod index;
 pub mod interrupt;
 pub mod mix;
@@ -11,4 +12,5 @@ pub mod model;
 pub mod progress;
 pub mod protocol;
 pub mod server;
+pub mod softmax;
 pub mod tokenizer;

@@ -1,25 +1,24 @@
 //! The `infini-sidecar` command line: a thin layer over the library.
 
+mod cli {
+    pub mod eval;
+}
+
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 use infini_sidecar::corpus;
-use infini_sidecar::draft::{spec, DraftOptions};
 use infini_sidecar::eval::documents::{load_documents, TokenBudget};
-use infini_sidecar::eval::experiment::{self, EvalInputs, Pairing};
 use infini_sidecar::eval::neural::score_documents;
-use infini_sidecar::eval::records::DomainRecords;
-use infini_sidecar::eval::report as eval_report;
-use infini_sidecar::eval::spec::{self as eval_spec, SpecEvalOptions};
-use infini_sidecar::index::build::{build, BuildOptions};
+use infini_sidecar::eval::EvalError;
+use infini_sidecar::index::build::{build, BuildOptions, GivenVocabulary};
 use infini_sidecar::index::decontam::{self, Decontaminator};
-use infini_sidecar::index::{Index, IndexError, OpenOptions, TokenWidth};
+use infini_sidecar::index::{token_file, Index, IndexError, OpenOptions, TokenWidth};
 use infini_sidecar::interrupt;
-use infini_sidecar::mix::{self, GateOptions, LambdaRule, MixingParams};
 use infini_sidecar::model::{
     self, DeviceChoice, GenerateOptions, LoadOptions, Model, ModelError, WindowOptions,
 };
@@ -50,7 +49,7 @@ enum Command {
     Model(ModelCommand),
     /// Mix the ∞-gram with the model: fit λ on validation text, evaluate perplexity on test text.
     #[command(subcommand)]
-    Eval(EvalCommand),
+    Eval(cli::eval::EvalCommand),
     /// Serve the gRPC API (sidecar.v1) with the index, tokenizer and mixing file of a config.
     Serve {
         #[arg(long)]
@@ -63,116 +62,6 @@ enum Command {
         #[arg(long)]
         text: String,
     },
-}
-
-#[derive(Subcommand)]
-enum EvalCommand {
-    /// Fit λ1/λ2 and the random-forest gate on validation text; writes a mixing file.
-    Fit(FitArgs),
-    /// Neural vs mixed perplexity per domain (JSON and Markdown), per-token output on request.
-    Ppl(PplArgs),
-    /// Speculative greedy decoding with ∞-gram drafts vs plain greedy decoding, per domain and draft
-    /// source: acceptance, drafter cost, speed-up.
-    Spec(SpecArgs),
-}
-
-/// A model, an index built with its tokenizer, and evaluation text.
-#[derive(Args)]
-struct PairingArgs {
-    #[command(flatten)]
-    model: ModelArgs,
-    /// The reference index (built with the model's tokenizer).
-    #[arg(long)]
-    index: PathBuf,
-    /// Pile-style JSON lines (`text`, `meta.pile_set_name`), text files or folders.
-    #[arg(long = "input", num_args = 1.., required = true)]
-    inputs: Vec<PathBuf>,
-}
-
-#[derive(Args)]
-struct SpecArgs {
-    #[command(flatten)]
-    pairing: PairingArgs,
-    #[arg(long, default_value_t = 4)]
-    prompts_per_domain: usize,
-    /// Tokens of each document given as the prompt.
-    #[arg(long, default_value_t = 128)]
-    prompt_tokens: usize,
-    /// Tokens generated after each prompt.
-    #[arg(long, default_value_t = 64)]
-    new_tokens: usize,
-    /// Longest draft (at most 14: one pass verifies the pending token and the draft).
-    #[arg(long, default_value_t = DraftOptions::default().max_tokens)]
-    max_draft: usize,
-    #[arg(long, default_value_t = DraftOptions::default().min_token_prob)]
-    min_token_prob: f64,
-    /// Draft a node only if its path's calibrated acceptance probability reaches this.
-    #[arg(long, default_value_t = DraftOptions::default().min_path_prob)]
-    min_path_prob: f64,
-    /// Draft at most this many tokens per matched context token (0: fixed length).
-    #[arg(long, default_value_t = DraftOptions::default().match_len_factor)]
-    match_len_factor: f64,
-    /// Draft trees (verified a tree per pass) rather than chains.
-    #[arg(long)]
-    tree: bool,
-    /// Most nodes of a draft tree.
-    #[arg(long, default_value_t = DraftOptions::default().tree_budget)]
-    tree_budget: usize,
-    /// Folder for spec.json and spec.md (default: print the Markdown).
-    #[arg(long)]
-    out_dir: Option<PathBuf>,
-}
-
-#[derive(Args)]
-struct EvalArgs {
-    #[command(flatten)]
-    pairing: PairingArgs,
-    /// Score only the first N tokens of each domain.
-    #[arg(long)]
-    max_tokens: Option<usize>,
-    /// Score at most N tokens of any one document (spreads --max-tokens over more documents).
-    #[arg(long)]
-    max_doc_tokens: Option<usize>,
-    #[arg(long, default_value_t = 1024)]
-    window: usize,
-    #[arg(long, default_value_t = 512)]
-    stride: usize,
-    /// Save each finished domain's token records here; a rerun with the same inputs reuses them.
-    #[arg(long)]
-    work_dir: Option<PathBuf>,
-}
-
-#[derive(Args)]
-struct FitArgs {
-    #[command(flatten)]
-    eval: EvalArgs,
-    /// The mixing file to write.
-    #[arg(long)]
-    out: PathBuf,
-    /// Fit only λ1/λ2, no gate.
-    #[arg(long)]
-    no_gate: bool,
-    #[arg(long, default_value_t = GateOptions::default().trees)]
-    gate_trees: usize,
-    #[arg(long, default_value_t = GateOptions::default().max_depth)]
-    gate_max_depth: u16,
-    #[arg(long, default_value_t = GateOptions::default().min_samples_leaf)]
-    gate_min_samples_leaf: usize,
-}
-
-#[derive(Args)]
-struct PplArgs {
-    #[command(flatten)]
-    eval: EvalArgs,
-    /// The mixing file written by `eval fit`.
-    #[arg(long)]
-    mixing: PathBuf,
-    /// Folder for report.json and report.md (default: print the JSON).
-    #[arg(long)]
-    out_dir: Option<PathBuf>,
-    /// Also write every token's neural, ∞-gram and mixed log-probs (JSON lines) here.
-    #[arg(long)]
-    per_token: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -393,14 +282,6 @@ fn open_options(args: &OpenArgs) -> Result<OpenOptions> {
     })
 }
 
-fn input_size(files: &[(PathBuf, String)]) -> u64 {
-    files
-        .iter()
-        .filter_map(|(p, _)| std::fs::metadata(p).ok())
-        .map(|m| m.len())
-        .sum()
-}
-
 fn run_build(args: BuildArgs) -> Result<()> {
     if let Some(t) = args.threads {
         rayon::ThreadPoolBuilder::new()
@@ -413,30 +294,12 @@ fn run_build(args: BuildArgs) -> Result<()> {
         .as_deref()
         .map(Tokenizer::from_file)
         .transpose()?;
-    let vocab_size = match (args.vocab_size, &tokenizer) {
-        (Some(v), _) => v,
-        (None, Some(t)) => t.vocab_size(),
-        (None, None) => {
-            let bits = args
-                .token_width
-                .context("--from-tokens needs --token-width")?;
-            TokenWidth::from_bits(bits)?.capacity() - 1
-        }
-    };
-    let width = match args.token_width {
-        Some(bits) => TokenWidth::from_bits(bits)?,
-        None => TokenWidth::for_vocab(vocab_size),
-    };
-    let eos_token_id = match (
-        args.eos_id,
-        tokenizer.as_ref().and_then(Tokenizer::eos_token_id),
-    ) {
-        (Some(e), _) | (None, Some(e)) => e,
-        (None, None) if args.from_tokens.is_some() => {
-            bail!("--from-tokens needs --eos-id (the reference engine needs it too)")
-        }
-        (None, None) => bail!("the tokenizer names no eos token: pass --eos-id"),
-    };
+    let vocabulary = GivenVocabulary {
+        vocab_size: args.vocab_size,
+        token_width_bits: args.token_width,
+        eos_token_id: args.eos_id,
+    }
+    .resolve(tokenizer.as_ref(), args.from_tokens.is_some())?;
     let decontaminator = match (&tokenizer, args.decontaminate.is_empty()) {
         (Some(t), false) => Some(Decontaminator::from_files(
             &args.decontaminate,
@@ -453,18 +316,24 @@ fn run_build(args: BuildArgs) -> Result<()> {
         max_shard_tokens: args.max_shard_tokens,
         threads: args.threads.unwrap_or_else(rayon::current_num_threads),
         force: args.force,
-        ..BuildOptions::new(args.out.clone(), width, eos_token_id, vocab_size)
+        ..BuildOptions::new(
+            args.out.clone(),
+            vocabulary.width,
+            vocabulary.eos_token_id,
+            vocabulary.vocab_size,
+        )
     };
 
     let report = match &args.from_tokens {
         Some(path) => {
             opts.input_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-            build(corpus::token_file_documents(path, width)?, &opts)?
+            build(token_file::documents(path, vocabulary.width)?, &opts)?
         }
         None => {
             let files = corpus::expand_inputs(&args.inputs)?;
-            opts.input_bytes = input_size(&files);
-            build(corpus::text_documents(files), &opts)?
+            opts.input_bytes = corpus::total_bytes(&files);
+            let docs = corpus::text_documents(files).map(|d| d.map_err(IndexError::from));
+            build(docs, &opts)?
         }
     };
     tracing::info!(
@@ -489,20 +358,6 @@ fn run_build(args: BuildArgs) -> Result<()> {
     }
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
-}
-
-fn index_info(index: &Index) -> serde_json::Value {
-    serde_json::json!({
-        "dir": index.dir().display().to_string(),
-        "shards": index.num_shards(),
-        "documents": index.total_documents(),
-        "tokens_with_separators": index.total_tokens(),
-        "token_width": index.width().bytes(),
-        "eos_token_id": index.eos_token_id(),
-        "vocab_size": index.vocab_size(),
-        "tokenizer": index.manifest().and_then(|m| m.tokenizer.clone()),
-        "manifest": index.manifest().is_some(),
-    })
 }
 
 fn run_serve(path: &Path) -> Result<()> {
@@ -550,152 +405,6 @@ async fn termination() {
     let _ = ctrl_c.await;
 }
 
-/// Model, index and inputs of an evaluation, checked to belong together.
-fn open_pairing(args: &PairingArgs) -> Result<(Model, Index)> {
-    let model = load_model(&args.model)?;
-    let index = Index::open(&args.index, &OpenOptions::default())?;
-    Ok((model, index))
-}
-
-fn eval_setup(args: &EvalArgs) -> Result<(Model, Index, EvalInputs)> {
-    let (model, index) = open_pairing(&args.pairing)?;
-    let inputs = EvalInputs {
-        inputs: args.pairing.inputs.clone(),
-        max_tokens_per_domain: args.max_tokens,
-        max_doc_tokens: args.max_doc_tokens,
-        window: WindowOptions {
-            window: args.window,
-            stride: args.stride,
-        },
-        work_dir: args.work_dir.clone(),
-    };
-    Ok((model, index, inputs))
-}
-
-fn run_fit(args: FitArgs) -> Result<()> {
-    let (model, index, inputs) = eval_setup(&args.eval)?;
-    let gate = (!args.no_gate).then_some(GateOptions {
-        trees: args.gate_trees,
-        max_depth: args.gate_max_depth,
-        min_samples_leaf: args.gate_min_samples_leaf,
-        ..GateOptions::default()
-    });
-    let params = experiment::fit(&Pairing::new(&model, &index)?, &inputs, gate)?;
-    params.save(&args.out)?;
-    let importances = match &params.gate {
-        Some(g) => g
-            .feature_names
-            .iter()
-            .cloned()
-            .zip(g.importances()?)
-            .collect(),
-        None => Vec::new(),
-    };
-    let summary = serde_json::json!({
-        "out": args.out,
-        "lambda_sparse": params.lambda_sparse,
-        "lambda_dense": params.lambda_dense,
-        "by_domain": params.by_domain,
-        "validation": params.fitted_on,
-        "gate_feature_importances": importances,
-    });
-    println!("{}", serde_json::to_string_pretty(&summary)?);
-    Ok(())
-}
-
-fn run_ppl(args: PplArgs) -> Result<()> {
-    let (model, index, inputs) = eval_setup(&args.eval)?;
-    let params = MixingParams::load(&args.mixing)?;
-    let (report, domains) = experiment::ppl(&Pairing::new(&model, &index)?, &inputs, &params)?;
-    if let Some(path) = &args.per_token {
-        write_per_token(path, &domains, &params)?;
-    }
-    match &args.out_dir {
-        Some(dir) => {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            std::fs::write(
-                dir.join("report.json"),
-                serde_json::to_string_pretty(&report)?,
-            )?;
-            std::fs::write(dir.join("report.md"), eval_report::markdown(&report))?;
-            print!("{}", eval_report::markdown(&report));
-        }
-        None => println!("{}", serde_json::to_string_pretty(&report)?),
-    }
-    Ok(())
-}
-
-fn run_spec(args: SpecArgs) -> Result<()> {
-    if args.max_draft + 1 > spec::MAX_VERIFY_ROWS {
-        anyhow::bail!("--max-draft must be at most {}", spec::MAX_VERIFY_ROWS - 1);
-    }
-    let (model, index) = open_pairing(&args.pairing)?;
-    Pairing::new(&model, &index)?;
-    let docs = load_documents(
-        &args.pairing.inputs,
-        &model,
-        TokenBudget::All,
-        Some(args.prompt_tokens + args.new_tokens),
-    )?;
-    let opts = SpecEvalOptions {
-        prompts_per_domain: args.prompts_per_domain,
-        prompt_tokens: args.prompt_tokens,
-        new_tokens: args.new_tokens,
-        draft: DraftOptions {
-            max_tokens: args.max_draft,
-            min_token_prob: args.min_token_prob,
-            min_path_prob: args.min_path_prob,
-            match_len_factor: args.match_len_factor,
-            tree: args.tree,
-            tree_budget: args.tree_budget,
-            ..DraftOptions::default()
-        },
-    };
-    let rows = eval_spec::run(&model, &index, &docs, &opts)?;
-    let md = eval_spec::markdown(&rows);
-    if let Some(dir) = &args.out_dir {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        std::fs::write(dir.join("spec.json"), serde_json::to_string_pretty(&rows)?)?;
-        std::fs::write(dir.join("spec.md"), &md)?;
-    }
-    print!("{md}");
-    Ok(())
-}
-
-/// One JSON line per scored token: the three log-probs and what the ∞-gram matched.
-fn write_per_token(path: &Path, domains: &[DomainRecords], params: &MixingParams) -> Result<()> {
-    let mut out = open_writer(&path.display().to_string())?;
-    for d in domains {
-        let sparse: Vec<bool> = d.tokens.iter().map(|t| t.sparse).collect();
-        let features: Vec<_> = d.tokens.iter().map(|t| t.features).collect();
-        let split = params.lambdas(LambdaRule::Split, None, &sparse, &features)?;
-        let domain_split =
-            params.lambdas(LambdaRule::DomainSplit, Some(&d.domain), &sparse, &features)?;
-        let gate = params
-            .gate
-            .as_ref()
-            .map(|g| g.predict(&features))
-            .transpose()?;
-        for (i, t) in d.tokens.iter().enumerate() {
-            let e = t.evidence();
-            let mixed = |l: f64| mix::mixed_prob(e.p_infgram, e.p_neural, l).ln();
-            let line = serde_json::json!({
-                "domain": d.domain, "doc": t.doc, "position": t.position, "token": t.token,
-                "neural_logprob": t.neural_logprob, "infgram_prob": t.infgram_prob,
-                "suffix_len": t.suffix_len, "prompt_cnt": t.prompt_cnt, "sparse": t.sparse,
-                "lambda_split": split[i], "mixed_logprob_split": mixed(split[i]),
-                "lambda_domain_split": domain_split[i],
-                "mixed_logprob_domain_split": mixed(domain_split[i]),
-                "lambda_gate": gate.as_ref().map(|g| g[i]),
-                "mixed_logprob_gate": gate.as_ref().map(|g| mixed(g[i])),
-            });
-            writeln!(out, "{line}")?;
-        }
-    }
-    out.flush()?;
-    Ok(())
-}
-
 fn open_writer(path: &str) -> Result<Box<dyn Write>> {
     Ok(if path == "-" {
         Box::new(BufWriter::new(std::io::stdout().lock()))
@@ -727,7 +436,7 @@ fn check_distinct_files(input: &str, output: &str) -> Result<()> {
         return Ok(());
     };
     if (i.dev(), i.ino()) == (o.dev(), o.ino()) {
-        bail!("--output {output} is the --input file: writing answers there would destroy the queries; name another file");
+        anyhow::bail!("--output {output} is the --input file: writing answers there would destroy the queries; name another file");
     }
     Ok(())
 }
@@ -751,7 +460,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Index(IndexCommand::Build(args)) => run_build(args),
         Command::Index(IndexCommand::Info(args)) => {
             let index = Index::open(&args.index, &open_options(&args)?)?;
-            println!("{}", serde_json::to_string_pretty(&index_info(&index))?);
+            println!("{}", serde_json::to_string_pretty(&index.info())?);
             Ok(())
         }
         Command::Index(IndexCommand::Verify(args)) => {
@@ -771,9 +480,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Query(args) => run_query(args),
         Command::Model(ModelCommand::Score(args)) => run_score(args),
         Command::Model(ModelCommand::Generate(args)) => run_generate(args),
-        Command::Eval(EvalCommand::Fit(args)) => run_fit(args),
-        Command::Eval(EvalCommand::Ppl(args)) => run_ppl(args),
-        Command::Eval(EvalCommand::Spec(args)) => run_spec(args),
+        Command::Eval(command) => cli::eval::run(command),
         Command::Serve { config } => run_serve(&config),
         Command::Tokenize { tokenizer, text } => {
             let ids = Tokenizer::from_file(Path::new(&tokenizer))?.encode(&text)?;
@@ -804,7 +511,9 @@ fn main() -> ExitCode {
             ) || matches!(
                 e.downcast_ref::<ModelError>(),
                 Some(ModelError::Interrupted)
-            ) =>
+            ) || e
+                .downcast_ref::<EvalError>()
+                .is_some_and(EvalError::is_interrupted) =>
         {
             eprintln!("interrupted: nothing was left behind");
             ExitCode::from(130)

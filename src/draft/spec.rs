@@ -13,6 +13,7 @@ use serde::Serialize;
 use super::{DraftOptions, DraftTree, Sequence};
 use crate::index::Index;
 use crate::model::{ModelError, Transformer, SHORT_PASS_ROWS};
+use crate::softmax::softmax;
 
 /// Rows verified per pass, pending token included: a short pass, computed row for row as one-token
 /// decoding computes it, so greedy output stays bit-identical.
@@ -66,17 +67,6 @@ fn argmax(row: &[f32]) -> u32 {
         }
     }
     best as u32
-}
-
-fn softmax(row: &[f32], temperature: f64) -> Vec<f64> {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let mut p: Vec<f64> = row
-        .iter()
-        .map(|&l| ((l as f64 - max) / temperature).exp())
-        .collect();
-    let z: f64 = p.iter().sum();
-    p.iter_mut().for_each(|x| *x /= z);
-    p
 }
 
 fn sample(p: &[f64], u: f64) -> u32 {

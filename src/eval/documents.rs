@@ -4,8 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
-
+use super::{EvalError, Result};
 use crate::corpus::{self, Content};
 use crate::model::Model;
 
@@ -68,7 +67,11 @@ pub fn load_documents(
         }
         let mut tokens = model
             .encode_document(&text)
-            .with_context(|| format!("tokenizing document {index} ({path})"))?;
+            .map_err(|source| EvalError::Tokenize {
+                index,
+                path: path.clone(),
+                source,
+            })?;
         let keep = [left, max_doc_tokens].into_iter().flatten().min();
         if let Some(keep) = keep {
             tokens.truncate(keep);

@@ -1,21 +1,23 @@
 //! The two evaluation jobs: `eval fit` (λ1/λ2 and the gate on validation text) and `eval ppl`
 //! (neural vs mixed perplexity on test text), over one model and one reference index.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use serde::Serialize;
 
 use super::documents::{load_documents, TokenBudget};
 use super::records::{Collector, DomainRecords};
 use super::report::{build_report, PplReport};
+use super::{EvalError, Result};
 use crate::index::Index;
 use crate::mix::fit::{fit_gate, fit_split, perplexity, split_lambdas, TokenEvidence};
 use crate::mix::params::FitRecord;
 use crate::mix::{DomainLambdas, GateOptions, MixingParams};
+use crate::model::{Model, WindowOptions};
 
 /// A domain needs this many validation tokens for λ1/λ2 of its own (else it uses the global pair).
 pub const MIN_DOMAIN_TOKENS: usize = 500;
-use crate::model::{Model, WindowOptions};
 
 /// A model and a reference index that share a tokenizer.
 pub struct Pairing<'a> {
@@ -26,10 +28,10 @@ pub struct Pairing<'a> {
 impl<'a> Pairing<'a> {
     pub fn new(model: &'a Model, index: &'a Index) -> Result<Self> {
         let Some(record) = index.manifest().and_then(|m| m.tokenizer.as_ref()) else {
-            bail!(
+            return Err(EvalError::Invalid(format!(
                 "the index at {} records no tokenizer, so it cannot be paired with a model",
                 index.dir().display()
-            );
+            )));
         };
         model.check_tokenizer(&record.fingerprint, "the index")?;
         Ok(Self { model, index })
@@ -45,7 +47,9 @@ impl<'a> Pairing<'a> {
             .map_or(TokenBudget::All, TokenBudget::PerDomain);
         let docs = load_documents(&inputs.inputs, self.model, budget, inputs.max_doc_tokens)?;
         if docs.is_empty() {
-            bail!("no documents with at least two tokens in the input");
+            return Err(EvalError::Invalid(
+                "no documents with at least two tokens in the input".into(),
+            ));
         }
         Collector {
             model: self.model,
@@ -79,7 +83,7 @@ pub fn fit(
         .flat_map(|d| d.tokens.iter().map(|t| t.evidence()))
         .collect();
     let split = fit_split(&evidence);
-    let mut by_domain = std::collections::BTreeMap::new();
+    let mut by_domain = BTreeMap::new();
     for d in domains
         .iter()
         .filter(|d| d.tokens.len() >= MIN_DOMAIN_TOKENS)
@@ -104,7 +108,7 @@ pub fn fit(
     let gate = gate
         .map(|opts| fit_gate(&evidence, split, opts))
         .transpose()
-        .context("fitting the gate")?;
+        .map_err(EvalError::FitGate)?;
     let features: Vec<_> = evidence.iter().map(|e| e.features).collect();
     let gate_perplexity = match &gate {
         Some(g) => Some(perplexity(&evidence, &g.predict(&features)?)),
@@ -149,4 +153,38 @@ pub fn ppl(
         params,
     )?;
     Ok((report, domains))
+}
+
+/// What `eval fit` reports of the mixing file it wrote to `out`.
+#[derive(Debug, Clone, Serialize)]
+pub struct FitSummary {
+    pub out: PathBuf,
+    pub lambda_sparse: f64,
+    pub lambda_dense: f64,
+    pub by_domain: BTreeMap<String, DomainLambdas>,
+    pub validation: FitRecord,
+    /// (feature, normalised importance) of the gate; empty without one.
+    pub gate_feature_importances: Vec<(String, f64)>,
+}
+
+impl FitSummary {
+    pub fn new(out: &Path, params: &MixingParams) -> Result<Self> {
+        let gate_feature_importances = match &params.gate {
+            Some(g) => g
+                .feature_names
+                .iter()
+                .cloned()
+                .zip(g.importances()?)
+                .collect(),
+            None => Vec::new(),
+        };
+        Ok(Self {
+            out: out.to_path_buf(),
+            lambda_sparse: params.lambda_sparse,
+            lambda_dense: params.lambda_dense,
+            by_domain: params.by_domain.clone(),
+            validation: params.fitted_on.clone(),
+            gate_feature_importances,
+        })
+    }
 }

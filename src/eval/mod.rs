@@ -1,9 +1,16 @@
-//! Evaluations over documents: the neural model's perplexity with the paper's window protocol (and,
-//! with the mixing issue, the ∞-gram and mixed perplexities).
+//! Evaluations over documents: the neural model's perplexity with the paper's window protocol, the
+//! ∞-gram and mixed perplexities (`eval fit`, `eval ppl`, the per-token output), and speculative
+//! decoding (`eval spec`).
 
 pub mod documents;
+pub mod error;
 pub mod experiment;
 pub mod neural;
+pub mod per_token;
 pub mod records;
 pub mod report;
 pub mod spec;
+
+pub use error::EvalError;
+
+pub type Result<T, E = EvalError> = std::result::Result<T, E>;

@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use anyhow::Result;
 use serde::Serialize;
 
 use super::documents::EvalDocument;
+use super::Result;
 use crate::model::{DocumentScore, Model, WindowOptions};
 use crate::progress::token_bar;
 

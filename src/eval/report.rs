@@ -4,7 +4,8 @@
 
 use serde::Serialize;
 
-use super::records::{DomainRecords, TokenRecord};
+use super::records::DomainRecords;
+use crate::evidence::{self, mix_tokens, usable_lambda, MixedToken, TokenRecord};
 use crate::mix::fit::{perplexity, TokenEvidence};
 use crate::mix::{improvement_percent, LambdaRule, MixError, MixingParams};
 
@@ -92,37 +93,32 @@ fn median(mut v: Vec<usize>) -> f64 {
     }
 }
 
-/// Per-token λ of one group of tokens under each rule.
-#[derive(Default)]
-struct Lambdas {
-    split: Vec<f64>,
-    domain_split: Vec<f64>,
-    gate: Option<Vec<f64>>,
+/// λ and the mixed log-prob of one group of tokens under each rule of the mixing file.
+pub(crate) struct RuleMixtures {
+    pub split: Vec<MixedToken>,
+    /// The domain's own λ1/λ2 where fitted.
+    pub domain_split: Vec<MixedToken>,
+    /// None without a gate.
+    pub gate: Option<Vec<MixedToken>>,
 }
 
-impl Lambdas {
-    fn of(domain: &str, tokens: &[TokenRecord], params: &MixingParams) -> Result<Self, MixError> {
-        let sparse: Vec<bool> = tokens.iter().map(|t| t.sparse).collect();
-        let features: Vec<_> = tokens.iter().map(|t| t.features).collect();
+impl RuleMixtures {
+    pub fn of(domain: &DomainRecords, params: &MixingParams) -> Result<Self, MixError> {
+        let mix = |rule, name| mix_tokens(&domain.tokens, rule, Some(params), name);
         Ok(Self {
-            split: params.lambdas(LambdaRule::Split, None, &sparse, &features)?,
-            domain_split: params.lambdas(
-                LambdaRule::DomainSplit,
-                Some(domain),
-                &sparse,
-                &features,
-            )?,
+            split: mix(LambdaRule::Split, None)?,
+            domain_split: mix(LambdaRule::DomainSplit, Some(&domain.domain))?,
             gate: match params.gate {
-                Some(_) => Some(params.lambdas(LambdaRule::Gate, None, &sparse, &features)?),
+                Some(_) => Some(mix(LambdaRule::Gate, None)?),
                 None => None,
             },
         })
     }
 
-    fn extend(&mut self, other: &Lambdas) {
-        self.split.extend(&other.split);
-        self.domain_split.extend(&other.domain_split);
-        if let (Some(a), Some(b)) = (self.gate.as_mut(), &other.gate) {
+    fn extend(&mut self, other: RuleMixtures) {
+        self.split.extend(other.split);
+        self.domain_split.extend(other.domain_split);
+        if let (Some(a), Some(b)) = (self.gate.as_mut(), other.gate) {
             a.extend(b);
         }
     }
@@ -132,13 +128,13 @@ fn summarise(
     domain: &str,
     documents: usize,
     tokens: &[&TokenRecord],
-    lambdas: &Lambdas,
+    mixed: &RuleMixtures,
 ) -> Summary {
-    let evidence: Vec<TokenEvidence> = tokens.iter().map(|t| t.evidence()).collect();
-    let neural = perplexity(&evidence, &vec![0.0; evidence.len()]);
-    let split = perplexity(&evidence, &lambdas.split);
-    let domain_split = perplexity(&evidence, &lambdas.domain_split);
-    let gate = lambdas.gate.as_ref().map(|g| perplexity(&evidence, g));
+    let unmixed: Vec<TokenEvidence> = tokens.iter().map(|t| t.evidence()).collect();
+    let neural = perplexity(&unmixed, &vec![0.0; unmixed.len()]);
+    let split = evidence::perplexity(&mixed.split);
+    let domain_split = evidence::perplexity(&mixed.domain_split);
+    let gate = mixed.gate.as_deref().map(evidence::perplexity);
     let agrees = |t: &&&TokenRecord| t.infgram_prob > AGREEMENT_PROB;
     let sparse: Vec<&&TokenRecord> = tokens.iter().filter(|t| t.sparse).collect();
     let n: Vec<usize> = tokens.iter().map(|t| t.effective_n()).collect();
@@ -196,26 +192,35 @@ pub fn build_report(
     params: &MixingParams,
 ) -> Result<PplReport, MixError> {
     let mut by_domain = Vec::new();
-    let mut all_lambdas = Lambdas {
+    let mut all_mixed = RuleMixtures {
+        split: Vec::new(),
+        domain_split: Vec::new(),
         gate: params.gate.as_ref().map(|_| Vec::new()),
-        ..Lambdas::default()
     };
     for d in domains {
         let tokens: Vec<&TokenRecord> = d.tokens.iter().collect();
-        let lambdas = Lambdas::of(&d.domain, &d.tokens, params)?;
-        by_domain.push(summarise(&d.domain, d.documents, &tokens, &lambdas));
-        all_lambdas.extend(&lambdas);
+        let mixed = RuleMixtures::of(d, params)?;
+        by_domain.push(summarise(&d.domain, d.documents, &tokens, &mixed));
+        all_mixed.extend(mixed);
     }
     let all: Vec<&TokenRecord> = domains.iter().flat_map(|d| &d.tokens).collect();
     let documents = domains.iter().map(|d| d.documents).sum();
-    let total = summarise("all", documents, &all, &all_lambdas);
-    let evidence: Vec<TokenEvidence> = all.iter().map(|t| t.evidence()).collect();
+    let total = summarise("all", documents, &all, &all_mixed);
     let perplexity_by_lambda = (0..=20)
         .map(|i| {
-            let l = (i as f64 / 20.0).clamp(crate::mix::LAMBDA_MIN, crate::mix::LAMBDA_MAX);
-            (l, perplexity(&evidence, &vec![l; evidence.len()]))
+            let lambda = i as f64 / 20.0;
+            let mut mixed = Vec::with_capacity(all.len());
+            for d in domains {
+                mixed.extend(mix_tokens(
+                    &d.tokens,
+                    LambdaRule::Fixed(lambda),
+                    None,
+                    None,
+                )?);
+            }
+            Ok((usable_lambda(lambda), evidence::perplexity(&mixed)))
         })
-        .collect();
+        .collect::<Result<_, MixError>>()?;
     let neural_seconds: f64 = domains.iter().map(|d| d.neural_seconds).sum();
     let infgram_seconds: f64 = domains.iter().map(|d| d.infgram_seconds).sum();
     Ok(PplReport {

@@ -4,10 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::Result;
 use serde::Serialize;
 
 use super::documents::EvalDocument;
+use super::{EvalError, Result};
 use crate::draft::spec::{decode, SpecOptions, SpecRun};
 use crate::draft::{DraftOptions, DraftSource};
 use crate::index::Index;
@@ -134,7 +134,8 @@ pub fn run(
                     seed: 0,
                     stop_token: None,
                 };
-                let run = decode(model.transformer(), index, prompt, &spec)?;
+                let run = decode(model.transformer(), index, prompt, &spec)
+                    .map_err(EvalError::from_decode)?;
                 if i == 0 {
                     baseline = run.tokens.clone();
                 }

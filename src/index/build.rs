@@ -18,10 +18,11 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::corpus::{Content, InputDoc};
-use crate::index::decontam::{DecontaminationRecord, Decontaminator};
+use crate::index::decontam::Decontaminator;
 use crate::index::format::{
-    is_index_file, ptr_size_for, FileRecord, Manifest, ShardPaths, ShardRecord, TokenWidth,
-    TokenizerRecord, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, TOKENIZER_FILE,
+    is_index_file, ptr_size_for, DecontaminationRecord, FileRecord, Manifest, ShardPaths,
+    ShardRecord, TokenWidth, TokenizerRecord, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE,
+    TOKENIZER_FILE,
 };
 use crate::index::sa::{write_table, TokenBuf, MAX_SHARD_TOKENS};
 use crate::index::{IndexError, Result};
@@ -554,4 +555,151 @@ fn build_into(
         seconds_total: started.elapsed().as_secs_f64(),
         decontamination,
     })
+}
+
+/// The vocabulary values a build was given; [`GivenVocabulary::resolve`] fills in the rest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GivenVocabulary {
+    pub vocab_size: Option<u64>,
+    pub token_width_bits: Option<u32>,
+    pub eos_token_id: Option<u32>,
+}
+
+/// An index's vocabulary: how many ids, how wide a token is on disk, which id ends a document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Vocabulary {
+    pub vocab_size: u64,
+    pub width: TokenWidth,
+    pub eos_token_id: u32,
+}
+
+impl GivenVocabulary {
+    /// What was given, else the tokenizer's vocabulary size and eos id; without a tokenizer (a
+    /// pre-tokenized input, `from_tokens`) every id of the token width but the separator. The width
+    /// defaults to the narrowest that holds the vocabulary.
+    pub fn resolve(self, tokenizer: Option<&Tokenizer>, from_tokens: bool) -> Result<Vocabulary> {
+        let vocab_size = match (self.vocab_size, tokenizer) {
+            (Some(v), _) => v,
+            (None, Some(t)) => t.vocab_size(),
+            (None, None) => {
+                let bits = self.token_width_bits.ok_or_else(|| {
+                    IndexError::Invalid("--from-tokens needs --token-width".into())
+                })?;
+                TokenWidth::from_bits(bits)?.capacity() - 1
+            }
+        };
+        let width = match self.token_width_bits {
+            Some(bits) => TokenWidth::from_bits(bits)?,
+            None => TokenWidth::for_vocab(vocab_size),
+        };
+        let eos_token_id = match (
+            self.eos_token_id,
+            tokenizer.and_then(Tokenizer::eos_token_id),
+        ) {
+            (Some(e), _) | (None, Some(e)) => e,
+            (None, None) if from_tokens => {
+                return Err(IndexError::Invalid(
+                    "--from-tokens needs --eos-id (the reference engine needs it too)".into(),
+                ))
+            }
+            (None, None) => {
+                return Err(IndexError::Invalid(
+                    "the tokenizer names no eos token: pass --eos-id".into(),
+                ))
+            }
+        };
+        Ok(Vocabulary {
+            vocab_size,
+            width,
+            eos_token_id,
+        })
+    }
+}
+
+#[cfg(test)]
+mod vocabulary_tests {
+    use super::*;
+
+    /// A word-level tokenizer over `vocab` (`</s>`, when there, ends documents).
+    fn tokenizer(dir: &Path, vocab: serde_json::Value) -> Tokenizer {
+        let json = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
+            "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "a"},
+        });
+        let path = dir.join("tokenizer.json");
+        std::fs::write(&path, json.to_string()).unwrap();
+        Tokenizer::from_file(&path).unwrap()
+    }
+
+    fn given(vocab: Option<u64>, bits: Option<u32>, eos: Option<u32>) -> GivenVocabulary {
+        GivenVocabulary {
+            vocab_size: vocab,
+            token_width_bits: bits,
+            eos_token_id: eos,
+        }
+    }
+
+    fn vocabulary(vocab_size: u64, width: TokenWidth, eos_token_id: u32) -> Vocabulary {
+        Vocabulary {
+            vocab_size,
+            width,
+            eos_token_id,
+        }
+    }
+
+    #[test]
+    fn the_tokenizer_fills_what_was_not_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tokenizer(dir.path(), serde_json::json!({"a": 0, "b": 1, "</s>": 2}));
+        let t = Some(&t);
+        let all = |g: GivenVocabulary| g.resolve(t, false).unwrap();
+        assert_eq!(
+            all(given(None, None, None)),
+            vocabulary(3, TokenWidth::U8, 2)
+        );
+        assert_eq!(
+            all(given(None, Some(16), None)),
+            vocabulary(3, TokenWidth::U16, 2)
+        );
+        assert_eq!(
+            all(given(Some(300), None, Some(7))),
+            vocabulary(300, TokenWidth::U16, 7)
+        );
+        assert_eq!(
+            all(given(Some(70_000), None, None)),
+            vocabulary(70_000, TokenWidth::U32, 2)
+        );
+    }
+
+    #[test]
+    fn a_token_file_needs_a_width_and_an_eos_id() {
+        let tokens = |g: GivenVocabulary| g.resolve(None, true);
+        assert_eq!(
+            tokens(given(None, Some(16), Some(0))).unwrap(),
+            vocabulary(65_535, TokenWidth::U16, 0)
+        );
+        assert_eq!(
+            tokens(given(Some(100), None, Some(0))).unwrap(),
+            vocabulary(100, TokenWidth::U8, 0)
+        );
+        let err = tokens(given(None, None, Some(0))).unwrap_err().to_string();
+        assert!(err.contains("--token-width"), "{err}");
+        let err = tokens(given(None, Some(16), None)).unwrap_err().to_string();
+        assert!(err.contains("--eos-id"), "{err}");
+        assert!(tokens(given(None, Some(12), Some(0))).is_err());
+    }
+
+    #[test]
+    fn a_tokenizer_without_eos_needs_an_eos_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tokenizer(dir.path(), serde_json::json!({"a": 0, "b": 1}));
+        let err = given(None, None, None)
+            .resolve(Some(&t), false)
+            .unwrap_err();
+        assert!(err.to_string().contains("names no eos token"), "{err}");
+        let v = given(None, None, Some(1)).resolve(Some(&t), false).unwrap();
+        assert_eq!(v, vocabulary(2, TokenWidth::U8, 1));
+    }
 }

@@ -6,10 +6,10 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 
 use rayon::prelude::*;
-use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::corpus::{self, Content};
+use crate::corpus::{self, Content, CorpusError};
+use crate::index::format::DecontaminationRecord;
 use crate::index::{IndexError, Result};
 use crate::tokenizer::Tokenizer;
 
@@ -23,17 +23,6 @@ pub struct Decontaminator {
     documents: u64,
     n: usize,
     threshold: f64,
-}
-
-/// What a build dropped, recorded in the index manifest.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct DecontaminationRecord {
-    pub ngram: usize,
-    pub threshold: f64,
-    /// Evaluation documents whose n-grams were collected.
-    pub evaluation_documents: u64,
-    pub documents_dropped: u64,
-    pub tokens_dropped: u64,
 }
 
 /// Streams the tokens into the hasher: no allocation per n-gram (a build hashes every position).
@@ -90,8 +79,8 @@ impl Decontaminator {
         threshold: f64,
     ) -> Result<Self> {
         check_settings(n, threshold)?;
-        let inputs =
-            corpus::text_documents(corpus::expand_inputs(paths)?).collect::<Result<Vec<_>>>()?;
+        let inputs = corpus::text_documents(corpus::expand_inputs(paths)?)
+            .collect::<Result<Vec<_>, CorpusError>>()?;
         let docs = inputs
             .into_par_iter()
             .map(|doc| match doc.content {

@@ -2,6 +2,8 @@
 
 use std::path::Path;
 
+use crate::corpus::CorpusError;
+
 #[derive(Debug, thiserror::Error)]
 pub enum IndexError {
     #[error("{path}: {source}")]
@@ -27,6 +29,16 @@ impl IndexError {
         IndexError::Io {
             path: path.display().to_string(),
             source,
+        }
+    }
+}
+
+/// The text readers' errors, as the index reports them (the same messages).
+impl From<CorpusError> for IndexError {
+    fn from(e: CorpusError) -> Self {
+        match e {
+            CorpusError::Io { path, source } => IndexError::Io { path, source },
+            CorpusError::Invalid(m) => IndexError::Invalid(m),
         }
     }
 }

@@ -251,7 +251,18 @@ pub struct Manifest {
     pub built_by: String,
     /// Reference documents dropped for overlapping the evaluation data, when the build was asked to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decontamination: Option<crate::index::decontam::DecontaminationRecord>,
+    pub decontamination: Option<DecontaminationRecord>,
+}
+
+/// What a build's decontamination ([`crate::index::decontam`]) dropped, recorded in the manifest.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DecontaminationRecord {
+    pub ngram: usize,
+    pub threshold: f64,
+    /// Evaluation documents whose n-grams were collected.
+    pub evaluation_documents: u64,
+    pub documents_dropped: u64,
+    pub tokens_dropped: u64,
 }
 
 impl Manifest {

@@ -7,12 +7,15 @@ pub mod dense;
 pub mod docs;
 pub mod error;
 pub mod format;
+pub mod info;
 pub mod query;
 pub mod reader;
 pub mod sa;
 pub mod shard;
 pub mod suffix;
+pub mod token_file;
 
 pub use error::{IndexError, Result};
 pub use format::TokenWidth;
+pub use info::IndexInfo;
 pub use reader::{Index, OpenOptions};

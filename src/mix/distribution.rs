@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::{mixed_prob, MixError};
 use crate::index::query::NtdResult;
+use crate::softmax::log_softmax;
 
 /// The ∞-gram's next-token distribution: the tokens seen after the matched suffix, with probabilities
 /// that sum to one, sorted by token so a lookup is a binary search (the support of a short suffix
@@ -76,22 +77,15 @@ impl TopKLogprobs {
 }
 
 impl NeuralDistribution {
-    /// From raw logits (log-softmax in f64 for accuracy).
+    /// From raw logits.
     pub fn from_logits(logits: &[f32]) -> Result<Self, MixError> {
         if logits.is_empty() || logits.iter().any(|l| !l.is_finite()) {
             return Err(MixError::Invalid(
                 "logits must be non-empty and finite".into(),
             ));
         }
-        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let log_z = max
-            + logits
-                .iter()
-                .map(|&l| (l as f64 - max).exp())
-                .sum::<f64>()
-                .ln();
         Ok(Self::Full {
-            logprobs: logits.iter().map(|&l| (l as f64 - log_z) as f32).collect(),
+            logprobs: log_softmax(logits),
         })
     }
 
@@ -318,6 +312,24 @@ mod tests {
         assert!((m.top[0].1 - (0.5 + 0.5 * 0.25 / 8.0)).abs() < 1e-7);
         assert!(NeuralDistribution::from_top_k(vec![(0, -0.1)], 0.5, 10).is_err());
         assert!(NeuralDistribution::from_top_k(vec![(12, -0.1)], 0.0, 10).is_err());
+    }
+
+    /// Huge finite logits (hardening item 13): a log-normaliser of max + ln Σ loses ln Σ to the
+    /// rounding of max, which gave every one of 49152 equal logits of 1e20 probability 1, and at 1e17
+    /// put probabilities ≈ 180× off.
+    #[test]
+    fn huge_logits_still_normalise() {
+        for big in [1e17f32, 1e20, f32::MAX] {
+            let nn = NeuralDistribution::from_logits(&vec![big; 49152]).unwrap();
+            let total: f64 = (0..49152).map(|t| nn.prob(t)).sum();
+            assert!((total - 1.0).abs() < 1e-5, "logits {big:e}: Σp = {total}");
+            assert!((nn.prob(7) * 49152.0 - 1.0).abs() < 1e-5, "{big:e}");
+        }
+        // The two ends of f32: all the mass on the one top logit.
+        let mut logits = vec![f32::MIN; 49152];
+        logits[5] = f32::MAX;
+        let nn = NeuralDistribution::from_logits(&logits).unwrap();
+        assert_eq!((nn.prob(5), nn.prob(6)), (1.0, 0.0));
     }
 
     #[test]

@@ -6,17 +6,18 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::features::{feature_names, GateFeatures};
+use super::features::feature_names;
 use super::gate::Gate;
-use super::{MixError, LAMBDA_MAX, LAMBDA_MIN};
+use super::MixError;
 
 const FORMAT: &str = "infini-sidecar-mixing";
 const VERSION: u32 = 1;
 
-/// How λ is chosen for a token.
+/// How λ is chosen for a token (applied by `evidence::lambdas`, above this layer).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LambdaRule {
+    /// One λ for every token, kept inside [`super::LAMBDA_MIN`], [`super::LAMBDA_MAX`].
     Fixed(f64),
     /// λ1 for sparse ∞-gram estimates, λ2 otherwise.
     Split,
@@ -149,28 +150,6 @@ impl MixingParams {
         match domain.and_then(|d| self.by_domain.get(d)) {
             Some(d) => (d.lambda_sparse, d.lambda_dense),
             None => (self.lambda_sparse, self.lambda_dense),
-        }
-    }
-
-    /// λ of every token of one domain (when known) under `rule`.
-    pub fn lambdas(
-        &self,
-        rule: LambdaRule,
-        domain: Option<&str>,
-        sparse: &[bool],
-        features: &[GateFeatures],
-    ) -> Result<Vec<f64>, MixError> {
-        let pick = |(l1, l2): (f64, f64)| -> Vec<f64> {
-            sparse.iter().map(|&s| if s { l1 } else { l2 }).collect()
-        };
-        match rule {
-            LambdaRule::Fixed(l) => Ok(vec![l.clamp(LAMBDA_MIN, LAMBDA_MAX); sparse.len()]),
-            LambdaRule::Split => Ok(pick(self.split_for(None))),
-            LambdaRule::DomainSplit => Ok(pick(self.split_for(domain))),
-            LambdaRule::Gate => match &self.gate {
-                Some(g) => g.predict(features),
-                None => Err(MixError::Invalid("the mixing file has no gate".into())),
-            },
         }
     }
 }

@@ -5,6 +5,7 @@ use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
 use super::{ModelError, Transformer};
+use crate::softmax::{log_softmax, row_max};
 
 /// Logits are turned into log-probs this many positions at a time, so a 1024-token window of a
 /// 262k-vocabulary model never materialises a gigabyte of logits.
@@ -231,23 +232,6 @@ fn score_row(logits: &[f32], target: u32) -> PositionScore {
         entropy: (log_z - weighted / z) as f32,
         top_prob: (1.0 / z) as f32,
     }
-}
-
-/// Log-softmax of one row, in f64 sums.
-pub(crate) fn log_softmax(logits: &[f32]) -> Vec<f32> {
-    let max = row_max(logits);
-    let log_z = logits
-        .iter()
-        .map(|&l| (l as f64 - max).exp())
-        .sum::<f64>()
-        .ln()
-        + max;
-    logits.iter().map(|&l| (l as f64 - log_z) as f32).collect()
-}
-
-/// The largest logit, the shift that keeps `exp` in range.
-fn row_max(logits: &[f32]) -> f64 {
-    logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64
 }
 
 /// The `k` highest-scoring (id, value) pairs, best first.

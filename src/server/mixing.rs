@@ -5,6 +5,7 @@ use tonic::Status;
 
 use super::kv_budget::KvReservation;
 use super::{mix_status, model_status, pb, State};
+use crate::evidence;
 use crate::index::dense::TokenScore;
 use crate::index::query::InfgramNtdResult;
 use crate::mix::features::{
@@ -87,24 +88,6 @@ impl LambdaChoice {
     }
 }
 
-/// λ of every token of one domain (when known) under `rule`: a fixed λ as given, else from the mixing
-/// file ([`LambdaChoice::rule`] made sure there is one).
-pub(super) fn lambdas(
-    s: &State,
-    rule: LambdaRule,
-    domain: Option<&str>,
-    sparse: &[bool],
-    features: &[GateFeatures],
-) -> Result<Vec<f64>, Status> {
-    match (rule, &s.mixing) {
-        (LambdaRule::Fixed(l), _) => Ok(vec![l; sparse.len()]),
-        (rule, Some(m)) => m
-            .lambdas(rule, domain, sparse, features)
-            .map_err(mix_status),
-        (_, None) => Err(Status::failed_precondition("no mixing file is configured")),
-    }
-}
-
 /// The neural distribution of a request; `own_logits` runs the sidecar's model when asked to.
 pub(super) fn neural_distribution(
     s: &State,
@@ -154,13 +137,14 @@ pub(super) fn mixed(
         LambdaChoice::Gate => Some(gate_input(s, context, infgram, neural)?),
         _ => None,
     };
-    let lambda = lambdas(
-        s,
+    let lambda = evidence::lambdas(
         rule,
+        s.mixing.as_ref(),
         None,
         &[infgram.sparse],
         &[features.unwrap_or([0.0; NUM_FEATURES])],
-    )?
+    )
+    .map_err(mix_status)?
     .first()
     .copied()
     .ok_or_else(|| Status::internal("no λ for the token"))?;

@@ -11,11 +11,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::kv_budget::KvReservation;
-use super::mixing::{lambdas, LambdaChoice};
-use super::{pb, stop_status, stopped, State, WorkPermit};
-use crate::eval::records::document_records;
+use super::mixing::LambdaChoice;
+use super::{mix_status, pb, stop_status, stopped, State, WorkPermit};
+use crate::evidence::{document_records, mix_tokens};
 use crate::interrupt::StopSignal;
-use crate::mix::{mixed_prob, LambdaRule};
+use crate::mix::LambdaRule;
 use crate::model::WindowOptions;
 
 /// Documents scored ahead of a slow reader.
@@ -129,27 +129,23 @@ fn score_document(
         }
     })?
     .tokens;
-    let sparse: Vec<bool> = records.iter().map(|r| r.sparse).collect();
-    let features: Vec<_> = records.iter().map(|r| r.features).collect();
     let domain = (!doc.domain.is_empty()).then_some(doc.domain.as_str());
-    let lambdas = lambdas(s, rule, domain, &sparse, &features)?;
+    let mixed = mix_tokens(&records, rule, s.mixing.as_ref(), domain).map_err(mix_status)?;
     let mut out = pb::DocumentScore {
         document: index as u32,
         tokens: records.len() as u64,
         ..Default::default()
     };
-    for (r, &lambda) in records.iter().zip(&lambdas) {
-        let p_neural = (r.neural_logprob as f64).exp();
-        let mixed_logprob = mixed_prob(r.infgram_prob, p_neural, lambda).ln();
+    for (r, m) in records.iter().zip(&mixed) {
         out.neural_nll -= r.neural_logprob as f64;
-        out.mixed_nll -= mixed_logprob;
+        out.mixed_nll -= m.logprob;
         if per_token {
             out.token_scores.push(pb::TokenScore {
                 token: r.token,
                 neural_logprob: r.neural_logprob,
                 infgram_prob: r.infgram_prob,
-                mixed_logprob,
-                lambda,
+                mixed_logprob: m.logprob,
+                lambda: m.lambda,
                 suffix_len: r.suffix_len as u32,
                 sparse: r.sparse,
             });

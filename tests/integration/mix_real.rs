@@ -232,7 +232,7 @@ fn fit_and_evaluate_end_to_end() {
     let (report, domains) = experiment::ppl(&pairing, &inputs("test", 150, None), &loaded).unwrap();
     assert_eq!(report.by_domain.len(), 5);
     let all: Vec<_> = domains.iter().flat_map(|d| &d.tokens).collect();
-    let nll = |lambda: &dyn Fn(&infini_sidecar::eval::records::TokenRecord) -> f64| {
+    let nll = |lambda: &dyn Fn(&infini_sidecar::evidence::TokenRecord) -> f64| {
         all.iter()
             .map(|t| {
                 let p = lambda(t) * t.infgram_prob

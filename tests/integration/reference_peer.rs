@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use infini_sidecar::index::build::{build, BuildOptions};
-use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
+use infini_sidecar::index::{token_file, Index, OpenOptions, TokenWidth};
 use infini_sidecar::protocol::answer_line;
 use serde_json::{json, Value};
 
@@ -189,9 +189,7 @@ fn reference_engine_agrees_both_ways_on_real_text() {
     let again = tmp.path().join("again");
     opts.out = again.clone();
     opts.tokenizer = None;
-    let docs =
-        infini_sidecar::corpus::token_file_documents(&theirs.join("tokenized.0"), TokenWidth::U16)
-            .unwrap();
+    let docs = token_file::documents(&theirs.join("tokenized.0"), TokenWidth::U16).unwrap();
     build(docs, &opts).unwrap();
     for f in ["tokenized.0", "table.0", "offset.0"] {
         assert!(

@@ -239,6 +239,23 @@ async fn every_rpc_answers_as_the_library_does() {
         .unwrap()
         .into_inner();
     assert_eq!(split.lambda, if split.sparse { 0.4 } else { 0.05 });
+    // A fixed λ of 1 is used as the largest usable λ, as by `Score` and the evaluator: the tokens
+    // the ∞-gram never saw keep some probability.
+    let edge = client
+        .mix(authed(with(Some(mix_request::Lambda::FixedLambda(1.0)))))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(edge.lambda, mix::LAMBDA_MAX);
+    let lib = mix::mix(
+        &SparseDistribution::from_ntd(&want.ntd),
+        &NeuralDistribution::from_logits(&logits).unwrap(),
+        mix::LAMBDA_MAX,
+        5,
+    );
+    let got: Vec<(u32, f64)> = edge.top.iter().map(|t| (t.token, t.prob)).collect();
+    assert_eq!(got, lib.top);
+    assert!(edge.rest_mass > 0.0);
     let gated = client
         .mix(authed(with(Some(mix_request::Lambda::Gate(true)))))
         .await

@@ -12,7 +12,10 @@ use common::server::{
     build_index, config, free_port, open_session, sample, scrape, start, step, with_model, Running,
 };
 use infini_sidecar::corpus::Content;
-use infini_sidecar::eval::records::document_records;
+use infini_sidecar::eval::documents::{load_documents, TokenBudget};
+use infini_sidecar::eval::records::Collector;
+use infini_sidecar::eval::report::build_report;
+use infini_sidecar::evidence::{self, document_records};
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::mix::{self, LambdaRule, MixingParams, NeuralDistribution, SparseDistribution};
 use infini_sidecar::model::{Model, WindowOptions};
@@ -183,9 +186,9 @@ async fn score_sessions_and_own_model_match_the_library() {
         assert_eq!(got.token_scores.len(), want.len());
         let domain = (i == 1).then_some("linux-doc");
         let sparse: Vec<bool> = want.iter().map(|r| r.sparse).collect();
-        let lambdas = params
-            .lambdas(LambdaRule::DomainSplit, domain, &sparse, &[])
-            .unwrap();
+        let lambdas =
+            evidence::lambdas(LambdaRule::DomainSplit, Some(&params), domain, &sparse, &[])
+                .unwrap();
         for ((g, w), l) in got.token_scores.iter().zip(want).zip(&lambdas) {
             assert_eq!(g.token, w.token);
             assert_eq!(g.infgram_prob, w.infgram_prob);
@@ -428,6 +431,137 @@ async fn score_sessions_and_own_model_match_the_library() {
     );
     assert_eq!(sample(&text, "sidecar_in_flight "), 0.0);
     assert_eq!(sample(&text, "sidecar_sessions "), 0.0);
+    let _ = stop.send(());
+}
+
+/// Relative difference.
+fn rel(a: f64, b: f64) -> f64 {
+    (a - b).abs() / b.abs()
+}
+
+/// `Score` and `eval ppl` give the same figures for the same documents and rule: λ1/λ2 (the domain's
+/// pair), the gate, and a fixed λ at both ends, 0 and 1, which neither may take literally (λ = 1 gives
+/// a token the ∞-gram never saw probability 0, an infinite NLL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn score_matches_eval_ppl_for_every_rule_and_lambda_0_and_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = with_model(dir.path());
+    let index = Index::open(&config.index, &OpenOptions::default()).unwrap();
+    let params = MixingParams::load(config.mixing.as_ref().unwrap()).unwrap();
+    let Running {
+        mut client, stop, ..
+    } = start(config).await;
+    let model = model();
+
+    // eval ppl's figures over a few documents of every domain.
+    let test_jsonl = common::assets().join("minipile/test.jsonl");
+    let mut docs =
+        load_documents(&[test_jsonl], model, TokenBudget::PerDomain(150), Some(150)).unwrap();
+    // The evaluator goes through the domains in order: so does the request, for the same sums.
+    docs.sort_by(|a, b| a.domain.cmp(&b.domain));
+    let window = WindowOptions::default();
+    let domains = Collector {
+        model,
+        index: &index,
+        window,
+        work_dir: None,
+    }
+    .collect(&docs)
+    .unwrap();
+    let report = build_report(
+        String::new(),
+        String::new(),
+        (window.window, window.stride),
+        &domains,
+        &params,
+    )
+    .unwrap();
+    let unseen = domains
+        .iter()
+        .flat_map(|d| &d.tokens)
+        .filter(|t| t.infgram_prob == 0.0)
+        .count();
+    assert!(
+        unseen > 0,
+        "no token the ∞-gram never saw: λ = 1 tests nothing"
+    );
+    let (lambda_0, ppl_0) = report.perplexity_by_lambda[0];
+    let (lambda_1, ppl_1) = *report.perplexity_by_lambda.last().unwrap();
+
+    let total = &report.total;
+    let cases = [
+        (
+            pb::score_request::Lambda::Split(true),
+            total.domain_split_perplexity,
+            None,
+        ),
+        (
+            pb::score_request::Lambda::Gate(true),
+            total.gate_perplexity.unwrap(),
+            None,
+        ),
+        (
+            pb::score_request::Lambda::FixedLambda(0.0),
+            ppl_0,
+            Some(lambda_0),
+        ),
+        (
+            pb::score_request::Lambda::FixedLambda(1.0),
+            ppl_1,
+            Some(lambda_1),
+        ),
+    ];
+    // Every case is checked before the test fails, so a failure shows all that disagree.
+    let mut disagreements = Vec::new();
+    for (lambda, want_ppl, want_lambda) in cases {
+        let request = pb::ScoreRequest {
+            documents: docs
+                .iter()
+                .map(|d| pb::ScoreDocument {
+                    token_ids: d.tokens.clone(),
+                    domain: d.domain.clone(),
+                })
+                .collect(),
+            lambda: Some(lambda),
+            per_token: true,
+        };
+        let items = score_all(&mut client, tonic::Request::new(request))
+            .await
+            .unwrap();
+        let Some(score_response::Item::Totals(totals)) = items.last() else {
+            panic!("totals missing");
+        };
+        assert_eq!(totals.tokens as usize, total.tokens_scored);
+        assert!(
+            rel(totals.neural_perplexity, total.neural_perplexity) < 1e-6,
+            "{lambda:?}: neural {} vs eval ppl {}",
+            totals.neural_perplexity,
+            total.neural_perplexity
+        );
+        // Written so that an infinite or NaN perplexity counts as a disagreement.
+        let agrees = rel(totals.mixed_perplexity, want_ppl) < 1e-6;
+        if !agrees {
+            disagreements.push(format!(
+                "{lambda:?}: Score {} vs eval ppl {want_ppl}",
+                totals.mixed_perplexity
+            ));
+        }
+        if let Some(want) = want_lambda {
+            for item in &items[..items.len() - 1] {
+                let score_response::Item::Document(d) = item else {
+                    panic!("a document expected");
+                };
+                if let Some(t) = d.token_scores.iter().find(|t| t.lambda != want) {
+                    disagreements.push(format!(
+                        "{lambda:?}: Score's λ {} vs eval ppl's {want}",
+                        t.lambda
+                    ));
+                    break;
+                }
+            }
+        }
+    }
+    assert!(disagreements.is_empty(), "{disagreements:#?}");
     let _ = stop.send(());
 }
 

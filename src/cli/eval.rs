@@ -1,0 +1,237 @@
+//! `infini-sidecar eval`: fitting the mixture, the perplexity report and speculative decoding, over
+//! a model and an index built with its tokenizer.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+
+use infini_sidecar::draft::{spec, DraftOptions};
+use infini_sidecar::eval::documents::{load_documents, TokenBudget};
+use infini_sidecar::eval::experiment::{self, EvalInputs, FitSummary, Pairing};
+use infini_sidecar::eval::per_token::write_per_token;
+use infini_sidecar::eval::report as eval_report;
+use infini_sidecar::eval::spec::{self as eval_spec, SpecEvalOptions};
+use infini_sidecar::index::{Index, OpenOptions};
+use infini_sidecar::mix::{GateOptions, MixingParams};
+use infini_sidecar::model::{Model, WindowOptions};
+
+use crate::{load_model, open_writer, ModelArgs};
+
+#[derive(Subcommand)]
+pub enum EvalCommand {
+    /// Fit λ1/λ2 and the random-forest gate on validation text; writes a mixing file.
+    Fit(FitArgs),
+    /// Neural vs mixed perplexity per domain (JSON and Markdown), per-token output on request.
+    Ppl(PplArgs),
+    /// Speculative greedy decoding with ∞-gram drafts vs plain greedy decoding, per domain and draft
+    /// source: acceptance, drafter cost, speed-up.
+    Spec(SpecArgs),
+}
+
+pub fn run(command: EvalCommand) -> Result<()> {
+    match command {
+        EvalCommand::Fit(args) => run_fit(args),
+        EvalCommand::Ppl(args) => run_ppl(args),
+        EvalCommand::Spec(args) => run_spec(args),
+    }
+}
+
+/// A model, an index built with its tokenizer, and evaluation text.
+#[derive(Args)]
+struct PairingArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The reference index (built with the model's tokenizer).
+    #[arg(long)]
+    index: PathBuf,
+    /// Pile-style JSON lines (`text`, `meta.pile_set_name`), text files or folders.
+    #[arg(long = "input", num_args = 1.., required = true)]
+    inputs: Vec<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct SpecArgs {
+    #[command(flatten)]
+    pairing: PairingArgs,
+    #[arg(long, default_value_t = 4)]
+    prompts_per_domain: usize,
+    /// Tokens of each document given as the prompt.
+    #[arg(long, default_value_t = 128)]
+    prompt_tokens: usize,
+    /// Tokens generated after each prompt.
+    #[arg(long, default_value_t = 64)]
+    new_tokens: usize,
+    /// Longest draft (at most 14: one pass verifies the pending token and the draft).
+    #[arg(long, default_value_t = DraftOptions::default().max_tokens)]
+    max_draft: usize,
+    #[arg(long, default_value_t = DraftOptions::default().min_token_prob)]
+    min_token_prob: f64,
+    /// Draft a node only if its path's calibrated acceptance probability reaches this.
+    #[arg(long, default_value_t = DraftOptions::default().min_path_prob)]
+    min_path_prob: f64,
+    /// Draft at most this many tokens per matched context token (0: fixed length).
+    #[arg(long, default_value_t = DraftOptions::default().match_len_factor)]
+    match_len_factor: f64,
+    /// Draft trees (verified a tree per pass) rather than chains.
+    #[arg(long)]
+    tree: bool,
+    /// Most nodes of a draft tree.
+    #[arg(long, default_value_t = DraftOptions::default().tree_budget)]
+    tree_budget: usize,
+    /// Folder for spec.json and spec.md (default: print the Markdown).
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct EvalArgs {
+    #[command(flatten)]
+    pairing: PairingArgs,
+    /// Score only the first N tokens of each domain.
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// Score at most N tokens of any one document (spreads --max-tokens over more documents).
+    #[arg(long)]
+    max_doc_tokens: Option<usize>,
+    #[arg(long, default_value_t = 1024)]
+    window: usize,
+    #[arg(long, default_value_t = 512)]
+    stride: usize,
+    /// Save each finished domain's token records here; a rerun with the same inputs reuses them.
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct FitArgs {
+    #[command(flatten)]
+    eval: EvalArgs,
+    /// The mixing file to write.
+    #[arg(long)]
+    out: PathBuf,
+    /// Fit only λ1/λ2, no gate.
+    #[arg(long)]
+    no_gate: bool,
+    #[arg(long, default_value_t = GateOptions::default().trees)]
+    gate_trees: usize,
+    #[arg(long, default_value_t = GateOptions::default().max_depth)]
+    gate_max_depth: u16,
+    #[arg(long, default_value_t = GateOptions::default().min_samples_leaf)]
+    gate_min_samples_leaf: usize,
+}
+
+#[derive(Args)]
+pub struct PplArgs {
+    #[command(flatten)]
+    eval: EvalArgs,
+    /// The mixing file written by `eval fit`.
+    #[arg(long)]
+    mixing: PathBuf,
+    /// Folder for report.json and report.md (default: print the JSON).
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+    /// Also write every token's neural, ∞-gram and mixed log-probs (JSON lines) here.
+    #[arg(long)]
+    per_token: Option<PathBuf>,
+}
+
+/// Model, index and inputs of an evaluation, checked to belong together.
+fn open_pairing(args: &PairingArgs) -> Result<(Model, Index)> {
+    let model = load_model(&args.model)?;
+    let index = Index::open(&args.index, &OpenOptions::default())?;
+    Ok((model, index))
+}
+
+fn eval_setup(args: &EvalArgs) -> Result<(Model, Index, EvalInputs)> {
+    let (model, index) = open_pairing(&args.pairing)?;
+    let inputs = EvalInputs {
+        inputs: args.pairing.inputs.clone(),
+        max_tokens_per_domain: args.max_tokens,
+        max_doc_tokens: args.max_doc_tokens,
+        window: WindowOptions {
+            window: args.window,
+            stride: args.stride,
+        },
+        work_dir: args.work_dir.clone(),
+    };
+    Ok((model, index, inputs))
+}
+
+fn run_fit(args: FitArgs) -> Result<()> {
+    let (model, index, inputs) = eval_setup(&args.eval)?;
+    let gate = (!args.no_gate).then_some(GateOptions {
+        trees: args.gate_trees,
+        max_depth: args.gate_max_depth,
+        min_samples_leaf: args.gate_min_samples_leaf,
+        ..GateOptions::default()
+    });
+    let params = experiment::fit(&Pairing::new(&model, &index)?, &inputs, gate)?;
+    params.save(&args.out)?;
+    let summary = FitSummary::new(&args.out, &params)?;
+    println!("{}", serde_json::to_string_pretty(&summary)?);
+    Ok(())
+}
+
+fn run_ppl(args: PplArgs) -> Result<()> {
+    let (model, index, inputs) = eval_setup(&args.eval)?;
+    let params = MixingParams::load(&args.mixing)?;
+    let (report, domains) = experiment::ppl(&Pairing::new(&model, &index)?, &inputs, &params)?;
+    if let Some(path) = &args.per_token {
+        write_per_token(
+            &mut open_writer(&path.display().to_string())?,
+            &domains,
+            &params,
+        )?;
+    }
+    match &args.out_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            std::fs::write(
+                dir.join("report.json"),
+                serde_json::to_string_pretty(&report)?,
+            )?;
+            std::fs::write(dir.join("report.md"), eval_report::markdown(&report))?;
+            print!("{}", eval_report::markdown(&report));
+        }
+        None => println!("{}", serde_json::to_string_pretty(&report)?),
+    }
+    Ok(())
+}
+
+fn run_spec(args: SpecArgs) -> Result<()> {
+    if args.max_draft + 1 > spec::MAX_VERIFY_ROWS {
+        bail!("--max-draft must be at most {}", spec::MAX_VERIFY_ROWS - 1);
+    }
+    let (model, index) = open_pairing(&args.pairing)?;
+    Pairing::new(&model, &index)?;
+    let docs = load_documents(
+        &args.pairing.inputs,
+        &model,
+        TokenBudget::All,
+        Some(args.prompt_tokens + args.new_tokens),
+    )?;
+    let opts = SpecEvalOptions {
+        prompts_per_domain: args.prompts_per_domain,
+        prompt_tokens: args.prompt_tokens,
+        new_tokens: args.new_tokens,
+        draft: DraftOptions {
+            max_tokens: args.max_draft,
+            min_token_prob: args.min_token_prob,
+            min_path_prob: args.min_path_prob,
+            match_len_factor: args.match_len_factor,
+            tree: args.tree,
+            tree_budget: args.tree_budget,
+            ..DraftOptions::default()
+        },
+    };
+    let rows = eval_spec::run(&model, &index, &docs, &opts)?;
+    let md = eval_spec::markdown(&rows);
+    if let Some(dir) = &args.out_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::write(dir.join("spec.json"), serde_json::to_string_pretty(&rows)?)?;
+        std::fs::write(dir.join("spec.md"), &md)?;
+    }
+    print!("{md}");
+    Ok(())
+}

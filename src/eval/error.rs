@@ -1,0 +1,79 @@
+//! Errors of the evaluator: the layers it drives, and its own (inputs, saved records, output).
+
+use crate::corpus::CorpusError;
+use crate::evidence::EvidenceError;
+use crate::index::IndexError;
+use crate::mix::MixError;
+use crate::model::ModelError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error(transparent)]
+    Corpus(#[from] CorpusError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    #[error(transparent)]
+    Mix(#[from] MixError),
+    #[error(transparent)]
+    Evidence(#[from] EvidenceError),
+    /// An evaluation that cannot run as asked: nothing to score, a model and an index that do not
+    /// belong together.
+    #[error("{0}")]
+    Invalid(String),
+    #[error("tokenizing document {index} ({path})")]
+    Tokenize {
+        index: usize,
+        path: String,
+        source: ModelError,
+    },
+    #[error("fitting the gate")]
+    FitGate(#[source] MixError),
+    #[error("encoding token records")]
+    Encode(#[source] bincode::Error),
+    /// Reading or writing the evaluator's own files (saved records, per-token output).
+    #[error("{context}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+}
+
+impl EvalError {
+    pub(crate) fn io(context: String) -> impl FnOnce(std::io::Error) -> Self {
+        move |source| EvalError::Io { context, source }
+    }
+
+    /// Whether the evaluation stopped for Ctrl-C rather than failed.
+    pub fn is_interrupted(&self) -> bool {
+        match self {
+            Self::Model(ModelError::Interrupted)
+            | Self::Index(IndexError::Interrupted)
+            | Self::Mix(MixError::Index(IndexError::Interrupted))
+            | Self::Tokenize {
+                source: ModelError::Interrupted,
+                ..
+            } => true,
+            Self::Evidence(e) => e.is_interrupted(),
+            _ => false,
+        }
+    }
+
+    /// Speculative decoding ([`crate::draft::spec::decode`]) reports the model's and the index's
+    /// errors as one `anyhow::Error`: they are told apart again here.
+    pub(crate) fn from_decode(e: anyhow::Error) -> Self {
+        let e = match e.downcast::<ModelError>() {
+            Ok(e) => return e.into(),
+            Err(e) => e,
+        };
+        let e = match e.downcast::<IndexError>() {
+            Ok(e) => return e.into(),
+            Err(e) => e,
+        };
+        match e.downcast::<candle_core::Error>() {
+            Ok(e) => ModelError::from(e).into(),
+            Err(e) => EvalError::Invalid(format!("decoding: {e:#}")),
+        }
+    }
+}

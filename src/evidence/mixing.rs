@@ -1,0 +1,185 @@
+//! λ of each token under a rule, and the mixed log-prob it gives: decided here only, so `eval ppl`,
+//! the per-token output and the `Score` and `Mix` RPCs cannot disagree.
+
+use serde::Serialize;
+
+use super::TokenRecord;
+use crate::mix::{
+    mixed_prob, GateFeatures, LambdaRule, MixError, MixingParams, LAMBDA_MAX, LAMBDA_MIN,
+};
+
+/// The λ a mixture uses when `lambda` is asked for: never 0 or 1, where a token that one side gives
+/// probability zero (one the ∞-gram never saw after the suffix) would get zero under the mixture
+/// too, an infinite NLL.
+pub fn usable_lambda(lambda: f64) -> f64 {
+    lambda.clamp(LAMBDA_MIN, LAMBDA_MAX)
+}
+
+/// λ of each token (`sparse` and `features` are the tokens') under `rule`; `domain` picks the
+/// domain's own λ1/λ2 under [`LambdaRule::DomainSplit`]. Every rule but a fixed λ reads `params`.
+pub fn lambdas(
+    rule: LambdaRule,
+    params: Option<&MixingParams>,
+    domain: Option<&str>,
+    sparse: &[bool],
+    features: &[GateFeatures],
+) -> Result<Vec<f64>, MixError> {
+    let pick = |(l1, l2): (f64, f64)| -> Vec<f64> {
+        sparse.iter().map(|&s| if s { l1 } else { l2 }).collect()
+    };
+    let asked = match (rule, params) {
+        (LambdaRule::Fixed(l), _) => vec![l; sparse.len()],
+        (LambdaRule::Split, Some(p)) => pick(p.split_for(None)),
+        (LambdaRule::DomainSplit, Some(p)) => pick(p.split_for(domain)),
+        (LambdaRule::Gate, Some(p)) => match &p.gate {
+            Some(g) => g.predict(features)?,
+            None => return Err(MixError::Invalid("the mixing file has no gate".into())),
+        },
+        (rule, None) => {
+            return Err(MixError::Invalid(format!(
+                "λ rule {rule:?} needs a mixing file"
+            )))
+        }
+    };
+    Ok(asked.into_iter().map(usable_lambda).collect())
+}
+
+/// λ and the mixed log-prob of one scored token.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct MixedToken {
+    pub lambda: f64,
+    /// ln(λ·P∞ + (1 − λ)·P_neural) of the token.
+    pub logprob: f64,
+}
+
+/// λ under `rule` and the mixed log-prob of every token of `records` (of one domain, when known).
+pub fn mix_tokens(
+    records: &[TokenRecord],
+    rule: LambdaRule,
+    params: Option<&MixingParams>,
+    domain: Option<&str>,
+) -> Result<Vec<MixedToken>, MixError> {
+    let sparse: Vec<bool> = records.iter().map(|r| r.sparse).collect();
+    let features: Vec<GateFeatures> = records.iter().map(|r| r.features).collect();
+    let lambdas = lambdas(rule, params, domain, &sparse, &features)?;
+    Ok(records
+        .iter()
+        .zip(lambdas)
+        .map(|(r, lambda)| MixedToken {
+            lambda,
+            logprob: mixed_prob(r.infgram_prob, r.neural_prob(), lambda).ln(),
+        })
+        .collect())
+}
+
+/// Perplexity of mixed tokens: exp of the mean NLL (1 for none).
+pub fn perplexity(tokens: &[MixedToken]) -> f64 {
+    if tokens.is_empty() {
+        return 1.0;
+    }
+    (tokens.iter().map(|t| -t.logprob).sum::<f64>() / tokens.len() as f64).exp()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mix::params::FitRecord;
+    use crate::mix::NUM_FEATURES;
+
+    fn record(infgram_prob: f64, neural_prob: f64, sparse: bool) -> TokenRecord {
+        TokenRecord {
+            doc: 0,
+            position: 1,
+            token: 7,
+            neural_logprob: neural_prob.ln() as f32,
+            infgram_prob,
+            suffix_len: 2,
+            prompt_cnt: 3,
+            sparse,
+            features: [0.0; NUM_FEATURES],
+        }
+    }
+
+    fn params() -> MixingParams {
+        let mut p = MixingParams::new(
+            "m".into(),
+            "i".into(),
+            "t".into(),
+            (0.4, 0.05),
+            None,
+            FitRecord::default(),
+        );
+        p.by_domain.insert(
+            "code".into(),
+            crate::mix::DomainLambdas {
+                lambda_sparse: 0.7,
+                lambda_dense: 0.2,
+                tokens: 600,
+            },
+        );
+        p
+    }
+
+    /// λ = 0 and λ = 1 are taken as the nearest usable λ: a token the ∞-gram never saw keeps a
+    /// finite log-prob at λ = 1, and one the model all but rules out keeps one at λ = 0.
+    #[test]
+    fn fixed_lambda_never_reaches_0_or_1() {
+        let unseen = record(0.0, 0.25, false);
+        let p = unseen.neural_prob();
+        let unseen = std::slice::from_ref(&unseen);
+        let mixed = mix_tokens(unseen, LambdaRule::Fixed(1.0), None, None).unwrap();
+        assert_eq!(mixed[0].lambda, LAMBDA_MAX);
+        assert_eq!(mixed[0].logprob, ((1.0 - LAMBDA_MAX) * p).ln());
+        assert!(mixed[0].logprob.is_finite());
+        let mixed = mix_tokens(unseen, LambdaRule::Fixed(0.0), None, None).unwrap();
+        assert_eq!(mixed[0].lambda, LAMBDA_MIN);
+        // Inside (0, 1) λ is taken as asked.
+        let seen = record(0.5, 0.25, true);
+        let mixed = mix_tokens(&[seen], LambdaRule::Fixed(0.3), None, None).unwrap();
+        assert_eq!(mixed[0].lambda, 0.3);
+        assert!((mixed[0].logprob - (0.3 * 0.5 + 0.7 * p).ln()).abs() < 1e-15);
+    }
+
+    /// λ1 for sparse tokens, λ2 for the rest; the domain's pair where it was fitted.
+    #[test]
+    fn split_rules_by_hand() {
+        let p = params();
+        let sparse = [true, false];
+        let l = |rule, domain| lambdas(rule, Some(&p), domain, &sparse, &[]).unwrap();
+        assert_eq!(l(LambdaRule::Split, Some("code")), [0.4, 0.05]);
+        assert_eq!(l(LambdaRule::DomainSplit, Some("code")), [0.7, 0.2]);
+        assert_eq!(l(LambdaRule::DomainSplit, Some("prose")), [0.4, 0.05]);
+        assert_eq!(l(LambdaRule::DomainSplit, None), [0.4, 0.05]);
+        // A hand-written file may say 0 or 1: used as the nearest usable λ as well.
+        let mut edge = params();
+        edge.lambda_sparse = 1.0;
+        edge.lambda_dense = 0.0;
+        let got = lambdas(LambdaRule::Split, Some(&edge), None, &sparse, &[]).unwrap();
+        assert_eq!(got, [LAMBDA_MAX, LAMBDA_MIN]);
+    }
+
+    #[test]
+    fn rules_that_need_a_mixing_file_say_so() {
+        assert!(lambdas(LambdaRule::Split, None, None, &[true], &[]).is_err());
+        let no_gate = params();
+        let features = [[0.0; NUM_FEATURES]];
+        assert!(lambdas(LambdaRule::Gate, Some(&no_gate), None, &[true], &features).is_err());
+    }
+
+    #[test]
+    fn perplexity_by_hand() {
+        let tokens = [
+            MixedToken {
+                lambda: 0.5,
+                logprob: 0.25f64.ln(),
+            },
+            MixedToken {
+                lambda: 0.5,
+                logprob: 1.0f64.ln(),
+            },
+        ];
+        // exp(−(ln ¼ + 0) / 2) = 2.
+        assert!((perplexity(&tokens) - 2.0).abs() < 1e-12);
+        assert_eq!(perplexity(&[]), 1.0);
+    }
+}

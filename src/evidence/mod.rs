@@ -1,0 +1,36 @@
+//! The per-token evidence of a document and the mixture it gives: what the model and the index say
+//! at each scored token, the gate's features there, λ under a rule, and the mixed log-prob. Below
+//! both the evaluator (`eval ppl`, the per-token output) and the service (`Score`, `Mix`), so they
+//! score and mix documents one way.
+
+mod mixing;
+mod records;
+
+pub use mixing::{lambdas, mix_tokens, perplexity, usable_lambda, MixedToken};
+pub use records::{document_records, DocumentRecords, TokenRecord, RECORD_FORMAT};
+
+use crate::index::IndexError;
+use crate::mix::MixError;
+use crate::model::ModelError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EvidenceError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    #[error(transparent)]
+    Mix(#[from] MixError),
+}
+
+impl EvidenceError {
+    /// Whether the work stopped for an interrupt (Ctrl-C, a request's deadline) rather than failed.
+    pub fn is_interrupted(&self) -> bool {
+        matches!(
+            self,
+            Self::Model(ModelError::Interrupted)
+                | Self::Index(IndexError::Interrupted)
+                | Self::Mix(MixError::Index(IndexError::Interrupted))
+        )
+    }
+}

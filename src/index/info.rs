@@ -1,0 +1,39 @@
+//! What an index holds, as `index info` shows it.
+
+use serde::Serialize;
+
+use crate::index::format::TokenizerRecord;
+use crate::index::Index;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct IndexInfo {
+    pub dir: String,
+    pub shards: usize,
+    pub documents: u64,
+    /// Tokens of all shards, one separator per document included.
+    pub tokens_with_separators: u64,
+    /// Bytes per token.
+    pub token_width: usize,
+    pub eos_token_id: u32,
+    pub vocab_size: u64,
+    /// The tokenizer it was built with, when recorded.
+    pub tokenizer: Option<TokenizerRecord>,
+    /// Whether it has our manifest (an index of the reference indexer has not).
+    pub manifest: bool,
+}
+
+impl Index {
+    pub fn info(&self) -> IndexInfo {
+        IndexInfo {
+            dir: self.dir().display().to_string(),
+            shards: self.num_shards(),
+            documents: self.total_documents(),
+            tokens_with_separators: self.total_tokens(),
+            token_width: self.width().bytes(),
+            eos_token_id: self.eos_token_id(),
+            vocab_size: self.vocab_size(),
+            tokenizer: self.manifest().and_then(|m| m.tokenizer.clone()),
+            manifest: self.manifest().is_some(),
+        }
+    }
+}
