@@ -33,4 +33,4 @@ if [ "$clippy_status" != 0 ]; then
   exit "$clippy_status"
 fi
 cargo nextest run --no-fail-fast
-scripts/fuzz.sh
+bash scripts/fuzz.sh

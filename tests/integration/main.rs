@@ -7,6 +7,7 @@ mod common;
 mod cli;
 mod draft_real;
 mod engine_vs_brute_force;
+mod fuzz_replay;
 mod mix_real;
 mod model_real;
 mod model_tiny;

@@ -1,0 +1,310 @@
+//! Target `index_files`: an index folder made from the input (shard files mutated from a valid tiny
+//! index, a manifest recomputed over them), opened with and without checksums and, when it opens,
+//! asked every kind of query and for every document.
+//!
+//! Input layout, all integers little-endian:
+//! - `flags: u8` (see the `NO_*` and `VERIFY` constants), `width: u8` (1, 2 or 4 bytes: `% 3` picks),
+//!   `eos: u32`, `vocab: u32`;
+//! - then up to `MAX_SHARDS` shards, each five files in `ShardPaths::all` order (tokenized, table,
+//!   offset, metadata, metaoff), each `len: u16` and `len` bytes; a short input gives short files.
+//!
+//! The manifest records the written files' sizes and checksums and the counts the files imply, so
+//! open gets past its size checks to the content; the flags take parts of it away.
+
+use std::path::{Path, PathBuf};
+
+use infini_sidecar::index::docs::SearchOptions;
+use infini_sidecar::index::format::{
+    FileRecord, Manifest, ShardPaths, ShardRecord, TokenizerRecord, FORMAT_NAME, FORMAT_VERSION,
+    MANIFEST_FILE, TOKENIZER_FILE,
+};
+use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
+
+use super::tiny;
+
+/// Open with `verify_checksums`.
+const VERIFY: u8 = 1;
+/// The manifest lists no `table.N` (an index that lost a record, issue 15 item 7).
+const NO_TABLE_RECORD: u8 = 2;
+/// No manifest: an index of the reference indexer, opened with the header's width, eos and vocab.
+const NO_MANIFEST: u8 = 4;
+const NO_TOKENIZER: u8 = 8;
+/// No `metadata.N` and `metaoff.N` files.
+const NO_METADATA: u8 = 16;
+
+const HEADER_BYTES: usize = 10;
+const MAX_SHARDS: usize = 3;
+const WIDTHS: [TokenWidth; 3] = [TokenWidth::U8, TokenWidth::U16, TokenWidth::U32];
+
+pub struct Fixture {
+    /// Refilled for every input.
+    scratch: PathBuf,
+    tokenizer_json: String,
+    tokenizer_fingerprint: String,
+}
+
+/// An input taken apart.
+struct Layout<'a> {
+    flags: u8,
+    width: TokenWidth,
+    eos: u32,
+    vocab: u64,
+    /// Per shard, its five files' bytes.
+    shards: Vec<[&'a [u8]; 5]>,
+}
+
+/// Takes `n` bytes (fewer at the end of the input).
+fn take<'a>(input: &mut &'a [u8], n: usize) -> &'a [u8] {
+    let (head, rest) = input.split_at(n.min(input.len()));
+    *input = rest;
+    head
+}
+
+fn parse(mut input: &[u8]) -> Option<Layout<'_>> {
+    if input.len() < HEADER_BYTES {
+        return None;
+    }
+    let header = take(&mut input, HEADER_BYTES);
+    let u32_at = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().unwrap());
+    let mut shards = Vec::new();
+    while !input.is_empty() && shards.len() < MAX_SHARDS {
+        let mut files: [&[u8]; 5] = [&[]; 5];
+        for file in &mut files {
+            let len = take(&mut input, 2);
+            let len = u16::from_le_bytes([
+                len.first().copied().unwrap_or(0),
+                len.get(1).copied().unwrap_or(0),
+            ]);
+            *file = take(&mut input, len as usize);
+        }
+        shards.push(files);
+    }
+    Some(Layout {
+        flags: header[0],
+        width: WIDTHS[header[1] as usize % WIDTHS.len()],
+        eos: u32_at(2),
+        vocab: u32_at(6) as u64,
+        shards,
+    })
+}
+
+impl Fixture {
+    /// Works in `dir`, which must outlive the fixture.
+    pub fn new(dir: &Path) -> Self {
+        let tokenizer = tiny::tokenizer(dir);
+        let scratch = dir.join("index-files");
+        std::fs::create_dir_all(&scratch).unwrap();
+        Fixture {
+            scratch,
+            tokenizer_json: tiny::tokenizer_json(),
+            tokenizer_fingerprint: tokenizer.fingerprint().to_string(),
+        }
+    }
+
+    pub fn run(&self, input: &[u8]) {
+        let Some(layout) = parse(input) else { return };
+        self.write(&layout);
+        for verify_checksums in [false, true] {
+            if verify_checksums && layout.flags & VERIFY == 0 {
+                continue;
+            }
+            let opts = OpenOptions {
+                verify_checksums,
+                ..if layout.flags & NO_MANIFEST != 0 {
+                    OpenOptions {
+                        token_width: Some(layout.width),
+                        eos_token_id: Some(layout.eos),
+                        vocab_size: Some(layout.vocab),
+                        ..OpenOptions::default()
+                    }
+                } else {
+                    OpenOptions::default()
+                }
+            };
+            if let Ok(index) = Index::open(&self.scratch, &opts) {
+                query_everything(&index, &layout);
+            }
+        }
+    }
+
+    /// Writes the input's index into the scratch folder, over the previous input's files (which
+    /// keeps their inodes: creating and deleting files was most of the time of a run) and removing
+    /// those this input lacks.
+    fn write(&self, layout: &Layout) {
+        let dir = &self.scratch;
+        let mut records = Vec::new();
+        for n in 0..MAX_SHARDS {
+            let paths = ShardPaths::new(dir, n);
+            let files = layout.shards.get(n);
+            let mut written = Vec::new();
+            for (i, path) in paths.all().into_iter().enumerate() {
+                let is_metadata = *path == paths.metadata || *path == paths.metaoff;
+                let bytes = files
+                    .map(|f| f[i])
+                    .filter(|_| !(is_metadata && layout.flags & NO_METADATA != 0));
+                put(path, bytes);
+                if bytes.is_some() && !(*path == paths.table && layout.flags & NO_TABLE_RECORD != 0)
+                {
+                    written.push(FileRecord::of(path).unwrap());
+                }
+            }
+            if let Some(files) = files {
+                records.push(ShardRecord {
+                    documents: files[2].len() as u64 / 8,
+                    tokens: files[0].len() as u64 / layout.width.bytes() as u64,
+                    files: written,
+                });
+            }
+        }
+        let with_tokenizer = layout.flags & NO_TOKENIZER == 0;
+        put(
+            &dir.join(TOKENIZER_FILE),
+            with_tokenizer.then_some(self.tokenizer_json.as_bytes()),
+        );
+        if layout.flags & NO_MANIFEST != 0 {
+            put(&dir.join(MANIFEST_FILE), None);
+            return;
+        }
+        let documents = records.iter().map(|r| r.documents).sum::<u64>();
+        let manifest = Manifest {
+            format: FORMAT_NAME.into(),
+            format_version: FORMAT_VERSION,
+            token_width: layout.width,
+            eos_token_id: layout.eos,
+            vocab_size: layout.vocab,
+            tokenizer: with_tokenizer.then(|| TokenizerRecord {
+                fingerprint: self.tokenizer_fingerprint.clone(),
+                source: "fuzz".into(),
+            }),
+            documents,
+            tokens: records
+                .iter()
+                .map(|r| r.tokens)
+                .sum::<u64>()
+                .saturating_sub(documents),
+            shards: records,
+            built_by: "fuzz".into(),
+            decontamination: None,
+        };
+        manifest.write(dir).unwrap();
+    }
+}
+
+/// Writes `bytes` to `path`, or removes `path` when `None`.
+fn put(path: &Path, bytes: Option<&[u8]>) {
+    match bytes {
+        Some(bytes) => std::fs::write(path, bytes).unwrap(),
+        None => match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => panic!("{}: {e}", path.display()),
+            _ => {}
+        },
+    }
+}
+
+/// Every query kind, with n-grams taken from the first document of the input's first shard (so
+/// they mostly occur), and every document (and one past the last) in full.
+fn query_everything(index: &Index, layout: &Layout) {
+    let w = index.width().bytes();
+    let first_doc: Vec<u32> = layout.shards[0][0]
+        .chunks_exact(w)
+        .skip(1)
+        .take(8)
+        .map(|t| index.width().read(t, 0))
+        .take_while(|&t| t != index.width().separator())
+        .collect();
+    let probe = &first_doc[..first_doc.len().min(3)];
+    let eos = index.eos_token_id();
+    let _ = index.count(probe);
+    let _ = index.count(&[]);
+    let _ = index.find(probe);
+    let _ = index.prob(probe, eos);
+    let _ = index.ntd(probe, None);
+    let _ = index.ntd(&[], Some(2));
+    let _ = index.infgram_prob(probe, eos);
+    let _ = index.infgram_ntd(&first_doc, None);
+    let sampled = SearchOptions {
+        maxnum: 4,
+        max_disp_len: 3,
+        max_clause_freq: 2,
+        ..SearchOptions::default()
+    };
+    let _ = index.score(&first_doc);
+    let _ = index.verify_documents();
+    let _ = index.search_docs(probe, sampled);
+    let _ = index.search_docs_cnf(
+        &[vec![probe.to_vec(), vec![eos]], vec![first_doc.clone()]],
+        SearchOptions::default(),
+    );
+    for doc in 0..=index.total_documents() {
+        let _ = index.get_document(doc);
+    }
+}
+
+/// Whether every shard's document offsets increase from 0 and stay on token boundaries inside it.
+/// The files of the index at `dir` as an input of this target, with `flags` and `eos`/`vocab` as
+/// the header's (they matter only under `NO_MANIFEST`).
+pub fn serialize(dir: &Path, flags: u8, width: TokenWidth, eos: u32, vocab: u64) -> Vec<u8> {
+    let mut out = vec![
+        flags,
+        WIDTHS.iter().position(|&x| x == width).unwrap() as u8,
+    ];
+    out.extend_from_slice(&eos.to_le_bytes());
+    out.extend_from_slice(&(vocab as u32).to_le_bytes());
+    for n in 0.. {
+        let paths = ShardPaths::new(dir, n);
+        if !paths.tokenized.exists() {
+            break;
+        }
+        for path in paths.all() {
+            let bytes = std::fs::read(path).unwrap();
+            out.extend_from_slice(&u16::try_from(bytes.len()).unwrap().to_le_bytes());
+            out.extend_from_slice(&bytes);
+        }
+    }
+    out
+}
+
+/// Valid tiny indexes of every token width, built in `dir`: 16-bit ids with the tiny tokenizer,
+/// 8-bit and 32-bit ones (ids above 65535) without, and one without its manifest.
+pub fn seeds(dir: &Path) -> Vec<(&'static str, Vec<u8>)> {
+    let tokenizer = tiny::tokenizer(dir);
+    let seed = |name, flags: u8, width, eos, vocab, alphabet: &[u32]| {
+        let spec = tiny::Spec {
+            width,
+            eos,
+            vocab,
+            tokenizer: (flags & NO_TOKENIZER == 0).then_some(&tokenizer),
+            docs: tiny::documents(6, alphabet),
+            shard_tokens: 20,
+        };
+        let path = tiny::build_index(dir, name, &spec);
+        (name, serialize(&path, flags, width, eos, vocab))
+    };
+    vec![
+        seed(
+            "u16-tokenizer",
+            VERIFY,
+            TokenWidth::U16,
+            tiny::EOS,
+            tiny::VOCAB,
+            &tiny::WORDS,
+        ),
+        seed("u8", NO_TOKENIZER, TokenWidth::U8, 0, 250, &[1, 2, 3, 249]),
+        seed(
+            "u32",
+            NO_TOKENIZER | NO_METADATA | VERIFY,
+            TokenWidth::U32,
+            7,
+            100_000,
+            &[65_535, 70_000, 99_999, 5],
+        ),
+        seed(
+            "reference",
+            NO_MANIFEST | NO_TOKENIZER,
+            TokenWidth::U16,
+            3,
+            400,
+            &[1, 2, 3, 399],
+        ),
+    ]
+}

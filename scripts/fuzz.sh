@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Fuzzing for CI: every target of fuzz/ runs for FUZZ_SECONDS (default 60; 0 skips) from its kept
+# corpus, where a nightly toolchain is (cargo-fuzz is installed if missing). Without nightly there is
+# nothing to do here: the kept corpus and fuzz/regressions are replayed on stable through the same
+# harness by the integration test fuzz_replay, which `cargo nextest run` runs everywhere.
+# New inputs go to a temporary folder, so the clone's corpus is only read; a crash fails the run and
+# leaves its input under fuzz/artifacts/TARGET/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
+if [ "$FUZZ_SECONDS" = 0 ]; then
+  echo "fuzz: FUZZ_SECONDS=0, skipped"
+  exit 0
+fi
+if ! cargo +nightly --version >/dev/null 2>&1; then
+  echo "fuzz: no nightly toolchain; the kept corpus was replayed on stable (fuzz_replay tests)"
+  exit 0
+fi
+if ! cargo fuzz --version >/dev/null 2>&1 && ! cargo install --locked cargo-fuzz; then
+  echo "fuzz: cargo-fuzz could not be installed; the kept corpus was replayed on stable only"
+  exit 0
+fi
+# Every dependency is rebuilt with coverage instrumentation: keep that build in the cache, apart from
+# the stable one. No sanitizer: the code under test is safe Rust (bounds are checked anyway) and
+# AddressSanitizer would halve the executions; outsized allocations are caught by the targets' own
+# allocator (fuzz/src/lib.rs). Sixteen codegen units: cargo-fuzz's default of one made the build of
+# the dependencies far slower for little speed in the targets.
+FUZZ_FLAGS=(--sanitizer none --codegen-units 16 --target-dir "$CACHE/fuzz-target")
+cargo +nightly fuzz build "${FUZZ_FLAGS[@]}"
+for target in $(cargo +nightly fuzz list); do
+  new_inputs="$(mktemp -d)"
+  echo "fuzz: $target for ${FUZZ_SECONDS}s"
+  dict=()
+  if [ -f "fuzz/$target.dict" ]; then dict=(-dict="fuzz/$target.dict"); fi
+  RUST_BACKTRACE=1 cargo +nightly fuzz run "${FUZZ_FLAGS[@]}" "$target" "$new_inputs" "fuzz/corpus/$target" -- \
+    -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -timeout=30 -print_final_stats=1 "${dict[@]}"
+  rm -rf "$new_inputs"
+done
