@@ -260,10 +260,12 @@ impl Index {
             let mut prev = None;
             for doc in 0..shard.doc_cnt() {
                 let start = shard.doc_start(doc);
+                // Aligned and inside the shard before the token there is read.
                 let ok = start < shard.ds_size()
+                    && start.is_multiple_of(w as u64)
                     && prev.is_none_or(|p| p < start)
                     && self.width.read(shard.token_bytes(), start as usize) == sep;
-                if !ok || start % w as u64 != 0 {
+                if !ok {
                     return Err(IndexError::Corrupt(format!(
                         "shard {n}: document {doc} does not start at a separator"
                     )));
