@@ -2,6 +2,7 @@
 //! fields, and a build from a pre-tokenized file answered the same as the brute-force count.
 
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 fn bin() -> Command {
@@ -67,14 +68,7 @@ fn build_from_tokens_then_query_a_batch() {
     );
     assert!(String::from_utf8_lossy(&again.stderr).contains("--force"));
 
-    let mut child = bin()
-        .arg("query")
-        .arg("--index")
-        .arg(&idx)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = query_process(&idx);
     let queries = [
         r#"{"qid":"a","op":"count","ids":[5,6]}"#,
         "not json",
@@ -288,24 +282,35 @@ fn work_folders_of_killed_builds_are_removed_when_their_process_is_gone() {
     assert!(odd.join("notes.txt").exists());
 }
 
-#[test]
-fn one_bad_line_does_not_end_a_query_batch() {
-    let tmp = tempfile::tempdir().unwrap();
-    let file = token_file(tmp.path());
-    let idx = tmp.path().join("idx");
+/// An index at `dir/idx` over the generated token file.
+fn built_index(dir: &Path) -> PathBuf {
+    let file = token_file(dir);
+    let idx = dir.join("idx");
     assert!(build_from(&file, idx.to_str().unwrap(), &[])
         .output()
         .unwrap()
         .status
         .success());
-    let mut child = bin()
+    idx
+}
+
+/// `query` over `idx`, reading and writing through pipes.
+fn query_process(idx: &Path) -> std::process::Child {
+    bin()
         .arg("query")
         .arg("--index")
-        .arg(&idx)
+        .arg(idx)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn one_bad_line_does_not_end_a_query_batch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let idx = built_index(tmp.path());
+    let mut child = query_process(&idx);
     let mut input = Vec::new();
     input.extend_from_slice(b"{\"qid\":1,\"op\":\"count\",\"ids\":[5]}\n");
     input.extend_from_slice(b"\xff\xfe not text\n");
@@ -338,13 +343,7 @@ fn one_bad_line_does_not_end_a_query_batch() {
 #[test]
 fn query_output_onto_its_own_input_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let file = token_file(tmp.path());
-    let idx = tmp.path().join("idx");
-    assert!(build_from(&file, idx.to_str().unwrap(), &[])
-        .output()
-        .unwrap()
-        .status
-        .success());
+    let idx = built_index(tmp.path());
     let queries = tmp.path().join("q.jsonl");
     let text = "{\"op\":\"count\",\"ids\":[5]}\n";
     std::fs::write(&queries, text).unwrap();
@@ -381,21 +380,8 @@ fn peak_rss(child: std::process::Child) -> (i32, u64) {
 #[test]
 fn an_overlong_query_line_is_refused_without_being_held() {
     let tmp = tempfile::tempdir().unwrap();
-    let file = token_file(tmp.path());
-    let idx = tmp.path().join("idx");
-    assert!(build_from(&file, idx.to_str().unwrap(), &[])
-        .output()
-        .unwrap()
-        .status
-        .success());
-    let mut child = bin()
-        .arg("query")
-        .arg("--index")
-        .arg(&idx)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let idx = built_index(tmp.path());
+    let mut child = query_process(&idx);
     let mut stdin = child.stdin.take().unwrap();
     let mut stdout = child.stdout.take().unwrap();
     let reader = std::thread::spawn(move || {
@@ -429,13 +415,7 @@ fn an_overlong_query_line_is_refused_without_being_held() {
 #[test]
 fn verify_fails_when_a_file_has_no_manifest_record() {
     let tmp = tempfile::tempdir().unwrap();
-    let file = token_file(tmp.path());
-    let idx = tmp.path().join("idx");
-    assert!(build_from(&file, idx.to_str().unwrap(), &[])
-        .output()
-        .unwrap()
-        .status
-        .success());
+    let idx = built_index(tmp.path());
     let manifest = idx.join(infini_sidecar::index::format::MANIFEST_FILE);
     let mut m: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
