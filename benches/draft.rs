@@ -30,7 +30,7 @@ fn main() {
             ids
         })
         .collect();
-    for source in [DraftSource::Index, DraftSource::Prompt, DraftSource::Both] {
+    for source in [DraftSource::Index, DraftSource::Prompt, DraftSource::All] {
         for samples in [16, 64] {
             let opts = DraftOptions {
                 source,

@@ -115,6 +115,7 @@ async fn session_steps(
     tx.send(send(session_request::Step::Start(pb::SessionStart {
         context: context.to_vec(),
         use_model: false,
+        ..Default::default()
     })))
     .await
     .unwrap();

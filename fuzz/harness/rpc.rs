@@ -96,6 +96,7 @@ impl Fixture {
             metrics_bind: None,
             auth_token_env: None,
             limits: Default::default(),
+            live: Default::default(),
         };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -269,6 +270,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         Step::Start(pb::SessionStart {
             context: vec![259, 97],
             use_model: false,
+            ..Default::default()
         }),
         Step::Append(pb::SessionAppend {
             tokens: vec![98, 32],
@@ -390,6 +392,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                         tree_budget: 8,
                         ..Default::default()
                     }),
+                    ..Default::default()
                 },
             ),
         ),

@@ -42,6 +42,17 @@ impl Record {
 pub enum Origin {
     Index,
     Prompt,
+    Live,
+    Reference,
+}
+
+impl Origin {
+    pub const ALL: [Origin; 4] = [
+        Origin::Index,
+        Origin::Prompt,
+        Origin::Live,
+        Origin::Reference,
+    ];
 }
 
 /// A draft scaled by its source's record, with each node's unscaled probability given its parent
@@ -81,7 +92,7 @@ impl Outstanding {
 
 #[derive(Debug)]
 pub struct Calibration {
-    records: [Record; 2],
+    records: [Record; Origin::ALL.len()],
     /// Each source's open draft: both are open when their trees were handed out as one union.
     outstanding: Vec<Outstanding>,
 }
@@ -89,7 +100,7 @@ pub struct Calibration {
 impl Default for Calibration {
     fn default() -> Self {
         Self {
-            records: [PRIOR; 2],
+            records: [PRIOR; Origin::ALL.len()],
             outstanding: Vec::new(),
         }
     }

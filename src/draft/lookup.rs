@@ -4,10 +4,7 @@
 
 use std::collections::HashMap;
 
-/// Earlier occurrences examined per draft, most recent first: bounds the cost on common tokens.
-const MAX_CANDIDATES: usize = 64;
-/// Longest agreement measured backwards from a candidate.
-const MAX_MATCH: usize = 64;
+use crate::agreement::longest_agreements;
 
 #[derive(Debug, Default)]
 pub struct PromptLookup {
@@ -37,32 +34,22 @@ impl PromptLookup {
     /// The continuations after the best earlier matches of the end of `tokens` (at most `depth`
     /// tokens each), and the length of that match.
     pub fn continuations(&self, tokens: &[u32], depth: usize) -> (Vec<Vec<u32>>, usize) {
-        let n = tokens.len();
-        let Some(last) = tokens.last() else {
+        self.continuations_in(tokens, tokens, depth)
+    }
+
+    /// The same for the end of `pattern` searched in `tokens`, the text this lookup has recorded
+    /// (a session's reference text).
+    pub fn continuations_in(
+        &self,
+        tokens: &[u32],
+        pattern: &[u32],
+        depth: usize,
+    ) -> (Vec<Vec<u32>>, usize) {
+        let Some(candidates) = pattern.last().and_then(|last| self.positions.get(last)) else {
             return (Vec::new(), 0);
         };
-        let Some(candidates) = self.positions.get(last) else {
-            return (Vec::new(), 0);
-        };
-        let mut best = (0usize, Vec::new());
-        for &p in candidates
-            .iter()
-            .rev()
-            .filter(|&&p| (p as usize) + 1 < n)
-            .take(MAX_CANDIDATES)
-        {
-            let p = p as usize;
-            let agree = (0..MAX_MATCH.min(p + 1))
-                .take_while(|&k| tokens[p - k] == tokens[n - 1 - k])
-                .count();
-            let following = tokens[p + 1..n.min(p + 1 + depth)].to_vec();
-            match agree.cmp(&best.0) {
-                std::cmp::Ordering::Greater => best = (agree, vec![following]),
-                std::cmp::Ordering::Equal => best.1.push(following),
-                std::cmp::Ordering::Less => {}
-            }
-        }
-        (best.1, best.0)
+        let candidates = candidates.iter().rev().map(|&p| (tokens, p as usize));
+        longest_agreements(candidates, pattern, depth)
     }
 }
 

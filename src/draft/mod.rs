@@ -1,17 +1,21 @@
 //! Speculative drafting from the ∞-gram: chains and trees of draft tokens for a sequence, from the
-//! reference index (what followed the longest matching suffix, REST-style) and from the sequence's
-//! own tokens (prompt lookup), with per-sequence state so a step costs O(new tokens); and a
-//! speculative decoding loop that verifies drafts with the model.
+//! reference index (what followed the longest matching suffix, REST-style), the live index of what
+//! was generated before in the sequence's namespace, a reference text the caller expects the output
+//! to resemble, and the sequence's own tokens (prompt lookup); with per-sequence state so a step
+//! costs O(new tokens); and a speculative decoding loop that verifies drafts with the model.
 
 pub mod calibration;
 pub mod lookup;
 pub mod spec;
 pub mod tree;
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::index::suffix::SuffixMatch;
 use crate::index::{Index, Result};
+use crate::live::{LiveError, LiveIndex};
 use calibration::{Calibrated, Calibration, Origin};
 use lookup::PromptLookup;
 pub use tree::{DraftTree, Trie};
@@ -20,13 +24,29 @@ pub use tree::{DraftTree, Trie};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DraftSource {
+    /// Every source the sequence has: for trees their union, for chains the one with the highest
+    /// expected acceptance (after calibration).
+    All,
     /// The reference index only.
     Index,
     /// The sequence's own tokens only.
     Prompt,
-    /// Both: for trees their union, for chains the one with the higher expected acceptance
-    /// (after calibration).
-    Both,
+    /// The live index of the sequence's namespace only.
+    Live,
+    /// The sequence's reference text only.
+    Reference,
+}
+
+impl DraftSource {
+    fn includes(self, origin: Origin) -> bool {
+        match self {
+            DraftSource::All => true,
+            DraftSource::Index => origin == Origin::Index,
+            DraftSource::Prompt => origin == Origin::Prompt,
+            DraftSource::Live => origin == Origin::Live,
+            DraftSource::Reference => origin == Origin::Reference,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -63,7 +83,7 @@ impl Default for DraftOptions {
             min_path_prob: 0.2,
             match_len_factor: 1.0,
             index_samples: 64,
-            source: DraftSource::Both,
+            source: DraftSource::All,
         }
     }
 }
@@ -88,12 +108,30 @@ impl DraftOptions {
 }
 
 /// A sequence being decoded, with what drafting needs of it: its ∞-gram match and its own tokens'
-/// positions, both kept up to date as tokens come and go, and how each source's drafts have fared.
+/// positions, both kept up to date as tokens come and go, its live namespace and reference text if
+/// it has them, and how each source's drafts have fared.
 pub struct Sequence {
     tokens: Vec<u32>,
     suffix: SuffixMatch,
     lookup: PromptLookup,
+    live: Option<LiveLink>,
+    reference: Option<Reference>,
     calibration: Calibration,
+}
+
+/// The live namespace a sequence drafts from, and the live document its tokens go to when it
+/// learns.
+struct LiveLink {
+    live: Arc<LiveIndex>,
+    namespace: String,
+    /// The document and how many of the sequence's tokens it holds.
+    learning: Option<(u64, usize)>,
+}
+
+/// Text the caller expects the output to resemble (the file being edited, a predicted answer).
+struct Reference {
+    tokens: Vec<u32>,
+    lookup: PromptLookup,
 }
 
 impl Sequence {
@@ -105,8 +143,44 @@ impl Sequence {
             tokens: context,
             suffix,
             lookup,
+            live: None,
+            reference: None,
             calibration: Calibration::default(),
         })
+    }
+
+    /// Drafts also from `namespace` of the live index; with `learn`, the sequence's tokens (those
+    /// it has and those appended later) are added to it as a document, for every sequence of the
+    /// namespace to draft from at once.
+    pub fn with_live(
+        mut self,
+        live: Arc<LiveIndex>,
+        namespace: &str,
+        learn: bool,
+    ) -> Result<Self, LiveError> {
+        crate::live::namespace::check_name(namespace)?;
+        let learning = match learn {
+            true => {
+                let doc = live.new_document();
+                live.append(namespace, doc, &self.tokens)?;
+                Some((doc, self.tokens.len()))
+            }
+            false => None,
+        };
+        self.live = Some(LiveLink {
+            live,
+            namespace: namespace.to_string(),
+            learning,
+        });
+        Ok(self)
+    }
+
+    /// Drafts also from `tokens`, for this sequence only. Ids must have been checked.
+    pub fn with_reference(mut self, tokens: Vec<u32>) -> Self {
+        let mut lookup = PromptLookup::default();
+        lookup.extend(&tokens, 0);
+        self.reference = Some(Reference { tokens, lookup });
+        self
     }
 
     pub fn tokens(&self) -> &[u32] {
@@ -127,6 +201,7 @@ impl Sequence {
             self.calibration.appended(t);
         }
         self.lookup.extend(&self.tokens, from);
+        self.learn();
         Ok(())
     }
 
@@ -139,60 +214,74 @@ impl Sequence {
         self.lookup.truncate(&self.tokens[len..], len);
         self.tokens.truncate(len);
         self.suffix.truncate(index, &self.tokens);
+        if let Some(LiveLink {
+            live,
+            learning: Some((doc, held)),
+            ..
+        }) = &mut self.live
+        {
+            if *held > len {
+                // The live document cannot take tokens back: the sequence goes on in a new one,
+                // which starts with the kept tokens a match can reach.
+                *doc = live.new_document();
+                *held = len.saturating_sub(crate::live::namespace::MAX_MATCH);
+            }
+        }
+    }
+
+    /// Sends the tokens the live document lacks. Learning is best effort: a failure (the namespace
+    /// limit, a full disk) stops it for this sequence and never fails decoding.
+    fn learn(&mut self) {
+        let Some(link) = &mut self.live else {
+            return;
+        };
+        let Some((doc, held)) = &mut link.learning else {
+            return;
+        };
+        let new = &self.tokens[*held..];
+        match link.live.append(&link.namespace, *doc, new) {
+            Ok(()) => *held = self.tokens.len(),
+            Err(e) => {
+                tracing::warn!(namespace = %link.namespace, error = %e, "a sequence stopped learning into the live index");
+                link.learning = None;
+            }
+        }
     }
 
     /// A draft continuing the sequence. The tokens appended next tell the sequence how much of it
     /// was accepted.
     pub fn draft(&mut self, index: &Index, opts: &DraftOptions) -> DraftTree {
         self.calibration.release();
-        // A source whose record keeps even a certain token under the bar is not consulted (its
-        // index reads cost more than a drafted token is worth), only nudged back towards trust.
-        let offer = |origin: Origin, tree: &dyn Fn() -> DraftTree| {
+        let mut offers = Vec::new();
+        for origin in Origin::ALL {
+            if !opts.source.includes(origin) || !self.has(origin) {
+                continue;
+            }
+            // A source whose record keeps even a certain token under the bar is not consulted
+            // (its reads cost more than a drafted token is worth), only nudged back towards trust.
             let hopeless = self.calibration.factor(origin) < opts.min_path_prob;
-            let tree = if hopeless {
-                DraftTree::default()
-            } else {
-                tree()
+            let tree = match hopeless {
+                true => DraftTree::default(),
+                false => self.raw_draft(origin, index, opts),
             };
-            (origin, self.calibrate(origin, tree, opts))
-        };
-        let from_index = || {
-            offer(Origin::Index, &|| {
-                let depth = opts.depth_for(self.suffix.suffix_len());
-                let conts = self.suffix.continuations(index, opts.index_samples, depth);
-                opts.draft_from(&conts, self.suffix.suffix_len())
-            })
-        };
-        let from_prompt = || {
-            offer(Origin::Prompt, &|| {
-                let (conts, len) = self.lookup.continuations(&self.tokens, opts.max_tokens);
-                opts.draft_from(&conts, len)
-            })
-        };
-        let (index_draft, prompt_draft) = match opts.source {
-            DraftSource::Index => (Some(from_index()), None),
-            DraftSource::Prompt => (None, Some(from_prompt())),
-            DraftSource::Both => (Some(from_index()), Some(from_prompt())),
-        };
-        let offers = [index_draft, prompt_draft];
-        for (origin, draft) in offers.iter().flatten() {
+            let draft = self.calibrate(origin, tree, opts);
             if draft.tree.is_empty() {
-                self.calibration.idle(*origin);
+                self.calibration.idle(origin);
             }
+            offers.push((origin, draft));
         }
-        if let [Some((_, index_draft)), Some((_, prompt_draft))] = &offers {
-            if opts.tree {
-                let union = index_draft
-                    .tree
-                    .union(&prompt_draft.tree)
-                    .best(opts.tree_budget);
-                for (origin, draft) in offers.into_iter().flatten() {
-                    self.calibration.drafted(origin, draft);
-                }
-                return union;
+        if opts.tree && offers.len() > 1 {
+            let union = offers
+                .iter()
+                .map(|(_, d)| &d.tree)
+                .fold(DraftTree::default(), |u, t| u.union(t))
+                .best(opts.tree_budget);
+            for (origin, draft) in offers {
+                self.calibration.drafted(origin, draft);
             }
+            return union;
         }
-        let best = offers.into_iter().flatten().reduce(|a, b| {
+        let best = offers.into_iter().reduce(|a, b| {
             if b.1.tree.score > a.1.tree.score {
                 b
             } else {
@@ -207,6 +296,42 @@ impl Sequence {
             }
             None => DraftTree::default(),
         }
+    }
+
+    fn has(&self, origin: Origin) -> bool {
+        match origin {
+            Origin::Index | Origin::Prompt => true,
+            Origin::Live => self.live.is_some(),
+            Origin::Reference => self.reference.is_some(),
+        }
+    }
+
+    /// `origin`'s draft before calibration.
+    fn raw_draft(&self, origin: Origin, index: &Index, opts: &DraftOptions) -> DraftTree {
+        let (conts, len) = match origin {
+            Origin::Index => {
+                let depth = opts.depth_for(self.suffix.suffix_len());
+                let conts = self.suffix.continuations(index, opts.index_samples, depth);
+                (conts, self.suffix.suffix_len())
+            }
+            Origin::Prompt => self.lookup.continuations(&self.tokens, opts.max_tokens),
+            Origin::Live => match &self.live {
+                Some(link) => link.live.continuations(
+                    &link.namespace,
+                    &self.tokens,
+                    opts.index_samples,
+                    opts.max_tokens,
+                ),
+                None => (Vec::new(), 0),
+            },
+            Origin::Reference => match &self.reference {
+                Some(r) => r
+                    .lookup
+                    .continuations_in(&r.tokens, &self.tokens, opts.max_tokens),
+                None => (Vec::new(), 0),
+            },
+        };
+        opts.draft_from(&conts, len)
     }
 
     fn calibrate(&self, origin: Origin, tree: DraftTree, opts: &DraftOptions) -> Calibrated {

@@ -73,7 +73,7 @@ const SOURCES: [(&str, Option<DraftSource>); 4] = [
     ("none", None),
     ("index", Some(DraftSource::Index)),
     ("prompt", Some(DraftSource::Prompt)),
-    ("both", Some(DraftSource::Both)),
+    ("both", Some(DraftSource::All)),
 ];
 
 /// The first `prompts_per_domain` documents of each domain long enough for prompt and continuation.

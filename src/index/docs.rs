@@ -216,6 +216,15 @@ impl Index {
         Ok(docs)
     }
 
+    /// Every document's tokens, in order (what compaction reads back to merge live runs).
+    pub fn documents(&self) -> impl Iterator<Item = Vec<u32>> + '_ {
+        let w = self.width().bytes() as u64;
+        self.shards.iter().flat_map(move |shard| {
+            (0..shard.doc_cnt())
+                .map(move |doc| shard.tokens_between(shard.doc_start(doc) + w, shard.doc_end(doc)))
+        })
+    }
+
     fn doc_ix_base(&self, shard: usize) -> u64 {
         self.shards[..shard].iter().map(|s| s.doc_cnt()).sum()
     }

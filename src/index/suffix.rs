@@ -117,19 +117,49 @@ impl SuffixMatch {
     /// is sampled in proportion to its count), each with at most `depth` following tokens, cut at
     /// the end of its document. Nothing when no suffix matched.
     pub fn continuations(&self, index: &Index, samples: usize, depth: usize) -> Vec<Vec<u32>> {
-        let total = self.prompt_cnt();
-        if self.suffix_len() == 0 || total == 0 || samples == 0 {
+        index.sample_continuations(self.suffix_len(), &self.matches, samples, depth)
+    }
+}
+
+impl Index {
+    /// The longest suffix of `seq` of at most `max_len` tokens that occurs in the corpus, and what
+    /// followed it (sampled as [`SuffixMatch::continuations`] samples): for a sequence this index
+    /// follows no `SuffixMatch` for (a live run, which compaction replaces). The ids must have been
+    /// checked against the vocabulary.
+    pub fn continuations_after(
+        &self,
+        seq: &[u32],
+        max_len: usize,
+        samples: usize,
+        depth: usize,
+    ) -> (Vec<Vec<u32>>, usize) {
+        let (len, matches) = self.shrink_to_match(seq, max_len);
+        (
+            self.sample_continuations(len, &matches, samples, depth),
+            len,
+        )
+    }
+
+    fn sample_continuations(
+        &self,
+        suffix_len: usize,
+        matches: &Matches,
+        samples: usize,
+        depth: usize,
+    ) -> Vec<Vec<u32>> {
+        let total = matches.count();
+        if suffix_len == 0 || total == 0 || samples == 0 {
             return Vec::new();
         }
-        let qlen = self.matches.bytes.len();
-        let width = index.width().bytes();
+        let qlen = matches.bytes.len();
+        let width = self.width().bytes();
         let stop = |key: NextKey| {
             key == END
-                || key == index.width().separator() as NextKey
-                || key == index.eos_token_id() as NextKey
+                || key == self.width().separator() as NextKey
+                || key == self.eos_token_id() as NextKey
         };
         let mut out = Vec::with_capacity(samples.min(total as usize));
-        for (shard, range) in index.shards.iter().zip(&self.matches.ranges) {
+        for (shard, range) in self.shards.iter().zip(&matches.ranges) {
             if range.is_empty() {
                 continue;
             }

@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::live::LiveConfig;
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServeConfig {
@@ -26,6 +28,48 @@ pub struct ServeConfig {
     pub auth_token_env: Option<String>,
     #[serde(default)]
     pub limits: Limits,
+    #[serde(default)]
+    pub live: LiveSection,
+}
+
+/// `[live]`: the live index that sessions with a namespace draft from and learn into.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LiveSection {
+    pub enabled: bool,
+    /// Where the live runs are kept across restarts; unset: a temporary folder, gone at exit.
+    pub data_dir: Option<PathBuf>,
+    /// Tokens held over all namespaces (≈ 6–12 bytes each); past it the oldest are evicted.
+    pub budget_tokens: u64,
+    /// Tokens of a namespace's in-memory tail before it is built into a suffix-array run.
+    pub freeze_tokens: u64,
+    pub max_namespaces: usize,
+}
+
+impl Default for LiveSection {
+    fn default() -> Self {
+        let d = LiveConfig::default();
+        Self {
+            enabled: true,
+            data_dir: d.data_dir,
+            budget_tokens: d.budget_tokens,
+            freeze_tokens: d.freeze_tokens,
+            max_namespaces: d.max_namespaces,
+        }
+    }
+}
+
+impl LiveSection {
+    /// The live index's settings; `None` when it is off.
+    pub fn config(&self) -> Option<LiveConfig> {
+        self.enabled.then(|| LiveConfig {
+            data_dir: self.data_dir.clone(),
+            budget_tokens: self.budget_tokens,
+            freeze_tokens: self.freeze_tokens,
+            max_namespaces: self.max_namespaces,
+            ..LiveConfig::default()
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -145,17 +189,24 @@ impl ServeConfig {
         };
         let text = std::fs::read_to_string(path).map_err(|e| read_error(e.to_string()))?;
         let mut config: Self = toml::from_str(&text).map_err(|e| read_error(e.to_string()))?;
-        config.limits.check()?;
         let base = path.parent().unwrap_or(Path::new("."));
         config.index = resolve(base, &config.index);
         config.mixing = config.mixing.map(|m| resolve(base, &m));
         config.model = config.model.map(|m| resolve(base, &m));
+        config.live.data_dir = config.live.data_dir.map(|d| resolve(base, &d));
+        config.check()?;
         Ok(config)
     }
 
     /// The checks of [`ServeConfig::load`], for a config built in code.
     pub fn check(&self) -> Result<(), ConfigError> {
-        self.limits.check()
+        self.limits.check()?;
+        match self.live.config() {
+            Some(live) => live
+                .check()
+                .map_err(|e| ConfigError::Invalid(e.to_string())),
+            None => Ok(()),
+        }
     }
 }
 

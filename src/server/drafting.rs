@@ -1,9 +1,10 @@
-//! `Draft` and the drafting step of sessions: request options checked and mapped onto the drafter's.
-//! Sessions use this file; it knows nothing of sessions.
+//! `Draft` and the drafting step of sessions: request options checked and mapped onto the drafter's,
+//! and sequences made with the live namespace and reference text a request names. Sessions use this
+//! file; it knows nothing of sessions.
 
 use tonic::Status;
 
-use super::{index_status, pb, State};
+use super::{index_status, live_status, pb, State};
 use crate::draft::{DraftOptions, DraftSource, DraftTree, Sequence};
 
 /// Longest draft path and largest tree a request may ask for.
@@ -31,9 +32,11 @@ pub(super) fn options(o: Option<pb::DraftOptions>) -> Result<DraftOptions, Statu
         ));
     }
     let source = match pb::DraftSource::try_from(o.source) {
-        Ok(pb::DraftSource::Both) => DraftSource::Both,
+        Ok(pb::DraftSource::All) => DraftSource::All,
         Ok(pb::DraftSource::Index) => DraftSource::Index,
         Ok(pb::DraftSource::Prompt) => DraftSource::Prompt,
+        Ok(pb::DraftSource::Live) => DraftSource::Live,
+        Ok(pb::DraftSource::Reference) => DraftSource::Reference,
         Err(_) => {
             return Err(Status::invalid_argument(format!(
                 "unknown source {}",
@@ -67,14 +70,73 @@ pub(super) fn response(tree: DraftTree) -> pb::DraftResponse {
     }
 }
 
+/// What a sequence drafts from beside the reference index and its own tokens.
+pub(super) struct Extras {
+    /// A live namespace ("" for none), and whether the sequence's tokens are added to it.
+    pub namespace: String,
+    pub learn: bool,
+    pub reference: Vec<u32>,
+}
+
+/// A sequence for `context` with the extras a request asked for, each checked.
+pub(super) fn sequence(s: &State, context: Vec<u32>, extras: Extras) -> Result<Sequence, Status> {
+    s.check_len("the context", context.len())?;
+    s.check_len("the reference", extras.reference.len())?;
+    s.index.check_ids(&extras.reference).map_err(index_status)?;
+    let mut seq = Sequence::new(&s.index, context).map_err(index_status)?;
+    if !extras.namespace.is_empty() {
+        let live = s.live.clone().ok_or_else(|| {
+            Status::failed_precondition("the live index is off in this sidecar's config ([live])")
+        })?;
+        seq = seq
+            .with_live(live, &extras.namespace, extras.learn)
+            .map_err(live_status)?;
+    } else if extras.learn {
+        return Err(Status::invalid_argument("learn needs a namespace"));
+    }
+    if !extras.reference.is_empty() {
+        seq = seq.with_reference(extras.reference);
+    }
+    Ok(seq)
+}
+
 /// The unary `Draft` for a context matched afresh (an open session's is `session::draft`).
 pub(super) fn draft_context(
     s: &State,
     context: Vec<u32>,
+    extras: Extras,
     opts: &DraftOptions,
 ) -> Result<DraftTree, Status> {
-    s.check_len("the context", context.len())?;
-    Ok(Sequence::new(&s.index, context)
-        .map_err(index_status)?
-        .draft(&s.index, opts))
+    Ok(sequence(s, context, extras)?.draft(&s.index, opts))
+}
+
+/// `AddDocuments`: every document is checked (or tokenized) before any is added.
+pub(super) fn add_documents(
+    s: &State,
+    r: pb::AddDocumentsRequest,
+) -> Result<pb::AddDocumentsResponse, Status> {
+    let live = s.live.as_ref().ok_or_else(|| {
+        Status::failed_precondition("the live index is off in this sidecar's config ([live])")
+    })?;
+    crate::live::namespace::check_name(&r.namespace).map_err(live_status)?;
+    let mut docs = Vec::with_capacity(r.documents.len());
+    for doc in r.documents {
+        let tokens = match doc.content {
+            Some(pb::live_document::Content::Tokens(t)) => t.ids,
+            Some(pb::live_document::Content::Text(text)) => s
+                .tokenizer
+                .encode(&text)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?,
+            None => return Err(Status::invalid_argument("a document with no content")),
+        };
+        s.check_len("a document", tokens.len())?;
+        s.index.check_ids(&tokens).map_err(index_status)?;
+        docs.push(tokens);
+    }
+    live.add_documents(&r.namespace, &docs)
+        .map_err(live_status)?;
+    Ok(pb::AddDocumentsResponse {
+        documents: docs.len() as u64,
+        tokens: docs.iter().map(|d| d.len() as u64).sum(),
+    })
 }

@@ -27,6 +27,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::index::{Index, IndexError, OpenOptions};
 use crate::interrupt::{StopReason, StopSignal};
+use crate::live::{LiveError, LiveIndex, Vocabulary};
 use crate::mix::{MixError, MixingParams};
 use crate::model::{LoadOptions, Model, ModelError};
 use crate::tokenizer::Tokenizer;
@@ -48,6 +49,8 @@ pub enum ServeError {
     Mix(#[from] MixError),
     #[error(transparent)]
     Model(#[from] ModelError),
+    #[error("live index: {0}")]
+    Live(#[from] LiveError),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -87,6 +90,8 @@ struct State {
     metrics: Arc<Metrics>,
     sessions: Sessions,
     kv_budget: Arc<KvBudget>,
+    /// Where sessions with a namespace learn and draft from; `None` when `[live]` is off.
+    live: Option<Arc<LiveIndex>>,
     /// Set once the drain deadline of a shutdown has passed: open streams and running work end
     /// with UNAVAILABLE.
     closing: watch::Sender<bool>,
@@ -107,6 +112,15 @@ fn index_status(e: IndexError) -> Status {
     match e {
         IndexError::Invalid(m) => Status::invalid_argument(m),
         IndexError::Interrupted => stopped(),
+        other => Status::internal(other.to_string()),
+    }
+}
+
+fn live_status(e: LiveError) -> Status {
+    match e {
+        LiveError::Invalid(m) => Status::invalid_argument(m),
+        LiveError::Full(m) => Status::resource_exhausted(m),
+        LiveError::Index(e) => index_status(e),
         other => Status::internal(other.to_string()),
     }
 }
@@ -266,6 +280,18 @@ impl SidecarService {
         if let Some(m) = &model {
             m.check_tokenizer(tokenizer.fingerprint(), "the index")?;
         }
+        let live = config
+            .live
+            .config()
+            .map(|live| {
+                let vocab = Vocabulary {
+                    width: index.width(),
+                    eos_token_id: index.eos_token_id(),
+                    vocab_size: index.vocab_size(),
+                };
+                LiveIndex::open(live, vocab).map(Arc::new)
+            })
+            .transpose()?;
         Ok(Self {
             state: Arc::new(State {
                 index,
@@ -276,6 +302,7 @@ impl SidecarService {
                 in_flight: Arc::new(Semaphore::new(config.limits.max_in_flight)),
                 sessions: Sessions::new(config.limits.max_sessions, Arc::clone(&metrics)),
                 kv_budget: KvBudget::new(config.limits.max_kv_tokens, metrics.kv_tokens.clone()),
+                live,
                 metrics,
                 closing: watch::channel(false).0,
             }),
@@ -424,13 +451,28 @@ impl Sidecar for SidecarService {
             let tree = match r.target {
                 Some(pb::draft_request::Target::SessionId(id)) => session::draft(s, id, &opts)?,
                 Some(pb::draft_request::Target::Context(c)) => {
-                    drafting::draft_context(s, c.ids, &opts)?
+                    let extras = drafting::Extras {
+                        namespace: r.namespace,
+                        learn: false,
+                        reference: r.reference,
+                    };
+                    drafting::draft_context(s, c.ids, extras, &opts)?
                 }
                 None => return Err(Status::invalid_argument("name a session_id or a context")),
             };
             Ok(drafting::response(tree))
         })
         .await
+    }
+
+    async fn add_documents(
+        &self,
+        request: Request<pb::AddDocumentsRequest>,
+    ) -> Result<Response<pb::AddDocumentsResponse>, Status> {
+        let deadline = deadline_of(&request);
+        let r = request.into_inner();
+        self.run(deadline, move |s| drafting::add_documents(s, r))
+            .await
     }
 
     type ScoreStream = ResponseStream<pb::ScoreResponse>;

@@ -45,7 +45,12 @@ impl Session {
             }),
             false => None,
         };
-        let seq = Sequence::new(&s.index, start.context).map_err(index_status)?;
+        let extras = drafting::Extras {
+            namespace: start.namespace,
+            learn: start.learn,
+            reference: start.reference,
+        };
+        let seq = drafting::sequence(s, start.context, extras)?;
         Ok(Self { seq, neural })
     }
 

@@ -76,7 +76,7 @@ fn drafts_are_valid_trees_of_vocabulary_ids() {
         for i in 1..doc.len().min(300) {
             seq.append(&index, &doc[i..=i]).unwrap();
             for (tree, source) in [
-                (false, DraftSource::Both),
+                (false, DraftSource::All),
                 (true, DraftSource::Index),
                 (true, DraftSource::Prompt),
             ] {

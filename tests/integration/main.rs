@@ -8,6 +8,7 @@ mod cli;
 mod draft_real;
 mod engine_vs_brute_force;
 mod fuzz_replay;
+mod live;
 mod mix_real;
 mod model_real;
 mod model_tiny;

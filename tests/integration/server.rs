@@ -278,6 +278,7 @@ async fn every_rpc_answers_as_the_library_does() {
         authed(pb::DraftRequest {
             target: Some(target),
             options: None,
+            ..Default::default()
         })
     };
     let got = client
@@ -303,6 +304,7 @@ async fn every_rpc_answers_as_the_library_does() {
         session_request::Step::Start(pb::SessionStart {
             context: context.clone(),
             use_model: false,
+            ..Default::default()
         }),
     )
     .await;
@@ -338,6 +340,7 @@ async fn every_rpc_answers_as_the_library_does() {
             min_token_prob: Some(2.0),
             ..Default::default()
         }),
+        ..Default::default()
     };
     assert_eq!(
         client.draft(authed(bad)).await.unwrap_err().code(),

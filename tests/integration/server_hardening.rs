@@ -178,6 +178,7 @@ async fn session_ids_cannot_be_guessed_from_another_connection() {
         session_request::Step::Start(pb::SessionStart {
             context: vec![504, 3458, 281, 504, 3458],
             use_model: false,
+            ..Default::default()
         }),
     )
     .await;
@@ -189,6 +190,7 @@ async fn session_ids_cannot_be_guessed_from_another_connection() {
             .draft(pb::DraftRequest {
                 target: Some(draft_request::Target::SessionId(guess)),
                 options: None,
+                ..Default::default()
             })
             .await
             .unwrap_err();
@@ -199,6 +201,7 @@ async fn session_ids_cannot_be_guessed_from_another_connection() {
         .draft(pb::DraftRequest {
             target: Some(draft_request::Target::SessionId(id)),
             options: None,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -219,6 +222,7 @@ async fn model_sessions_share_a_kv_budget() {
         session_request::Step::Start(pb::SessionStart {
             context: vec![504; n],
             use_model: true,
+            ..Default::default()
         })
     };
     let error_code = |r: &pb::SessionResponse| match &r.result {
@@ -318,6 +322,7 @@ async fn a_shutdown_closes_open_sessions_at_the_drain_deadline() {
         session_request::Step::Start(pb::SessionStart {
             context: vec![504, 3458],
             use_model: false,
+            ..Default::default()
         }),
     )
     .await;
@@ -501,6 +506,7 @@ async fn the_binary_drains_on_sigterm_and_exits_on_a_second() {
         session_request::Step::Start(pb::SessionStart {
             context: vec![504],
             use_model: false,
+            ..Default::default()
         }),
     )
     .await;

@@ -111,6 +111,7 @@ async fn session_stepper(
         let steps = std::iter::once(session_request::Step::Start(pb::SessionStart {
             context: doc[..16].to_vec(),
             use_model: false,
+            ..Default::default()
         }))
         .chain(doc[16..].iter().enumerate().flat_map(|(i, &t)| {
             [

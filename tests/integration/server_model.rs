@@ -247,6 +247,7 @@ async fn score_sessions_and_own_model_match_the_library() {
         session_request::Step::Start(pb::SessionStart {
             context: context.to_vec(),
             use_model: true,
+            ..Default::default()
         }),
     )
     .await;
@@ -342,6 +343,7 @@ async fn score_sessions_and_own_model_match_the_library() {
             session_request::Step::Start(pb::SessionStart {
                 context: vec![1],
                 use_model: false,
+                ..Default::default()
             }),
             Code::FailedPrecondition,
         ),
@@ -368,6 +370,7 @@ async fn score_sessions_and_own_model_match_the_library() {
     let start = session_request::Step::Start(pb::SessionStart {
         context: context.to_vec(),
         use_model: false,
+        ..Default::default()
     });
     assert!(step_error(&step(&tx, &mut replies, start).await).is_none());
     let r = step(

@@ -45,7 +45,7 @@ fn greedy_speculative_decoding_equals_plain_greedy() {
         let want = decode(model.transformer(), &index, prompt, &plain).unwrap();
         assert_eq!(want.drafted, 0);
         assert_eq!(want.steps, 20);
-        let source = [DraftSource::Both, DraftSource::Index, DraftSource::Prompt][i % 3];
+        let source = [DraftSource::All, DraftSource::Index, DraftSource::Prompt][i % 3];
         // Chains and trees (verified a tree per pass) in turn.
         let tree = i % 2 == 1;
         let spec = SpecOptions {

@@ -76,6 +76,7 @@ pub fn config(dir: &Path, index: PathBuf, auth: bool) -> ServeConfig {
         metrics_bind: None,
         auth_token_env: auth.then_some(env),
         limits: Default::default(),
+        live: Default::default(),
     }
 }
 

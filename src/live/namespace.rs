@@ -1,0 +1,206 @@
+//! One namespace of the live index: its tail, the tail being frozen, its runs, and the list of runs
+//! in its folder (`runs.json`), which is the only thing that says what a namespace holds: a run is
+//! built and renamed into place before the list names it, and deleted only after the list stops
+//! naming it, so a kill at any moment leaves a list whose runs are all whole. Folders of runs the
+//! list does not name are ours and removed at open.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use serde::{Deserialize, Serialize};
+
+use super::run::{is_run_folder, Run, RunMeta};
+use super::tail::Tail;
+use super::{LiveError, Result, Vocabulary};
+
+const LIST_FILE: &str = "runs.json";
+const LIST_VERSION: u32 = 1;
+
+/// Longest suffix of a sequence matched in the live data.
+pub const MAX_MATCH: usize = crate::agreement::MAX_AGREEMENT;
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct RunList {
+    version: u32,
+    /// Sequence number of the next run, so a new run never reuses an old one's folder name.
+    next_run: u64,
+    /// Oldest first.
+    runs: Vec<RunMeta>,
+}
+
+#[derive(Default)]
+pub struct State {
+    pub tail: Tail,
+    /// A tail compaction is building into a run: still searched until the run replaces it.
+    pub frozen: Option<Arc<Tail>>,
+    /// Oldest first.
+    pub runs: Vec<Arc<Run>>,
+    pub next_run: u64,
+}
+
+impl State {
+    pub fn tokens(&self) -> u64 {
+        let frozen = self.frozen.as_ref().map_or(0, |t| t.tokens());
+        (self.tail.tokens() + frozen) as u64 + self.runs.iter().map(|r| r.meta.tokens).sum::<u64>()
+    }
+}
+
+pub struct Namespace {
+    pub name: String,
+    pub dir: PathBuf,
+    state: RwLock<State>,
+}
+
+/// A namespace name: it names a folder, so it is kept to characters that are safe in one.
+pub fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(LiveError::Invalid(format!(
+            "namespace {name:?}: use 1 to 64 of A-Z a-z 0-9 . _ - (not starting with '.')"
+        )))
+    }
+}
+
+impl Namespace {
+    /// An empty namespace with its folder created.
+    pub fn create(root: &Path, name: &str) -> Result<Self> {
+        check_name(name)?;
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).map_err(|e| LiveError::io(&dir, e))?;
+        let ns = Self {
+            name: name.to_string(),
+            dir,
+            state: RwLock::default(),
+        };
+        ns.write_list(&ns.write())?;
+        Ok(ns)
+    }
+
+    /// A namespace as its folder's list leaves it, without the folders of runs the list does not
+    /// name (a kill left them).
+    pub fn open(root: &Path, name: &str, vocab: &Vocabulary) -> Result<Self> {
+        let dir = root.join(name);
+        let path = dir.join(LIST_FILE);
+        let list: RunList = match std::fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str(&text)
+                .map_err(|e| LiveError::Corrupt(format!("{}: {e}", path.display())))?,
+            // A kill between creating the namespace's folder and writing its first list.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => RunList {
+                version: LIST_VERSION,
+                ..RunList::default()
+            },
+            Err(e) => return Err(LiveError::io(&path, e)),
+        };
+        if list.version != LIST_VERSION {
+            return Err(LiveError::Corrupt(format!(
+                "{}: version {}, this build reads {LIST_VERSION}",
+                path.display(),
+                list.version
+            )));
+        }
+        remove_unlisted_runs(&dir, &list.runs)?;
+        let runs = list
+            .runs
+            .into_iter()
+            .map(|meta| Run::open(&dir, meta, vocab).map(Arc::new))
+            .collect::<Result<Vec<_>>>()?;
+        let state = State {
+            runs,
+            next_run: list.next_run,
+            ..State::default()
+        };
+        Ok(Self {
+            name: name.to_string(),
+            dir,
+            state: RwLock::new(state),
+        })
+    }
+
+    pub fn read(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn write(&self) -> RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records `state`'s runs as the namespace's list: written beside it, synced, renamed over it.
+    pub fn write_list(&self, state: &State) -> Result<()> {
+        let list = RunList {
+            version: LIST_VERSION,
+            next_run: state.next_run,
+            runs: state.runs.iter().map(|r| r.meta.clone()).collect(),
+        };
+        let path = self.dir.join(LIST_FILE);
+        let temp = self.dir.join(format!("{LIST_FILE}.tmp"));
+        let io = |e| LiveError::io(&temp, e);
+        let mut file = std::fs::File::create(&temp).map_err(io)?;
+        let json =
+            serde_json::to_vec_pretty(&list).map_err(|e| LiveError::Invalid(e.to_string()))?;
+        file.write_all(&json).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        std::fs::rename(&temp, &path).map_err(|e| LiveError::io(&path, e))?;
+        // The rename itself is durable once the folder is synced.
+        std::fs::File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| LiveError::io(&self.dir, e))
+    }
+
+    /// What followed the longest match of `pattern`'s end in this namespace (at most `depth` tokens
+    /// each), pooled over the tail, the frozen tail and the runs that match longest; and its length.
+    pub fn continuations(
+        &self,
+        pattern: &[u32],
+        samples: usize,
+        depth: usize,
+    ) -> (Vec<Vec<u32>>, usize) {
+        let state = self.read();
+        let mut best: (Vec<Vec<u32>>, usize) = (Vec::new(), 0);
+        // A match with nothing after it (it ends a document) drafts nothing: a shorter one may.
+        let mut offer = |(mut conts, len): (Vec<Vec<u32>>, usize)| {
+            conts.retain(|c| !c.is_empty());
+            if conts.is_empty() {
+                return;
+            }
+            if len > best.1 {
+                best = (conts, len);
+            } else if len == best.1 && len > 0 {
+                best.0.extend(conts);
+            }
+        };
+        offer(state.tail.continuations(pattern, depth));
+        if let Some(frozen) = &state.frozen {
+            offer(frozen.continuations(pattern, depth));
+        }
+        for run in &state.runs {
+            offer(
+                run.index()
+                    .continuations_after(pattern, MAX_MATCH, samples, depth),
+            );
+        }
+        best
+    }
+}
+
+/// Removes the folders of runs (and of builds of runs) that `listed` does not name.
+fn remove_unlisted_runs(dir: &Path, listed: &[RunMeta]) -> Result<()> {
+    let entries = std::fs::read_dir(dir).map_err(|e| LiveError::io(dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| LiveError::io(dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if is_run_folder(&name) && !listed.iter().any(|r| r.name == name) {
+            let path = entry.path();
+            tracing::warn!(path = %path.display(), "removing a run the namespace's list does not name (left by a kill)");
+            std::fs::remove_dir_all(&path).map_err(|e| LiveError::io(&path, e))?;
+        }
+    }
+    Ok(())
+}
