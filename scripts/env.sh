@@ -26,3 +26,32 @@ ensure_reference_engine() {
     "$INFINI_GRAM_PYTHON" -m pip install -q infini-gram==2.6.0 numpy
   fi
 }
+
+# SuffixDecoding, the peer of `eval workload` (eval/suffix_decoding_replay.py): only its suffix-tree
+# extension is built, from arctic-inference's source package (its wheel needs torch), into a venv.
+SUFFIX_VENV="$CACHE/venv-suffix-decoding"
+SUFFIX_PYTHON="$SUFFIX_VENV/bin/python"
+ensure_suffix_decoding() {
+  if "$SUFFIX_PYTHON" -c 'import arctic_inference.suffix_decoding' 2>/dev/null; then
+    return
+  fi
+  python3 -m venv "$SUFFIX_VENV"
+  "$SUFFIX_PYTHON" -m pip install -q numpy nanobind==2.9.2 cmake ninja
+  local work
+  work="$(mktemp -d)"
+  "$SUFFIX_PYTHON" -m pip download -q --no-deps --no-binary :all: -d "$work" arctic-inference==0.3.0
+  tar -xzf "$work"/arctic_inference-0.3.0.tar.gz -C "$work"
+  local src="$work/arctic_inference-0.3.0"
+  "$SUFFIX_VENV/bin/cmake" -S "$src/csrc/suffix_decoding" -B "$work/build" -G Ninja \
+    -DCMAKE_MAKE_PROGRAM="$SUFFIX_VENV/bin/ninja" -DCMAKE_BUILD_TYPE=Release \
+    -DPython_EXECUTABLE="$SUFFIX_PYTHON" \
+    -Dnanobind_DIR="$("$SUFFIX_PYTHON" -m nanobind --cmake_dir)"
+  "$SUFFIX_VENV/bin/cmake" --build "$work/build"
+  local site
+  site="$("$SUFFIX_PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  mkdir -p "$site/arctic_inference"
+  cp "$src/arctic_inference/__init__.py" "$site/arctic_inference/"
+  cp -r "$src/arctic_inference/suffix_decoding" "$site/arctic_inference/"
+  cp "$work"/build/_C*.so "$site/arctic_inference/suffix_decoding/"
+  rm -rf "$work"
+}

@@ -12,6 +12,7 @@ use infini_sidecar::eval::experiment::{self, EvalInputs, FitSummary, Pairing};
 use infini_sidecar::eval::per_token::write_per_token;
 use infini_sidecar::eval::report as eval_report;
 use infini_sidecar::eval::spec::{self as eval_spec, SpecEvalOptions};
+use infini_sidecar::eval::workload;
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::mix::{GateOptions, MixingParams};
 use infini_sidecar::model::{Model, WindowOptions};
@@ -27,6 +28,9 @@ pub enum EvalCommand {
     /// Speculative greedy decoding with ∞-gram drafts vs plain greedy decoding, per domain and draft
     /// source: acceptance, drafter cost, speed-up.
     Spec(SpecArgs),
+    /// Replays a workload file (chat requests with namespaces) in order through the decoding loop,
+    /// with live indexes learning as it goes: speed-up cold vs warm, acceptance by source.
+    Workload(WorkloadArgs),
 }
 
 pub fn run(command: EvalCommand) -> Result<()> {
@@ -34,6 +38,7 @@ pub fn run(command: EvalCommand) -> Result<()> {
         EvalCommand::Fit(args) => run_fit(args),
         EvalCommand::Ppl(args) => run_ppl(args),
         EvalCommand::Spec(args) => run_spec(args),
+        EvalCommand::Workload(args) => run_workload(args),
     }
 }
 
@@ -231,6 +236,106 @@ fn run_spec(args: SpecArgs) -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         std::fs::write(dir.join("spec.json"), serde_json::to_string_pretty(&rows)?)?;
         std::fs::write(dir.join("spec.md"), &md)?;
+    }
+    print!("{md}");
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct WorkloadArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The reference index (built with the model's tokenizer).
+    #[arg(long)]
+    index: PathBuf,
+    /// JSON lines: `id`, `messages` (or `prompt`), `max_new_tokens`, `namespace`, `reference`
+    /// (scripts/make_workload.py writes one).
+    #[arg(long)]
+    workload: PathBuf,
+    /// Folder for workload.json, workload.md and replay.json (each request's prompt and output
+    /// tokens, for other drafters' replays).
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+    /// A Python with arctic-inference's suffix_decoding module: the same outputs are then replayed
+    /// through SuffixDecoding too (eval/suffix_decoding_replay.py), for the table's comparison.
+    #[arg(long)]
+    suffix_decoding_python: Option<PathBuf>,
+}
+
+/// SuffixDecoding's simulated replays of `replay_json`, from eval/suffix_decoding_replay.py.
+fn suffix_decoding(
+    python: &std::path::Path,
+    replay_json: &str,
+) -> Result<Vec<workload::Simulated>> {
+    let file = tempfile_in_temp("replay.json", replay_json)?;
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("eval/suffix_decoding_replay.py");
+    let out = std::process::Command::new(python)
+        .arg(&script)
+        .arg(&file)
+        .output()
+        .with_context(|| format!("running {}", python.display()))?;
+    let _ = std::fs::remove_file(&file);
+    if !out.status.success() {
+        bail!(
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    #[derive(serde::Deserialize)]
+    struct Row {
+        configuration: String,
+        part: String,
+        tokens: usize,
+        speedup: f64,
+        accepted_per_step: f64,
+        spec_us_per_drafted_token: f64,
+    }
+    let rows: Vec<Row> = serde_json::from_slice(&out.stdout)?;
+    Ok(rows
+        .into_iter()
+        .map(|r| workload::Simulated {
+            configuration: r.configuration,
+            part: r.part,
+            tokens: r.tokens,
+            speedup: r.speedup,
+            accepted_per_step: r.accepted_per_step,
+            draft_us_per_drafted_token: r.spec_us_per_drafted_token,
+        })
+        .collect())
+}
+
+/// Writes `text` to a new file of ours in the temporary folder.
+fn tempfile_in_temp(name: &str, text: &str) -> Result<PathBuf> {
+    let path = std::env::temp_dir().join(format!("infini-sidecar-{}-{name}", std::process::id()));
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+fn run_workload(args: WorkloadArgs) -> Result<()> {
+    let requests = workload::read(&args.workload)?;
+    let model = load_model(&args.model)?;
+    let index = Index::open(&args.index, &OpenOptions::default())?;
+    Pairing::new(&model, &index)?;
+    let mut report = workload::run(&model, &index, &requests)?;
+    report.simulated = workload::simulate(&index, &requests, &report.replay, &report.references)?;
+    let replay_json = serde_json::to_string(&report.replay)?;
+    if let Some(python) = &args.suffix_decoding_python {
+        report
+            .simulated
+            .extend(suffix_decoding(python, &replay_json)?);
+    }
+    let md = workload::markdown(&report);
+    if let Some(dir) = &args.out_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        report.replay.clear();
+        std::fs::write(dir.join("replay.json"), &replay_json)?;
+        std::fs::write(
+            dir.join("workload.json"),
+            serde_json::to_string_pretty(&report)?,
+        )?;
+        std::fs::write(dir.join("workload.md"), &md)?;
     }
     print!("{md}");
     Ok(())

@@ -53,6 +53,15 @@ impl Origin {
         Origin::Live,
         Origin::Reference,
     ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::Index => "index",
+            Origin::Prompt => "prompt",
+            Origin::Live => "live",
+            Origin::Reference => "reference",
+        }
+    }
 }
 
 /// A draft scaled by its source's record, with each node's unscaled probability given its parent

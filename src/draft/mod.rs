@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 use crate::index::suffix::SuffixMatch;
 use crate::index::{Index, Result};
 use crate::live::{LiveError, LiveIndex};
-use calibration::{Calibrated, Calibration, Origin};
+pub use calibration::Origin;
+use calibration::{Calibrated, Calibration};
 use lookup::PromptLookup;
 pub use tree::{DraftTree, Trie};
 
@@ -117,6 +118,8 @@ pub struct Sequence {
     live: Option<LiveLink>,
     reference: Option<Reference>,
     calibration: Calibration,
+    /// The source of the last draft handed out (`None` for a union of several, or no draft).
+    last_origin: Option<Origin>,
 }
 
 /// The live namespace a sequence drafts from, and the live document its tokens go to when it
@@ -126,6 +129,18 @@ struct LiveLink {
     namespace: String,
     /// The document and how many of the sequence's tokens it holds.
     learning: Option<(u64, usize)>,
+}
+
+/// What a sequence may draft from beyond the reference index and its own tokens.
+#[derive(Clone, Default)]
+pub struct Extras {
+    /// A live index and the namespace to draft from ("" for none).
+    pub live: Option<Arc<LiveIndex>>,
+    pub namespace: String,
+    /// Add the sequence's tokens to the namespace as a document.
+    pub learn: bool,
+    /// Text the output is expected to resemble; ids must have been checked.
+    pub reference: Vec<u32>,
 }
 
 /// Text the caller expects the output to resemble (the file being edited, a predicted answer).
@@ -146,7 +161,21 @@ impl Sequence {
             live: None,
             reference: None,
             calibration: Calibration::default(),
+            last_origin: None,
         })
+    }
+
+    /// The sequence with `extras`: a live namespace (when both a live index and a namespace are
+    /// given) and a reference text (when not empty).
+    pub fn with_extras(self, extras: Extras) -> Result<Self, LiveError> {
+        let mut seq = match (extras.live, extras.namespace.is_empty()) {
+            (Some(live), false) => self.with_live(live, &extras.namespace, extras.learn)?,
+            _ => self,
+        };
+        if !extras.reference.is_empty() {
+            seq = seq.with_reference(extras.reference);
+        }
+        Ok(seq)
     }
 
     /// Drafts also from `namespace` of the live index; with `learn`, the sequence's tokens (those
@@ -252,6 +281,7 @@ impl Sequence {
     /// was accepted.
     pub fn draft(&mut self, index: &Index, opts: &DraftOptions) -> DraftTree {
         self.calibration.release();
+        self.last_origin = None;
         let mut offers = Vec::new();
         for origin in Origin::ALL {
             if !opts.source.includes(origin) || !self.has(origin) {
@@ -291,11 +321,17 @@ impl Sequence {
         match best {
             Some((origin, draft)) => {
                 let tree = draft.tree.clone();
+                self.last_origin = (!tree.is_empty()).then_some(origin);
                 self.calibration.drafted(origin, draft);
                 tree
             }
             None => DraftTree::default(),
         }
+    }
+
+    /// Where the last draft came from: `None` for a union of several sources, or no draft.
+    pub fn last_origin(&self) -> Option<Origin> {
+        self.last_origin
     }
 
     fn has(&self, origin: Origin) -> bool {

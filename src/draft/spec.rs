@@ -6,11 +6,12 @@
 //! otherwise samples from the target with that token removed, which leaves the target distribution
 //! exact (the draft is a point mass).
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use serde::Serialize;
 
-use super::{DraftOptions, DraftTree, Sequence};
+use super::{DraftOptions, DraftTree, Extras, Sequence};
 use crate::index::Index;
 use crate::model::{ModelError, Transformer, SHORT_PASS_ROWS};
 use crate::softmax::softmax;
@@ -43,6 +44,15 @@ pub struct SpecRun {
     pub prefill_seconds: f64,
     /// Decoding, after the prefill.
     pub seconds: f64,
+    /// Drafts, drafted and accepted tokens by the source of the draft ("union" for trees of several).
+    pub by_source: BTreeMap<&'static str, SourceTally>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct SourceTally {
+    pub drafts: usize,
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 /// splitmix64: a small, seedable source of uniforms for sampling verification.
@@ -202,7 +212,19 @@ pub fn decode(
     prompt: &[u32],
     opts: &SpecOptions,
 ) -> Result<SpecRun, anyhow::Error> {
-    crate::model::on_rayon_worker(|| decode_here(model, index, prompt, opts))
+    decode_with(model, index, prompt, opts, Extras::default())
+}
+
+/// [`decode`] with drafts also from `extras` (a live namespace, which learns the output when
+/// `extras.learn`; a reference text).
+pub fn decode_with(
+    model: &Transformer,
+    index: &Index,
+    prompt: &[u32],
+    opts: &SpecOptions,
+    extras: Extras,
+) -> Result<SpecRun, anyhow::Error> {
+    crate::model::on_rayon_worker(|| decode_here(model, index, prompt, opts, extras))
 }
 
 fn decode_here(
@@ -210,6 +232,7 @@ fn decode_here(
     index: &Index,
     prompt: &[u32],
     opts: &SpecOptions,
+    extras: Extras,
 ) -> Result<SpecRun, anyhow::Error> {
     let Some((&last, head)) = prompt.split_last() else {
         return Err(ModelError::Invalid("empty prompt".into()).into());
@@ -231,7 +254,10 @@ fn decode_here(
     let t = Instant::now();
     let mut drafter = opts
         .draft
-        .map(|d| Sequence::new(index, prompt.to_vec()).map(|seq| (seq, d)))
+        .map(|d| -> Result<_, anyhow::Error> {
+            let seq = Sequence::new(index, prompt.to_vec())?.with_extras(extras)?;
+            Ok((seq, d))
+        })
         .transpose()?;
     run.draft_seconds += t.elapsed().as_secs_f64();
     let mut cache = model.new_cache();
@@ -279,6 +305,13 @@ fn decode_here(
         run.steps += 1;
         run.drafted += rows.tokens.len();
         run.accepted += path.len();
+        if let Some((seq, _)) = drafter.as_ref().filter(|_| !rows.tokens.is_empty()) {
+            let source = seq.last_origin().map_or("union", |o| o.name());
+            let tally = run.by_source.entry(source).or_default();
+            tally.drafts += 1;
+            tally.drafted += rows.tokens.len();
+            tally.accepted += path.len();
+        }
 
         let mut new: Vec<u32> = path.iter().map(|&r| rows.tokens[r - 1]).collect();
         new.push(next);

@@ -1,6 +1,6 @@
 //! Evaluations over documents: the neural model's perplexity with the paper's window protocol, the
 //! ∞-gram and mixed perplexities (`eval fit`, `eval ppl`, the per-token output), and speculative
-//! decoding (`eval spec`).
+//! decoding (`eval spec`, and `eval workload` over a replayed workload with live indexes).
 
 pub mod documents;
 pub mod error;
@@ -10,6 +10,7 @@ pub mod per_token;
 pub mod records;
 pub mod report;
 pub mod spec;
+pub mod workload;
 
 pub use error::EvalError;
 

@@ -1,51 +1,104 @@
 //! Compaction, in a background thread: a tail past the freeze size becomes a level-0 run; when
 //! `fanout` runs of one level are the newest, they merge into one of the next level (so each token is
 //! rebuilt O(log_fanout(budget / freeze)) times and a lookup visits that many runs per level); runs
-//! stop merging at an eighth of the budget; and while the live index holds more than its budget, the
-//! oldest run of any namespace is dropped. Searches go on throughout: a run is built beside what it
-//! replaces and swapped in under the namespace's lock.
+//! stop merging at an eighth of the budget; and while the live index holds more than its budget, every
+//! tail is frozen early and the oldest run of any namespace is dropped. Searches go on throughout: a
+//! run is built beside what it replaces and swapped in under the namespace's lock, and the run list
+//! is written before that lock is taken (only compaction changes runs, so what it writes stays true).
+//! A namespace whose compaction fails is logged and skipped; the others and eviction go on.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::namespace::{Namespace, State};
+use super::namespace::Namespace;
 use super::run::{folder_name, Run, RunMeta};
 use super::{Inner, Result};
 
 /// Biggest run compaction makes, as a share of the budget: eviction drops at most this much at once.
 const MAX_RUN_SHARE: u64 = 8;
+/// Builds of one frozen tail tried before its documents are given up (a full disk, say).
+const MAX_FREEZE_ATTEMPTS: u32 = 3;
 
-/// One round over every namespace: freeze, merge, evict.
-pub(super) fn round(inner: &Inner) -> Result<()> {
+/// One round over every namespace: freeze, merge, evict. With `flush`, every tail is frozen
+/// whatever its size (a clean shutdown, or a live index over its budget).
+pub(super) fn round(inner: &Inner, flush: bool) {
     let _alone = inner.compacting.lock().unwrap_or_else(|e| e.into_inner());
+    let flush = flush || over_budget(inner);
     for ns in inner.namespaces() {
-        freeze(inner, &ns)?;
-        while merge(inner, &ns)? {}
+        if inner.stop.load(Ordering::Relaxed) && !flush {
+            return;
+        }
+        if let Err(e) = compact(inner, &ns, flush) {
+            tracing::error!(namespace = %ns.name, error = %e, "live compaction failed; its tails stay searchable and it is tried again");
+        }
     }
-    evict(inner)
+    if let Err(e) = evict(inner) {
+        tracing::error!(error = %e, "live eviction failed");
+    }
 }
 
-/// Builds the tail into a run once it reaches the freeze size. The frozen tail stays searchable
-/// until its run replaces it; a build that fails leaves it so and is tried again next round.
-fn freeze(inner: &Inner, ns: &Namespace) -> Result<()> {
-    let (frozen, meta) = {
+fn compact(inner: &Inner, ns: &Namespace, flush: bool) -> Result<()> {
+    freeze(inner, ns, flush)?;
+    while !inner.stop.load(Ordering::Relaxed) {
+        if !merge(inner, ns)? {
+            break;
+        }
+    }
+    Ok(())
+}
+
+fn over_budget(inner: &Inner) -> bool {
+    let total: u64 = inner.namespaces().iter().map(|ns| ns.read().tokens()).sum();
+    total > inner.config.budget_tokens
+}
+
+/// Builds the tail into a run once it reaches the freeze size (any size with `flush`). The frozen
+/// tail stays searchable until its run replaces it; a build that fails leaves it so and is tried
+/// again next round, up to [`MAX_FREEZE_ATTEMPTS`].
+fn freeze(inner: &Inner, ns: &Namespace, flush: bool) -> Result<()> {
+    let due = {
+        let state = ns.read();
+        state.frozen.is_some()
+            || (!state.tail.is_empty()
+                && (flush || state.tail.tokens() as u64 >= inner.config.freeze_tokens))
+    };
+    if !due {
+        return Ok(());
+    }
+    let (frozen, meta, attempt) = {
         let mut state = ns.write();
-        let frozen = match &state.frozen {
-            Some(frozen) => frozen.clone(),
-            None if state.tail.tokens() as u64 >= inner.config.freeze_tokens => {
-                let frozen = Arc::new(std::mem::take(&mut state.tail));
-                state.frozen = Some(frozen.clone());
-                frozen
-            }
-            None => return Ok(()),
-        };
-        (frozen, new_meta(inner, &mut state, 0))
+        if state.frozen.is_none() {
+            state.frozen = Some(Arc::new(std::mem::take(&mut state.tail)));
+            state.freeze_attempts = 0;
+        }
+        state.freeze_attempts += 1;
+        let frozen = state.frozen.clone().unwrap_or_default();
+        (
+            frozen,
+            new_meta(inner, &mut state.next_run, 0),
+            state.freeze_attempts,
+        )
     };
     let docs = frozen.documents().map(<[u32]>::to_vec);
-    let run = Run::build(&ns.dir, meta, &inner.vocab, docs)?;
+    let run = match Run::build(&ns.dir, meta, &inner.vocab, docs) {
+        Ok(run) => Arc::new(run),
+        Err(e) if attempt >= MAX_FREEZE_ATTEMPTS => {
+            ns.write().frozen = None;
+            tracing::error!(namespace = %ns.name, tokens = frozen.tokens(), error = %e, "gave up building a frozen live tail; its documents are dropped");
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
+    let (mut runs, next_run) = {
+        let state = ns.read();
+        (state.runs.clone(), state.next_run)
+    };
+    runs.push(run.clone());
+    ns.write_list(&runs, next_run)?;
     let mut state = ns.write();
     state.frozen = None;
-    state.runs.push(Arc::new(run));
-    ns.write_list(&state)
+    state.runs.push(run);
+    Ok(())
 }
 
 /// Merges the newest `fanout` runs when they are all of one level and the merge stays under the
@@ -53,7 +106,7 @@ fn freeze(inner: &Inner, ns: &Namespace) -> Result<()> {
 fn merge(inner: &Inner, ns: &Namespace) -> Result<bool> {
     let fanout = inner.config.merge_fanout;
     let (parts, meta) = {
-        let mut state = ns.write();
+        let state = ns.read();
         let n = state.runs.len();
         if n < fanout {
             return Ok(false);
@@ -66,60 +119,61 @@ fn merge(inner: &Inner, ns: &Namespace) -> Result<bool> {
         {
             return Ok(false);
         }
-        let mut meta = new_meta(inner, &mut state, level + 1);
+        drop(state);
+        let mut meta = new_meta(inner, &mut ns.write().next_run, level + 1);
         meta.oldest = parts.iter().map(|r| r.meta.oldest).min().unwrap_or(0);
         (parts, meta)
     };
     let docs = parts.iter().flat_map(|r| r.index().documents());
-    let run = Run::build(&ns.dir, meta, &inner.vocab, docs)?;
-    let mut state = ns.write();
+    let run = Arc::new(Run::build(&ns.dir, meta, &inner.vocab, docs)?);
     // Only compaction changes the runs, so the parts are still the newest `fanout`.
-    let n = state.runs.len();
-    state.runs.splice(n - fanout.., [Arc::new(run)]);
-    ns.write_list(&state)?;
-    drop(state);
+    let (mut runs, next_run) = {
+        let state = ns.read();
+        (state.runs.clone(), state.next_run)
+    };
+    let n = runs.len();
+    runs.splice(n - fanout.., [run]);
+    ns.write_list(&runs, next_run)?;
+    ns.write().runs = runs;
     for part in parts {
         remove_run(ns, &part.meta);
     }
     Ok(true)
 }
 
-/// Drops the oldest runs while the live index is over its budget. With no run left to drop, the
-/// biggest tail is emptied (its documents are the oldest still held somewhere).
+/// Drops the oldest runs while the live index is over its budget (the round froze every tail
+/// first when it was over, so what is held is in runs).
 fn evict(inner: &Inner) -> Result<()> {
-    loop {
-        let namespaces = inner.namespaces();
-        let total: u64 = namespaces.iter().map(|ns| ns.read().tokens()).sum();
-        if total <= inner.config.budget_tokens {
-            return Ok(());
-        }
-        let oldest = namespaces
-            .iter()
-            .filter_map(|ns| ns.read().runs.first().map(|r| (r.meta.oldest, ns.clone())))
+    while over_budget(inner) {
+        let oldest = inner
+            .namespaces()
+            .into_iter()
+            .filter_map(|ns| {
+                let first = ns.read().runs.first().map(|r| r.meta.oldest);
+                first.map(|oldest| (oldest, ns))
+            })
             .min_by_key(|(oldest, _)| *oldest);
-        if let Some((_, ns)) = oldest {
+        let Some((_, ns)) = oldest else {
+            return Ok(());
+        };
+        let (runs, next_run) = {
+            let state = ns.read();
+            (state.runs[1..].to_vec(), state.next_run)
+        };
+        ns.write_list(&runs, next_run)?;
+        let run = {
             let mut state = ns.write();
-            let run = state.runs.remove(0);
-            ns.write_list(&state)?;
-            drop(state);
-            tracing::info!(namespace = %ns.name, run = %run.meta.name, tokens = run.meta.tokens, "evicted the oldest live run");
-            remove_run(&ns, &run.meta);
-            continue;
-        }
-        let biggest = namespaces.iter().max_by_key(|ns| ns.read().tail.tokens());
-        match biggest {
-            Some(ns) if !ns.read().tail.is_empty() => {
-                let dropped = std::mem::take(&mut ns.write().tail);
-                tracing::info!(namespace = %ns.name, tokens = dropped.tokens(), "evicted a live tail");
-            }
-            _ => return Ok(()),
-        }
+            state.runs.remove(0)
+        };
+        tracing::info!(namespace = %ns.name, run = %run.meta.name, tokens = run.meta.tokens, "evicted the oldest live run");
+        remove_run(&ns, &run.meta);
     }
+    Ok(())
 }
 
-fn new_meta(inner: &Inner, state: &mut State, level: u32) -> RunMeta {
-    let seq = state.next_run;
-    state.next_run += 1;
+fn new_meta(inner: &Inner, next_run: &mut u64, level: u32) -> RunMeta {
+    let seq = *next_run;
+    *next_run += 1;
     RunMeta {
         name: folder_name(seq),
         level,

@@ -104,7 +104,11 @@ impl LiveConfig {
                     .into(),
             ));
         }
-        if self.budget_tokens < 8 * self.freeze_tokens {
+        if self
+            .freeze_tokens
+            .checked_mul(8)
+            .is_none_or(|t| self.budget_tokens < t)
+        {
             return Err(LiveError::Invalid(format!(
                 "live: a budget of {} tokens is less than 8 tails of {} (freeze_tokens)",
                 self.budget_tokens, self.freeze_tokens
@@ -140,6 +144,8 @@ pub(crate) struct Inner {
     wake: (Mutex<bool>, Condvar),
     /// Held through a compaction round: compaction assumes it alone changes the runs.
     compacting: Mutex<()>,
+    /// Held while a namespace is created.
+    creating: Mutex<()>,
     stop: AtomicBool,
     /// Held for the index's life: one process per data folder.
     _lock: Option<std::fs::File>,
@@ -166,7 +172,8 @@ impl Inner {
     }
 }
 
-const LOCK_FILE: &str = "LOCK";
+/// The data folder's lock file (never a namespace name).
+pub(crate) const LOCK_FILE: &str = "LOCK";
 
 impl LiveIndex {
     /// Opens the data folder (created if missing) with the namespaces a previous run left, or a
@@ -188,7 +195,13 @@ impl LiveIndex {
             if !entry.path().is_dir() || check_name(&name).is_err() {
                 continue;
             }
-            let ns = Namespace::open(&root, &name, &vocab)?;
+            let ns = match Namespace::open(&root, &name, &vocab) {
+                Ok(ns) => ns,
+                Err(e) => {
+                    set_aside(&root, &name, &e)?;
+                    continue;
+                }
+            };
             oldest = ns
                 .read()
                 .runs
@@ -210,6 +223,7 @@ impl LiveIndex {
             next_freeze: AtomicU64::new(oldest),
             wake: (Mutex::new(false), Condvar::new()),
             compacting: Mutex::new(()),
+            creating: Mutex::new(()),
             stop: AtomicBool::new(false),
             _lock: Some(lock),
         });
@@ -250,6 +264,20 @@ impl LiveIndex {
         let ns = self.namespace_or_create(namespace)?;
         let full = {
             let mut state = ns.write();
+            // Compaction far behind (or failing): refuse rather than grow without bound.
+            let behind = 4 * self.inner.config.freeze_tokens;
+            if tokens.len() as u64 > behind {
+                return Err(LiveError::Invalid(format!(
+                    "{} tokens at once is more than the live index takes in one piece ({behind}: 4 × freeze_tokens)",
+                    tokens.len()
+                )));
+            }
+            if (state.tail.tokens() + tokens.len()) as u64 > behind {
+                return Err(LiveError::Full(format!(
+                    "namespace {namespace:?} has {} tokens waiting to be compacted; try again shortly",
+                    state.tail.tokens()
+                )));
+            }
             state.tail.append(doc, tokens);
             state.tail.tokens() as u64 >= self.inner.config.freeze_tokens
         };
@@ -302,10 +330,10 @@ impl LiveIndex {
         stats
     }
 
-    /// Runs compaction now, in the caller's thread (tests, and a clean shutdown's final flush is
-    /// not attempted: the tail is what a stop may lose).
-    pub fn compact_now(&self) -> Result<()> {
-        compact::round(&self.inner)
+    /// Runs a compaction round now, in the caller's thread; with `flush`, every tail becomes a run
+    /// whatever its size.
+    pub fn compact_now(&self, flush: bool) {
+        compact::round(&self.inner, flush)
     }
 
     fn namespace_or_create(&self, name: &str) -> Result<Arc<Namespace>> {
@@ -319,17 +347,22 @@ impl LiveIndex {
             return Ok(ns.clone());
         }
         check_name(name)?;
-        let mut map = inner.namespaces.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(ns) = map.get(name) {
-            return Ok(ns.clone());
-        }
-        if map.len() >= inner.config.max_namespaces {
+        // One creator at a time, but lookups in other namespaces go on while its folder is made.
+        let _creating = inner.creating.lock().unwrap_or_else(|e| e.into_inner());
+        let held = {
+            let map = inner.namespaces.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(ns) = map.get(name) {
+                return Ok(ns.clone());
+            }
+            map.len()
+        };
+        if held >= inner.config.max_namespaces {
             return Err(LiveError::Full(format!(
-                "the live index already holds {} namespaces (max_namespaces)",
-                map.len()
+                "the live index already holds {held} namespaces (max_namespaces)"
             )));
         }
         let ns = Arc::new(Namespace::create(&inner.root, name)?);
+        let mut map = inner.namespaces.write().unwrap_or_else(|e| e.into_inner());
         map.insert(name.to_string(), ns.clone());
         Ok(ns)
     }
@@ -342,6 +375,10 @@ impl Drop for LiveIndex {
         if let Some(compactor) = self.compactor.take() {
             let _ = compactor.join();
         }
+        if !self.inner.temporary {
+            // A clean stop keeps everything learnt: the tails become runs.
+            compact::round(&self.inner, true);
+        }
         if self.inner.temporary {
             let _ = std::fs::remove_dir_all(&self.inner.root);
         }
@@ -351,8 +388,11 @@ impl Drop for LiveIndex {
 fn run_compactor(inner: &Inner) {
     let (flag, cond) = &inner.wake;
     while !inner.stop.load(Ordering::Relaxed) {
-        if let Err(e) = compact::round(inner) {
-            tracing::error!(error = %e, "live compaction failed; the tails stay searchable and it is tried again");
+        let round = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            compact::round(inner, false)
+        }));
+        if round.is_err() {
+            tracing::error!("a live compaction round panicked; it is tried again");
         }
         let guard = flag.lock().unwrap_or_else(|e| e.into_inner());
         let (mut woken, _) = cond
@@ -362,15 +402,52 @@ fn run_compactor(inner: &Inner) {
     }
 }
 
-/// A folder of our own under the system's temporary folder.
+const TEMPORARY_PREFIX: &str = "infini-sidecar-live-";
+
+/// A folder of our own under the system's temporary folder. Those of processes that are gone (a
+/// kill leaves them) are removed first.
 fn temporary_root() -> Result<PathBuf> {
+    remove_orphaned_temporaries();
     let mut nonce = [0u8; 8];
     getrandom::fill(&mut nonce).map_err(|e| LiveError::Invalid(format!("no randomness: {e}")))?;
     Ok(std::env::temp_dir().join(format!(
-        "infini-sidecar-live-{}-{}",
+        "{TEMPORARY_PREFIX}{}-{}",
         std::process::id(),
         hex::encode(nonce)
     )))
+}
+
+fn remove_orphaned_temporaries() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix(TEMPORARY_PREFIX)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<i32>().ok());
+        // SAFETY: signal 0 only asks whether the process exists.
+        let gone = pid.is_some_and(|pid| {
+            (unsafe { libc::kill(pid, 0) }) != 0
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+        });
+        if gone && std::fs::remove_dir_all(entry.path()).is_ok() {
+            tracing::info!(path = %entry.path().display(), "removed the temporary live index of a process that is gone");
+        }
+    }
+}
+
+/// Renames a namespace that cannot be opened out of the way (to `.bad-NAME-SECONDS`, which no
+/// namespace name can be), so the sidecar starts with the others; nothing is deleted.
+fn set_aside(root: &Path, name: &str, error: &LiveError) -> Result<()> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let to = root.join(format!(".bad-{name}-{secs}"));
+    std::fs::rename(root.join(name), &to).map_err(|e| LiveError::io(&to, e))?;
+    tracing::error!(namespace = name, moved_to = %to.display(), error = %error, "a live namespace could not be opened and was set aside");
+    Ok(())
 }
 
 /// Takes the data folder's lock file (advisory, released when the process ends, however it ends).
@@ -486,14 +563,17 @@ mod tests {
         let mut rng = Rng(0x9e3779b97f4a7c15);
         let live = LiveIndex::open(config(None), VOCAB).unwrap();
         let docs = documents(&mut rng, 60);
-        // Half the documents become runs (two levels of merges), the rest stay in the tail.
-        live.add_documents("a", &docs[..30]).unwrap();
-        live.compact_now().unwrap();
+        // Most documents become runs (merged over two levels), the last ones stay in the tail.
+        for chunk in docs[..50].chunks(10) {
+            live.add_documents("a", chunk).unwrap();
+            live.compact_now(false);
+        }
         let stats = live.stats();
-        assert!(stats.runs >= 1 && stats.tail_tokens == 0, "{stats:?}");
-        live.add_documents("a", &docs[30..]).unwrap();
+        assert!(stats.runs >= 2, "{stats:?}");
+        live.add_documents("a", &docs[50..]).unwrap();
         check_lookups(&live, "a", &docs, &mut rng);
-        live.compact_now().unwrap();
+        live.compact_now(true);
+        assert_eq!(live.stats().tail_tokens, 0);
         check_lookups(&live, "a", &docs, &mut rng);
         assert_eq!(
             live.stats().tokens,
@@ -510,7 +590,7 @@ mod tests {
         let pattern = &docs[0][..5];
         assert!(live.continuations("a", pattern, 64, 4).1 > 0);
         assert_eq!(live.continuations("b", pattern, 64, 4), (Vec::new(), 0));
-        live.compact_now().unwrap();
+        live.compact_now(false);
         live.add_documents("b", &documents(&mut Rng(8), 10))
             .unwrap();
         let (conts, _) = live.continuations("b", pattern, 64, 4);
@@ -525,8 +605,10 @@ mod tests {
         let docs = documents(&mut rng, 40);
         {
             let live = LiveIndex::open(config(Some(dir.path().into())), VOCAB).unwrap();
-            live.add_documents("team-1", &docs).unwrap();
-            live.compact_now().unwrap();
+            for chunk in docs.chunks(10) {
+                live.add_documents("team-1", chunk).unwrap();
+                live.compact_now(false);
+            }
             // A second process may not use the folder while this one does.
             let again = LiveIndex::open(config(Some(dir.path().into())), VOCAB);
             assert!(matches!(again, Err(LiveError::Invalid(_))));
@@ -546,23 +628,53 @@ mod tests {
     }
 
     #[test]
-    fn a_corrupt_list_is_refused_at_open() {
+    fn a_namespace_whose_list_disagrees_with_its_runs_is_set_aside_at_open() {
         let dir = tempfile::tempdir().unwrap();
+        let docs = documents(&mut Rng(3), 20);
         {
             let live = LiveIndex::open(config(Some(dir.path().into())), VOCAB).unwrap();
-            live.add_documents("a", &documents(&mut Rng(3), 20))
-                .unwrap();
-            live.compact_now().unwrap();
+            live.add_documents("a", &docs[..10]).unwrap();
+            live.add_documents("b", &docs[10..]).unwrap();
         }
+        // The clean stop above froze both tails into runs.
         let list = dir.path().join("a").join("runs.json");
         let text = std::fs::read_to_string(&list).unwrap();
+        assert!(text.contains("run-"), "{text}");
         std::fs::write(&list, text.replace("\"tokens\": ", "\"tokens\": 1")).unwrap();
-        let opened = LiveIndex::open(config(Some(dir.path().into())), VOCAB);
-        assert!(
-            matches!(opened, Err(LiveError::Corrupt(_))),
-            "{:?}",
-            opened.err()
-        );
+        let live = LiveIndex::open(config(Some(dir.path().into())), VOCAB).unwrap();
+        // "b" is served; "a" was moved aside whole, not deleted.
+        assert_eq!(live.stats().namespaces, 1);
+        assert!(live.continuations("b", &docs[15][..8], 64, 4).1 >= 8);
+        assert_eq!(live.continuations("a", &docs[5][..8], 64, 4).1, 0);
+        let aside: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".bad-a-"))
+            .collect();
+        assert_eq!(aside.len(), 1);
+        assert!(dir.path().join(&aside[0]).join("runs.json").exists());
+    }
+
+    #[test]
+    fn oversized_pieces_bad_names_and_bad_ids_are_refused() {
+        let live = LiveIndex::open(config(None), VOCAB).unwrap();
+        let doc: Vec<u32> = (1..=801).collect();
+        assert!(matches!(
+            live.add_documents("a", std::slice::from_ref(&doc)),
+            Err(LiveError::Invalid(_))
+        ));
+        live.add_documents("a", &[doc[..800].to_vec()]).unwrap();
+        let long = "n".repeat(65);
+        for bad in ["", "LOCK", "lock", ".x", "a/b", "..", long.as_str()] {
+            assert!(
+                matches!(live.append(bad, 0, &[1]), Err(LiveError::Invalid(_))),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(
+            live.append("a", 0, &[2_000]),
+            Err(LiveError::Invalid(_))
+        ));
     }
 
     #[test]
@@ -574,7 +686,7 @@ mod tests {
         let docs = documents(&mut rng, 200);
         for chunk in docs.chunks(10) {
             live.add_documents("a", chunk).unwrap();
-            live.compact_now().unwrap();
+            live.compact_now(false);
             assert!(live.stats().tokens <= cfg.budget_tokens);
         }
         // The newest document is held whole; the oldest is gone (its random head matches nothing

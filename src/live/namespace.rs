@@ -37,6 +37,8 @@ pub struct State {
     /// Oldest first.
     pub runs: Vec<Arc<Run>>,
     pub next_run: u64,
+    /// Builds tried of the frozen tail.
+    pub freeze_attempts: u32,
 }
 
 impl State {
@@ -57,6 +59,7 @@ pub fn check_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && !name.starts_with('.')
+        && !name.eq_ignore_ascii_case(super::LOCK_FILE)
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
@@ -64,23 +67,30 @@ pub fn check_name(name: &str) -> Result<()> {
         Ok(())
     } else {
         Err(LiveError::Invalid(format!(
-            "namespace {name:?}: use 1 to 64 of A-Z a-z 0-9 . _ - (not starting with '.')"
+            "namespace {name:?}: use 1 to 64 of A-Z a-z 0-9 . _ - (not starting with '.'; not LOCK)"
         )))
     }
 }
 
 impl Namespace {
-    /// An empty namespace with its folder created.
+    /// An empty namespace with its folder created. A folder that is already there belongs to
+    /// another name (a case-insensitive file system) or to someone else: it is refused, not shared.
     pub fn create(root: &Path, name: &str) -> Result<Self> {
         check_name(name)?;
         let dir = root.join(name);
-        std::fs::create_dir_all(&dir).map_err(|e| LiveError::io(&dir, e))?;
+        std::fs::create_dir(&dir).map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => LiveError::Invalid(format!(
+                "namespace {name:?}: its folder {} exists already (names differing only in case share one on this file system)",
+                dir.display()
+            )),
+            _ => LiveError::io(&dir, e),
+        })?;
         let ns = Self {
             name: name.to_string(),
             dir,
             state: RwLock::default(),
         };
-        ns.write_list(&ns.write())?;
+        ns.write_list(&[], 0)?;
         Ok(ns)
     }
 
@@ -104,6 +114,17 @@ impl Namespace {
                 "{}: version {}, this build reads {LIST_VERSION}",
                 path.display(),
                 list.version
+            )));
+        }
+        if let Some(bad) = list
+            .runs
+            .iter()
+            .find(|r| !is_run_folder(&r.name) || r.name.contains(['/', '\\']))
+        {
+            return Err(LiveError::Corrupt(format!(
+                "{}: {:?} is not a run's folder name",
+                path.display(),
+                bad.name
             )));
         }
         remove_unlisted_runs(&dir, &list.runs)?;
@@ -132,12 +153,13 @@ impl Namespace {
         self.state.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records `state`'s runs as the namespace's list: written beside it, synced, renamed over it.
-    pub fn write_list(&self, state: &State) -> Result<()> {
+    /// Records `runs` as the namespace's list: written beside it, synced, renamed over it. Called
+    /// by compaction alone, with no lock held, before the state takes the same runs.
+    pub fn write_list(&self, runs: &[Arc<Run>], next_run: u64) -> Result<()> {
         let list = RunList {
             version: LIST_VERSION,
-            next_run: state.next_run,
-            runs: state.runs.iter().map(|r| r.meta.clone()).collect(),
+            next_run,
+            runs: runs.iter().map(|r| r.meta.clone()).collect(),
         };
         let path = self.dir.join(LIST_FILE);
         let temp = self.dir.join(format!("{LIST_FILE}.tmp"));

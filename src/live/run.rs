@@ -69,6 +69,9 @@ impl Run {
         let report = build(docs, &opts).map_err(LiveError::Index)?;
         meta.documents = report.documents;
         meta.tokens = report.tokens;
+        // On disk before any list names it, so a power cut cannot leave a named run half-written.
+        sync_folder(&ns_dir.join(&meta.name))?;
+        sync_folder(ns_dir)?;
         Self::open(ns_dir, meta, vocab)
     }
 
@@ -99,4 +102,20 @@ impl Run {
     pub fn index(&self) -> &Index {
         &self.index
     }
+}
+
+/// Syncs every file of `dir` and then the folder itself (its entries, such as a rename into it).
+fn sync_folder(dir: &Path) -> Result<()> {
+    let io = |e| LiveError::io(dir, e);
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let path = entry.map_err(io)?.path();
+        if path.is_file() {
+            std::fs::File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| LiveError::io(&path, e))?;
+        }
+    }
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io)
 }

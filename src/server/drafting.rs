@@ -5,7 +5,7 @@
 use tonic::Status;
 
 use super::{index_status, live_status, pb, State};
-use crate::draft::{DraftOptions, DraftSource, DraftTree, Sequence};
+use crate::draft::{DraftOptions, DraftSource, DraftTree, Extras, Sequence};
 
 /// Longest draft path and largest tree a request may ask for.
 const MAX_DRAFT_TOKENS: u32 = 64;
@@ -70,34 +70,25 @@ pub(super) fn response(tree: DraftTree) -> pb::DraftResponse {
     }
 }
 
-/// What a sequence drafts from beside the reference index and its own tokens.
-pub(super) struct Extras {
-    /// A live namespace ("" for none), and whether the sequence's tokens are added to it.
-    pub namespace: String,
-    pub learn: bool,
-    pub reference: Vec<u32>,
-}
-
-/// A sequence for `context` with the extras a request asked for, each checked.
+/// A sequence for `context` with the extras a request asked for (`live` is filled in here), each
+/// checked.
 pub(super) fn sequence(s: &State, context: Vec<u32>, extras: Extras) -> Result<Sequence, Status> {
     s.check_len("the context", context.len())?;
     s.check_len("the reference", extras.reference.len())?;
     s.index.check_ids(&extras.reference).map_err(index_status)?;
-    let mut seq = Sequence::new(&s.index, context).map_err(index_status)?;
-    if !extras.namespace.is_empty() {
-        let live = s.live.clone().ok_or_else(|| {
-            Status::failed_precondition("the live index is off in this sidecar's config ([live])")
-        })?;
-        seq = seq
-            .with_live(live, &extras.namespace, extras.learn)
-            .map_err(live_status)?;
-    } else if extras.learn {
+    if extras.learn && extras.namespace.is_empty() {
         return Err(Status::invalid_argument("learn needs a namespace"));
     }
-    if !extras.reference.is_empty() {
-        seq = seq.with_reference(extras.reference);
-    }
-    Ok(seq)
+    let live = match extras.namespace.is_empty() {
+        true => None,
+        false => Some(s.live.clone().ok_or_else(|| {
+            Status::failed_precondition("the live index is off in this sidecar's config ([live])")
+        })?),
+    };
+    Sequence::new(&s.index, context)
+        .map_err(index_status)?
+        .with_extras(Extras { live, ..extras })
+        .map_err(live_status)
 }
 
 /// The unary `Draft` for a context matched afresh (an open session's is `session::draft`).
@@ -133,6 +124,7 @@ pub(super) fn add_documents(
         s.index.check_ids(&tokens).map_err(index_status)?;
         docs.push(tokens);
     }
+    s.check_len("the documents", docs.iter().map(Vec::len).sum())?;
     live.add_documents(&r.namespace, &docs)
         .map_err(live_status)?;
     Ok(pb::AddDocumentsResponse {

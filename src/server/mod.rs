@@ -449,12 +449,19 @@ impl Sidecar for SidecarService {
         self.run(deadline, move |s| {
             let opts = drafting::options(r.options)?;
             let tree = match r.target {
+                Some(pb::draft_request::Target::SessionId(_))
+                    if !r.namespace.is_empty() || !r.reference.is_empty() =>
+                {
+                    return Err(Status::invalid_argument(
+                        "a session drafts from the namespace and reference it was started with",
+                    ))
+                }
                 Some(pb::draft_request::Target::SessionId(id)) => session::draft(s, id, &opts)?,
                 Some(pb::draft_request::Target::Context(c)) => {
-                    let extras = drafting::Extras {
+                    let extras = crate::draft::Extras {
                         namespace: r.namespace,
-                        learn: false,
                         reference: r.reference,
+                        ..Default::default()
                     };
                     drafting::draft_context(s, c.ids, extras, &opts)?
                 }

@@ -45,10 +45,11 @@ impl Session {
             }),
             false => None,
         };
-        let extras = drafting::Extras {
+        let extras = crate::draft::Extras {
             namespace: start.namespace,
             learn: start.learn,
             reference: start.reference,
+            live: None,
         };
         let seq = drafting::sequence(s, start.context, extras)?;
         Ok(Self { seq, neural })

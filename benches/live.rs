@@ -1,0 +1,135 @@
+//! The live index's costs (`cargo bench --bench live`; needs the assets of `scripts/run-default.sh`).
+//! Streams the reference index's own documents into one namespace (LIVE_TOKENS, default 10 M) and
+//! prints: µs per appended token (the caller's cost; compaction runs beside it), the time until
+//! compaction has caught up, and µs per lookup of real test-split text in the live index against the
+//! same lookup in the static reference index. Then a soak: SOAK_TOKENS (default 50 M) more stream
+//! through a budget of LIVE_TOKENS, with the process's RSS sampled against the budget's bytes.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use infini_sidecar::corpus::{expand_inputs, text_documents, Content};
+use infini_sidecar::index::{Index, OpenOptions};
+use infini_sidecar::live::{LiveConfig, LiveIndex, Vocabulary};
+use infini_sidecar::server::config::ServeConfig;
+
+fn env_tokens(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A field of /proc/self/status in bytes (VmRSS; RssAnon, the heap, where the tails live).
+fn status_bytes(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Appends documents of `index` (cycling) until `tokens` went in; returns µs per token.
+fn stream(live: &LiveIndex, index: &Index, tokens: u64, mut each: impl FnMut(u64)) -> f64 {
+    let mut sent = 0u64;
+    let mut seconds = 0.0;
+    while sent < tokens {
+        for doc in index.documents() {
+            let started = Instant::now();
+            let id = live.new_document();
+            // A decoding loop appends a few tokens a step.
+            for piece in doc.chunks(4) {
+                live.append("bench", id, piece).unwrap();
+            }
+            seconds += started.elapsed().as_secs_f64();
+            sent += doc.len() as u64;
+            each(sent);
+            if sent >= tokens {
+                break;
+            }
+        }
+    }
+    seconds * 1e6 / sent as f64
+}
+
+fn main() {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let config = ServeConfig::load(&repo.join("configs/default.toml")).unwrap();
+    let index = Index::open(&config.index, &OpenOptions::default()).unwrap();
+    let tokenizer = index.tokenizer().unwrap().clone();
+    let live_tokens = env_tokens("LIVE_TOKENS", 10_000_000);
+    let soak_tokens = env_tokens("SOAK_TOKENS", 50_000_000);
+    let vocab = Vocabulary {
+        width: index.width(),
+        eos_token_id: index.eos_token_id(),
+        vocab_size: index.vocab_size(),
+    };
+    let live_config = LiveConfig {
+        budget_tokens: live_tokens,
+        ..LiveConfig::default()
+    };
+    let base_rss = status_bytes("VmRSS:");
+    let base_anon = status_bytes("RssAnon:");
+    let live = LiveIndex::open(live_config.clone(), vocab).unwrap();
+
+    let append_us = stream(&live, &index, live_tokens * 9 / 10, |_| {});
+    let started = Instant::now();
+    while live.stats().tail_tokens >= live_config.freeze_tokens {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let caught_up = started.elapsed().as_secs_f64();
+    let stats = live.stats();
+    println!(
+        "append: {append_us:.2} µs/token; compaction caught up {caught_up:.1} s after the last append; live index: {} tokens in {} runs + tail {}",
+        stats.tokens, stats.runs, stats.tail_tokens
+    );
+
+    let assets = config.index.parent().unwrap().to_path_buf();
+    let files = expand_inputs(&[assets.join("minipile/test.jsonl")]).unwrap();
+    let texts: Vec<Vec<u32>> = text_documents(files)
+        .filter_map(|d| match d.unwrap().content {
+            Content::Text(t) => Some(tokenizer.encode(&t).unwrap()),
+            Content::Tokens(_) => None,
+        })
+        .filter(|ids| ids.len() > 300)
+        .take(20)
+        .collect();
+    let (mut live_s, mut static_s, mut lookups) = (0.0, 0.0, 0usize);
+    for text in &texts {
+        for end in 100..300 {
+            let pattern = &text[..end];
+            let started = Instant::now();
+            std::hint::black_box(live.continuations("bench", pattern, 64, 8));
+            live_s += started.elapsed().as_secs_f64();
+            let started = Instant::now();
+            std::hint::black_box(index.continuations_after(pattern, 64, 64, 8));
+            static_s += started.elapsed().as_secs_f64();
+            lookups += 1;
+        }
+    }
+    println!(
+        "lookup (longest match ≤ 64 tokens + 64 sampled continuations of 8): live {:.1} µs, static index {:.1} µs ({:.2}×)",
+        live_s * 1e6 / lookups as f64,
+        static_s * 1e6 / lookups as f64,
+        live_s / static_s
+    );
+
+    let (mut peak_rss, mut peak_anon, mut next_sample) = (0u64, 0u64, 0u64);
+    stream(&live, &index, soak_tokens, |sent| {
+        if sent >= next_sample {
+            peak_rss = peak_rss.max(status_bytes("VmRSS:").saturating_sub(base_rss));
+            peak_anon = peak_anon.max(status_bytes("RssAnon:").saturating_sub(base_anon));
+            next_sample = sent + 1_000_000;
+        }
+    });
+    println!(
+        "soak: {soak_tokens} tokens through a budget of {live_tokens}: live index {} tokens at the end; peak growth over the process before the live index: RSS {:.0} MB, heap {:.0} MB (the budget at 8 B/token: {:.0} MB; RSS includes the reference index's pages the stream read)",
+        live.stats().tokens,
+        peak_rss as f64 / 1e6,
+        peak_anon as f64 / 1e6,
+        live_tokens as f64 * 8.0 / 1e6
+    );
+}
