@@ -36,10 +36,15 @@ ensure_suffix_decoding() {
     return
   fi
   python3 -m venv "$SUFFIX_VENV"
-  "$SUFFIX_PYTHON" -m pip install -q numpy nanobind==2.9.2 cmake ninja
+  "$SUFFIX_PYTHON" -m pip install -q numpy nanobind==2.9.2 cmake ninja setuptools wheel
   local work
   work="$(mktemp -d)"
-  "$SUFFIX_PYTHON" -m pip download -q --no-deps --no-binary :all: -d "$work" arctic-inference==0.3.0
+  # pip reads the source package's metadata through its setup.py, which imports torch (only its CUDA
+  # build uses it): an empty stand-in module lets that step pass without installing torch.
+  mkdir -p "$work/stub/torch"
+  : >"$work/stub/torch/__init__.py"
+  PYTHONPATH="$work/stub" "$SUFFIX_PYTHON" -m pip download -q --no-deps --no-build-isolation \
+    -d "$work" arctic-inference==0.3.0
   tar -xzf "$work"/arctic_inference-0.3.0.tar.gz -C "$work"
   local src="$work/arctic_inference-0.3.0"
   "$SUFFIX_VENV/bin/cmake" -S "$src/csrc/suffix_decoding" -B "$work/build" -G Ninja \
