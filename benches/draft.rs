@@ -3,10 +3,12 @@
 //! each source, over real test-split text. Prints µs per appended token, per draft and per drafted
 //! token.
 
+#[path = "common/mod.rs"]
+mod common;
+
 use std::path::PathBuf;
 use std::time::Instant;
 
-use infini_sidecar::corpus::{expand_inputs, text_documents, Content};
 use infini_sidecar::draft::{DraftOptions, DraftSource, Sequence};
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::server::config::ServeConfig;
@@ -17,14 +19,8 @@ fn main() {
     let index = Index::open(&config.index, &OpenOptions::default()).unwrap();
     let tokenizer = index.tokenizer().unwrap().clone();
     let assets = config.index.parent().unwrap().to_path_buf();
-    let files = expand_inputs(&[assets.join("minipile/test.jsonl")]).unwrap();
-    let docs: Vec<Vec<u32>> = text_documents(files)
-        .filter_map(|d| match d.unwrap().content {
-            Content::Text(t) => Some(tokenizer.encode(&t).unwrap()),
-            Content::Tokens(_) => None,
-        })
-        .filter(|ids| ids.len() > 600)
-        .take(20)
+    let docs: Vec<Vec<u32>> = common::test_documents(&assets, &tokenizer, 600, 20)
+        .into_iter()
         .map(|mut ids| {
             ids.truncate(600);
             ids

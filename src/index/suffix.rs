@@ -95,8 +95,20 @@ impl Index {
     /// The longest suffix of `seq` of at most `max_len` tokens that occurs in the corpus. Counts only
     /// shrink as a suffix grows, so the length is found by binary search.
     pub(crate) fn shrink_to_match(&self, seq: &[u32], max_len: usize) -> (usize, Matches) {
+        self.longest_between(seq, 0, self.everything(), max_len)
+    }
+
+    /// The binary search of [`Index::shrink_to_match`] from a suffix of `good` tokens known to
+    /// occur (with `good_m`, its matches).
+    fn longest_between(
+        &self,
+        seq: &[u32],
+        good: usize,
+        good_m: Matches,
+        max_len: usize,
+    ) -> (usize, Matches) {
         let n = seq.len();
-        let (mut good, mut good_m) = (0usize, self.everything());
+        let (mut good, mut good_m) = (good, good_m);
         let mut bad = max_len.min(n) + 1;
         while bad - good > 1 {
             let mid = good + (bad - good) / 2;
@@ -121,23 +133,43 @@ impl SuffixMatch {
     }
 }
 
+/// The longest suffix of a sequence found in an index by [`Index::longest_suffix_from`].
+pub struct LongestSuffix {
+    pub len: usize,
+    matches: Matches,
+}
+
 impl Index {
-    /// The longest suffix of `seq` of at most `max_len` tokens that occurs in the corpus, and what
-    /// followed it (sampled as [`SuffixMatch::continuations`] samples): for a sequence this index
-    /// follows no `SuffixMatch` for (a live run, which compaction replaces). The ids must have been
-    /// checked against the vocabulary.
-    pub fn continuations_after(
+    /// The longest suffix of `seq` of at most `max_len` tokens that occurs in the corpus, if it is
+    /// at least `min_len` long (one search decides that, so indexes that cannot beat a match found
+    /// elsewhere cost little): for a sequence this index follows no `SuffixMatch` for (a live run,
+    /// which compaction replaces). The ids must have been checked against the vocabulary.
+    pub fn longest_suffix_from(
         &self,
         seq: &[u32],
+        min_len: usize,
         max_len: usize,
+    ) -> Option<LongestSuffix> {
+        let max_len = max_len.min(seq.len());
+        if min_len > max_len {
+            return None;
+        }
+        let start = self.locate(self.encode(&seq[seq.len() - min_len..]), None);
+        if min_len > 0 && start.count() == 0 {
+            return None;
+        }
+        let (len, matches) = self.longest_between(seq, min_len, start, max_len);
+        Some(LongestSuffix { len, matches })
+    }
+
+    /// What followed `found`'s occurrences, sampled as [`SuffixMatch::continuations`] samples.
+    pub fn continuations_of(
+        &self,
+        found: &LongestSuffix,
         samples: usize,
         depth: usize,
-    ) -> (Vec<Vec<u32>>, usize) {
-        let (len, matches) = self.shrink_to_match(seq, max_len);
-        (
-            self.sample_continuations(len, &matches, samples, depth),
-            len,
-        )
+    ) -> Vec<Vec<u32>> {
+        self.sample_continuations(found.len, &found.matches, samples, depth)
     }
 
     fn sample_continuations(

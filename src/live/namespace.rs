@@ -185,30 +185,54 @@ impl Namespace {
         depth: usize,
     ) -> (Vec<Vec<u32>>, usize) {
         let state = self.read();
-        let mut best: (Vec<Vec<u32>>, usize) = (Vec::new(), 0);
-        // A match with nothing after it (it ends a document) drafts nothing: a shorter one may.
-        let mut offer = |(mut conts, len): (Vec<Vec<u32>>, usize)| {
-            conts.retain(|c| !c.is_empty());
-            if conts.is_empty() {
-                return;
-            }
-            if len > best.1 {
-                best = (conts, len);
-            } else if len == best.1 && len > 0 {
-                best.0.extend(conts);
-            }
-        };
-        offer(state.tail.continuations(pattern, depth));
+        let mut best = Pooled::default();
+        best.offer(state.tail.continuations(pattern, depth));
         if let Some(frozen) = &state.frozen {
-            offer(frozen.continuations(pattern, depth));
+            best.offer(frozen.continuations(pattern, depth));
         }
-        for run in &state.runs {
-            offer(
-                run.index()
-                    .continuations_after(pattern, MAX_MATCH, samples, depth),
-            );
+        // The runs' matches next, newest first, each searched only from the longest match so far:
+        // a run that cannot reach it costs one search, and only the runs that match longest are
+        // sampled.
+        let mut found = Vec::new();
+        let mut longest = best.len;
+        for run in state.runs.iter().rev() {
+            if let Some(m) = run
+                .index()
+                .longest_suffix_from(pattern, longest.max(1), MAX_MATCH)
+            {
+                longest = m.len;
+                found.push((run, m));
+            }
         }
-        best
+        for (run, m) in found.iter().filter(|(_, m)| m.len == longest) {
+            best.offer((run.index().continuations_of(m, samples, depth), m.len));
+        }
+        (best.continuations, best.len)
+    }
+}
+
+/// The continuations of the longest match among those offered; ties pool.
+#[derive(Default)]
+struct Pooled {
+    continuations: Vec<Vec<u32>>,
+    len: usize,
+}
+
+impl Pooled {
+    /// A match with nothing after it (it ends a document) drafts nothing: a shorter one may.
+    fn offer(&mut self, (mut conts, len): (Vec<Vec<u32>>, usize)) {
+        conts.retain(|c| !c.is_empty());
+        if conts.is_empty() {
+            return;
+        }
+        if len > self.len {
+            *self = Pooled {
+                continuations: conts,
+                len,
+            };
+        } else if len == self.len && len > 0 {
+            self.continuations.extend(conts);
+        }
     }
 }
 
