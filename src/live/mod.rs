@@ -129,7 +129,8 @@ pub struct LiveStats {
 
 pub struct LiveIndex {
     inner: Arc<Inner>,
-    compactor: Option<JoinHandle<()>>,
+    /// Taken by the first [`LiveIndex::close`].
+    compactor: Mutex<Option<JoinHandle<()>>>,
 }
 
 pub(crate) struct Inner {
@@ -236,7 +237,7 @@ impl LiveIndex {
         };
         Ok(Self {
             inner,
-            compactor: Some(compactor),
+            compactor: Mutex::new(Some(compactor)),
         })
     }
 
@@ -368,17 +369,31 @@ impl LiveIndex {
     }
 }
 
-impl Drop for LiveIndex {
-    fn drop(&mut self) {
+impl LiveIndex {
+    /// Stops the compactor once the build under way is done and, with a data folder, builds the
+    /// tails into runs, so a clean stop keeps everything learnt. Later appends stay in the tail
+    /// (and searchable) but are no longer compacted. Dropping the index closes it too.
+    pub fn close(&self) {
+        let compactor = self
+            .compactor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let Some(compactor) = compactor else {
+            return;
+        };
         self.inner.stop.store(true, Ordering::Relaxed);
         self.inner.wake_compactor();
-        if let Some(compactor) = self.compactor.take() {
-            let _ = compactor.join();
-        }
+        let _ = compactor.join();
         if !self.inner.temporary {
-            // A clean stop keeps everything learnt: the tails become runs.
             compact::round(&self.inner, true);
         }
+    }
+}
+
+impl Drop for LiveIndex {
+    fn drop(&mut self) {
+        self.close();
         if self.inner.temporary {
             let _ = std::fs::remove_dir_all(&self.inner.root);
         }

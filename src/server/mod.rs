@@ -314,6 +314,13 @@ impl SidecarService {
         self.state.closing.send_replace(true);
     }
 
+    /// Stops the live index's compactor and keeps what it learnt (`LiveIndex::close`).
+    pub(crate) fn close_live(&self) {
+        if let Some(live) = &self.state.live {
+            live.close();
+        }
+    }
+
     /// Runs CPU work on the blocking pool behind a permit (metrics are the `observe` layer's).
     async fn run<T: Send + 'static>(
         &self,

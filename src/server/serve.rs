@@ -170,19 +170,29 @@ pub async fn serve(
             std::future::pending::<()>().await;
         }
     };
-    tokio::select! {
-        served = &mut server => return served.map_err(ServeError::Transport),
-        _ = drain_deadline => {}
-    }
-    tracing::info!("drain deadline passed: closing open streams with UNAVAILABLE");
-    service.close_streams();
-    tokio::select! {
-        served = &mut server => served.map_err(ServeError::Transport),
-        _ = tokio::time::sleep(CLOSE_GRACE) => {
-            tracing::warn!("connections still open after the drain deadline: leaving them");
-            Ok(())
+    let served = tokio::select! {
+        served = &mut server => Some(served.map_err(ServeError::Transport)),
+        _ = drain_deadline => None,
+    };
+    let served = match served {
+        Some(served) => served,
+        None => {
+            tracing::info!("drain deadline passed: closing open streams with UNAVAILABLE");
+            service.close_streams();
+            tokio::select! {
+                served = &mut server => served.map_err(ServeError::Transport),
+                _ = tokio::time::sleep(CLOSE_GRACE) => {
+                    tracing::warn!("connections still open after the drain deadline: leaving them");
+                    Ok(())
+                }
+            }
         }
-    }
+    };
+    // The live index stops here, not when the last holder of the state lets go (the process may
+    // exit first): its compactor finishes the build under way and the tails become runs.
+    let closing = service.clone();
+    let _ = tokio::task::spawn_blocking(move || closing.close_live()).await;
+    served
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! another's at once, never across namespaces; documents added by RPC and a session's reference text
 //! are drafted from; and what was learnt survives a restart on the same data folder.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use infini_sidecar::server::config::{LiveSection, ServeConfig};
 use infini_sidecar::server::pb::sidecar_client::SidecarClient;
@@ -255,4 +255,119 @@ async fn what_was_learnt_is_drafted_again_after_a_restart_on_the_same_data_folde
     assert_eq!(got.unwrap(), rest[..8].to_vec());
     running.stop.send(()).unwrap();
     running.task.await.unwrap().unwrap();
+}
+
+/// A document of `len` token ids drawn from `seed` (ids that are ordinary SmolLM2 tokens).
+fn random_document(seed: u64, len: usize) -> Vec<u32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            1_000 + (x % 30_000) as u32
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_while_documents_stream_in_never_leaves_a_live_index_that_does_not_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = build_index(dir.path());
+    let data = dir.path().join("live");
+    let path = dir.path().join("serve.toml");
+    // A small freeze size: the compactor builds a run every few requests, so kills land in builds,
+    // list writes and merges as well as between them.
+    std::fs::write(
+        &path,
+        format!(
+            "index = {:?}\nbind = \"127.0.0.1:0\"\n[live]\ndata_dir = {:?}\nfreeze_tokens = 300\nbudget_tokens = 10000000\n",
+            index.display().to_string(),
+            data.display().to_string()
+        ),
+    )
+    .unwrap();
+    let first = random_document(1, 200);
+    let mut seed = 2;
+    for round in 0..4u64 {
+        let (mut child, addr) = crate::common::server::spawn_serve(&path).await;
+        let mut client = SidecarClient::new(connect(addr).await);
+        let add = |docs: Vec<Vec<u32>>| {
+            authed(pb::AddDocumentsRequest {
+                namespace: "agents".into(),
+                documents: docs
+                    .into_iter()
+                    .map(|ids| pb::LiveDocument {
+                        content: Some(pb::live_document::Content::Tokens(pb::TokenIds { ids })),
+                    })
+                    .collect(),
+            })
+        };
+        if round == 0 {
+            client
+                .add_documents(add(vec![first.clone()]))
+                .await
+                .unwrap();
+        } else {
+            // What a kill may lose is at most the tails; everything before them is in runs.
+            let got = draft(
+                &mut client,
+                &first[..20],
+                "agents",
+                &[],
+                pb::DraftSource::Live,
+            )
+            .await;
+            assert_eq!(got.unwrap(), first[20..28].to_vec(), "round {round}");
+        }
+        // Stream documents for a while (varying per round), then kill -9 mid-stream.
+        let until = Instant::now() + Duration::from_millis(600 + 350 * round);
+        while Instant::now() < until {
+            let docs = (0..3).map(|_| {
+                seed += 1;
+                random_document(seed, 120)
+            });
+            let added = client.add_documents(add(docs.collect())).await;
+            // Back-pressure while compaction catches up is an answer, not a failure.
+            if let Err(e) = added {
+                assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+            }
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    // A last start serves what was learnt and removes what the kills left; after a clean stop
+    // nothing of ours is half-made: no builder work folders, every run folder named by the list.
+    let (mut child, addr) = crate::common::server::spawn_serve(&path).await;
+    let mut client = SidecarClient::new(connect(addr).await);
+    let got = draft(
+        &mut client,
+        &first[..20],
+        "agents",
+        &[],
+        pb::DraftSource::Live,
+    )
+    .await;
+    assert_eq!(got.unwrap(), first[20..28].to_vec());
+    drop(client);
+    // SAFETY: kill only sends a signal to the child we spawned.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let stopped = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(stopped.elapsed() < Duration::from_secs(60), "no clean stop");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    let list = std::fs::read_to_string(data.join("agents").join("runs.json")).unwrap();
+    for entry in std::fs::read_dir(data.join("agents")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name.starts_with("run-") {
+            assert!(!name.contains(".partial-"), "{name} left behind");
+            let listed = list.contains(&format!("\"{name}\""));
+            assert!(listed, "{name} not in the list");
+        }
+    }
 }

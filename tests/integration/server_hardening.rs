@@ -9,8 +9,8 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::server::{
-    authed, build_index, config, connect, free_port, open_session, sample, scrape, start, step,
-    with_model, Running,
+    authed, build_index, config, connect, free_port, open_session, sample, scrape, spawn_serve,
+    start, step, with_model, Running,
 };
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::server::config::{Limits, ServeConfig};
@@ -463,7 +463,6 @@ async fn the_bearer_token_is_compared_whole() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_drains_on_sigterm_and_exits_on_a_second() {
-    use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let index = build_index(dir.path());
     let path = dir.path().join("serve.toml");
@@ -475,29 +474,7 @@ async fn the_binary_drains_on_sigterm_and_exits_on_a_second() {
         ),
     )
     .unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_infini-sidecar"))
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env("NO_COLOR", "1")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut log = std::io::BufReader::new(child.stderr.take().unwrap());
-    let addr = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        loop {
-            line.clear();
-            assert!(log.read_line(&mut line).unwrap() > 0, "the server exited");
-            if let Some((_, at)) = line.split_once("serving on ") {
-                let addr: std::net::SocketAddr = at.trim().parse().unwrap();
-                // Keep draining the log so the server never blocks on a full pipe.
-                std::thread::spawn(move || std::io::copy(&mut log, &mut std::io::sink()));
-                return addr;
-            }
-        }
-    })
-    .await
-    .unwrap();
+    let (mut child, addr) = spawn_serve(&path).await;
     let mut client = SidecarClient::new(connect(addr).await);
     let (tx, mut replies) = open_session(&mut client).await;
     step(

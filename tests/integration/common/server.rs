@@ -194,3 +194,33 @@ pub fn free_port() -> std::net::SocketAddr {
         .local_addr()
         .unwrap()
 }
+
+/// The real binary serving `config` (a TOML file whose `bind` port is 0), and where it listens once
+/// it says so on its log; the log is drained in the background.
+pub async fn spawn_serve(config: &Path) -> (std::process::Child, std::net::SocketAddr) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_infini-sidecar"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("NO_COLOR", "1")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut log = std::io::BufReader::new(child.stderr.take().unwrap());
+    let addr = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(log.read_line(&mut line).unwrap() > 0, "the server exited");
+            if let Some((_, at)) = line.split_once("serving on ") {
+                let addr: std::net::SocketAddr = at.trim().parse().unwrap();
+                // Keep draining the log so the server never blocks on a full pipe.
+                std::thread::spawn(move || std::io::copy(&mut log, &mut std::io::sink()));
+                return addr;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    (child, addr)
+}
