@@ -257,6 +257,13 @@ async fn what_was_learnt_is_drafted_again_after_a_restart_on_the_same_data_folde
     running.task.await.unwrap().unwrap();
 }
 
+/// A chain drafted for `context` from namespace "agents" of the live index alone.
+async fn agents_draft(client: &mut SidecarClient<Channel>, context: &[u32]) -> Vec<u32> {
+    draft(client, context, "agents", &[], pb::DraftSource::Live)
+        .await
+        .unwrap()
+}
+
 /// A document of `len` token ids drawn from `seed` (ids that are ordinary SmolLM2 tokens).
 fn random_document(seed: u64, len: usize) -> Vec<u32> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -310,15 +317,8 @@ async fn kill_9_while_documents_stream_in_never_leaves_a_live_index_that_does_no
                 .unwrap();
         } else {
             // What a kill may lose is at most the tails; everything before them is in runs.
-            let got = draft(
-                &mut client,
-                &first[..20],
-                "agents",
-                &[],
-                pb::DraftSource::Live,
-            )
-            .await;
-            assert_eq!(got.unwrap(), first[20..28].to_vec(), "round {round}");
+            let got = agents_draft(&mut client, &first[..20]).await;
+            assert_eq!(got, first[20..28].to_vec(), "round {round}");
         }
         // Stream documents for a while (varying per round), then kill -9 mid-stream.
         let until = Instant::now() + Duration::from_millis(600 + 350 * round);
@@ -340,15 +340,8 @@ async fn kill_9_while_documents_stream_in_never_leaves_a_live_index_that_does_no
     // nothing of ours is half-made: no builder work folders, every run folder named by the list.
     let (mut child, addr) = crate::common::server::spawn_serve(&path).await;
     let mut client = SidecarClient::new(connect(addr).await);
-    let got = draft(
-        &mut client,
-        &first[..20],
-        "agents",
-        &[],
-        pb::DraftSource::Live,
-    )
-    .await;
-    assert_eq!(got.unwrap(), first[20..28].to_vec());
+    let got = agents_draft(&mut client, &first[..20]).await;
+    assert_eq!(got, first[20..28].to_vec());
     drop(client);
     // SAFETY: kill only sends a signal to the child we spawned.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
