@@ -30,6 +30,7 @@ const METHODS: &[&str] = &[
     "Draft",
     "Score",
     "Session",
+    "AddDocuments",
 ];
 
 fn method_of(path: &str) -> &'static str {
