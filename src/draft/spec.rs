@@ -205,19 +205,9 @@ fn verify_sampled(
     (draft.len(), draft.last().copied().unwrap_or(0))
 }
 
-/// Continues `prompt` with `model`, drafting from `index` and the sequence itself when asked.
+/// Continues `prompt` with `model`, drafting when asked from `index`, the sequence itself and
+/// `extras` (a live namespace, which learns the output when `extras.learn`; a reference text).
 pub fn decode(
-    model: &Transformer,
-    index: &Index,
-    prompt: &[u32],
-    opts: &SpecOptions,
-) -> Result<SpecRun, anyhow::Error> {
-    decode_with(model, index, prompt, opts, Extras::default())
-}
-
-/// [`decode`] with drafts also from `extras` (a live namespace, which learns the output when
-/// `extras.learn`; a reference text).
-pub fn decode_with(
     model: &Transformer,
     index: &Index,
     prompt: &[u32],

@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::documents::EvalDocument;
 use super::{EvalError, Result};
 use crate::draft::spec::{decode, SpecOptions, SpecRun};
-use crate::draft::{DraftOptions, DraftSource};
+use crate::draft::{DraftOptions, DraftSource, Extras};
 use crate::index::Index;
 use crate::model::Model;
 
@@ -134,7 +134,7 @@ pub fn run(
                     seed: 0,
                     stop_token: None,
                 };
-                let run = decode(model.transformer(), index, prompt, &spec)
+                let run = decode(model.transformer(), index, prompt, &spec, Extras::default())
                     .map_err(EvalError::from_decode)?;
                 if i == 0 {
                     baseline = run.tokens.clone();

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::{EvalError, Result};
-use crate::draft::spec::{decode_with, SourceTally, SpecOptions, SpecRun, MAX_VERIFY_ROWS};
+use crate::draft::spec::{decode, SourceTally, SpecOptions, SpecRun, MAX_VERIFY_ROWS};
 use crate::draft::{DraftOptions, DraftSource, Extras, Sequence};
 use crate::index::Index;
 use crate::live::{LiveConfig, LiveIndex, Vocabulary};
@@ -230,7 +230,7 @@ pub fn run(model: &Model, index: &Index, requests: &[WorkloadRequest]) -> Result
             seed: 0,
             stop_token: stop,
         };
-        let plain = decode_with(
+        let plain = decode(
             model.transformer(),
             index,
             &prompt,
@@ -251,7 +251,7 @@ pub fn run(model: &Model, index: &Index, requests: &[WorkloadRequest]) -> Result
                 source: config.source,
                 ..draft
             }));
-            let run = decode_with(model.transformer(), index, &prompt, &opts, extras)
+            let run = decode(model.transformer(), index, &prompt, &opts, extras)
                 .map_err(EvalError::from_decode)?;
             bar.inc(r.max_new_tokens as u64);
             runs.push(request_run(config.name, &run, &plain));

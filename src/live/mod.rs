@@ -331,9 +331,10 @@ impl LiveIndex {
         stats
     }
 
-    /// Runs a compaction round now, in the caller's thread; with `flush`, every tail becomes a run
-    /// whatever its size.
-    pub fn compact_now(&self, flush: bool) {
+    /// Runs a compaction round now, in the caller's thread (tests); with `flush`, every tail
+    /// becomes a run whatever its size.
+    #[cfg(test)]
+    fn compact_now(&self, flush: bool) {
         compact::round(&self.inner, flush)
     }
 

@@ -11,7 +11,7 @@ use crate::common;
 use common::server::build_index;
 use infini_sidecar::corpus::Content;
 use infini_sidecar::draft::spec::{decode, SpecOptions};
-use infini_sidecar::draft::{DraftOptions, DraftSource};
+use infini_sidecar::draft::{DraftOptions, DraftSource, Extras};
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::model::Model;
 
@@ -42,7 +42,14 @@ fn greedy_speculative_decoding_equals_plain_greedy() {
             seed: 0,
             stop_token: None,
         };
-        let want = decode(model.transformer(), &index, prompt, &plain).unwrap();
+        let want = decode(
+            model.transformer(),
+            &index,
+            prompt,
+            &plain,
+            Extras::default(),
+        )
+        .unwrap();
         assert_eq!(want.drafted, 0);
         assert_eq!(want.steps, 20);
         let source = [DraftSource::All, DraftSource::Index, DraftSource::Prompt][i % 3];
@@ -59,7 +66,14 @@ fn greedy_speculative_decoding_equals_plain_greedy() {
             }),
             ..plain
         };
-        let got = decode(model.transformer(), &index, prompt, &spec).unwrap();
+        let got = decode(
+            model.transformer(),
+            &index,
+            prompt,
+            &spec,
+            Extras::default(),
+        )
+        .unwrap();
         assert_eq!(
             got.tokens, want.tokens,
             "prompt {i}, {source:?}, tree {tree}"
