@@ -2,14 +2,17 @@
 //! scoring one 1024-token window (logits at every position for us; candle-transformers computes the
 //! same layers but only the last position's logits) and single-token decode with the cache.
 //!
-//! `cargo bench --bench model -- MODEL.gguf [TOKENS_FILE]` prints one JSON line per measurement.
-//! Threads: set `CANDLE_NUM_THREADS` (eval/bench_model.py runs it with 1 and 2).
+//! `cargo bench --bench model -- MODEL.gguf [TOKENS_FILE] [--ours-only]` prints one JSON line per
+//! measurement, naming the CPU and the kernel flavour. Threads: set `CANDLE_NUM_THREADS`
+//! (eval/bench_model.py runs it with 1 and 2); flavour: `INFINI_SIDECAR_CPU`. `--ours-only` skips
+//! the quantized-only window and candle-transformers (the slow parts).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
+use infini_sidecar::cpu::{CpuInfo, KernelFlavour};
 use infini_sidecar::model::{load_transformer, DeviceChoice, Transformer, WindowOptions};
 
 const WINDOW: usize = 1024;
@@ -53,10 +56,15 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn report(runtime: &str, what: &str, model: &str, value: f64, unit: &str) {
     let threads = std::env::var("CANDLE_NUM_THREADS").unwrap_or_else(|_| "all".into());
+    let flavour = match runtime {
+        "candle-transformers" => "candle".to_string(),
+        _ => KernelFlavour::requested(None).map_or_else(|e| e.to_string(), |f| f.to_string()),
+    };
     println!(
         "{}",
         serde_json::json!({"runtime": runtime, "measure": what, "model": model, "threads": threads,
-                           "value": value, "unit": unit})
+                           "value": value, "unit": unit, "kernel_flavour": flavour,
+                           "cpu": CpuInfo::detect()})
     );
 }
 
@@ -96,16 +104,19 @@ fn main() {
     let ids = tokens(ours.config().vocab_size, args.get(1).map(PathBuf::from));
     let ids = &ids[..WINDOW];
     let gemma = ours.config().architecture == infini_sidecar::model::Architecture::Gemma3;
+    let ours_only = std::env::args().any(|a| a == "--ours-only");
 
     // Ours: score a full window (forward + logits of every position + log-softmax), first on the
     // quantized weights alone, then with the dense f32 copies that `Model::load` adds by default.
-    report(
-        "ours (quantized)",
-        "window_tokens_per_s",
-        &name,
-        window_tokens_per_s(&ours, ids),
-        "tok/s",
-    );
+    if !ours_only {
+        report(
+            "ours (quantized)",
+            "window_tokens_per_s",
+            &name,
+            window_tokens_per_s(&ours, ids),
+            "tok/s",
+        );
+    }
     ours.add_dense_copies().unwrap();
     report(
         "ours",
@@ -148,6 +159,9 @@ fn main() {
         );
     }
 
+    if ours_only {
+        return;
+    }
     // candle-transformers' forward on the same window and the same decode.
     let dev = Device::Cpu;
     let mut f = std::fs::File::open(&path).unwrap();

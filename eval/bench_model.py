@@ -1,19 +1,19 @@
 #!/usr/bin/env python3
-"""Model speed side by side: ours, candle-transformers' forward (both from `cargo bench --bench model`)
-and llama.cpp (llama-cpp-python, built from source here) on the same GGUF files and the same 1024 real
-tokens, with 1 and 2 threads. Writes eval/results/model.json and prints a Markdown table.
+"""Model speed side by side, flavour by flavour: ours under each kernel flavour this CPU runs
+(`INFINI_SIDECAR_CPU`) beside llama.cpp (llama-cpp-python, built from source here) built for the same
+feature level, on the same GGUF files and the same 1024 real tokens, with 1 and 2 threads. Writes
+eval/results/model-flavours.json and prints one Markdown table per flavour.
 
-    python3 eval/bench_model.py --llama-python PATH/TO/venv/bin/python
+    source scripts/env.sh
+    python3 eval/bench_model.py --llama-native "$(ensure_llama_cpp native)" --llama-avx2 "$(ensure_llama_cpp avx2)"
 
-llama-cpp-python must be built without AMX: a native build enables ggml's AMX kernels, which crash
-(SIGSEGV) where the kernel does not grant AMX tile state to the process, as in our sandbox:
+`ensure_llama_cpp` (scripts/env.sh) builds llama-cpp-python once per level and caches it outside the
+clone: `native` (GGML_NATIVE, AMX off: ggml's AMX kernels crash where the kernel grants no tile
+state) and `avx2` (AVX2, FMA and F16C only, the AVX-512 and VNNI options off).
 
-    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-      -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON" \
-      VENV/bin/pip install --no-binary llama-cpp-python llama-cpp-python==0.3.36
-
-Measures: tokens per second scoring one 1024-token window (all-position logits), and milliseconds per
-token of single-token decode with the cache after a 32-token prompt.
+Measures: tokens per second scoring one 1024-token window (all-position logits), milliseconds per
+token of single-token decode with the cache after a 32-token prompt, and one pass of 1 and 8 rows
+after that decode, rolled back (draft verification).
 """
 import argparse
 import json
@@ -49,6 +49,14 @@ t = time.perf_counter()
 for i in ids[32:96]:
     llm.eval([i])
 print(json.dumps({"measure": "decode_ms_per_token", "value": (time.perf_counter() - t) * 1e3 / 64}))
+at = llm.n_tokens
+for rows in (1, 8):
+    times = []
+    for _ in range(3):
+        llm.n_tokens = at  # eval drops the cache past n_tokens
+        t = time.perf_counter(); llm.eval(ids[at:at + rows]); times.append(time.perf_counter() - t)
+    times.sort()
+    print(json.dumps({"measure": f"pass_ms_{rows}_rows", "value": times[1] * 1e3}))
 """
 
 
@@ -68,12 +76,27 @@ def real_tokens(model_path, tokenizer, out):
     json.dump(ids[:WINDOW], open(out, "w"))
 
 
+# Our flavours, each beside the llama.cpp build of its feature level (none for the portable one).
+LEVELS = [("native", "native"), ("avx2", "avx2"), ("portable", None)]
+MEASURES = ["decode_ms_per_token", "pass_ms_1_rows", "pass_ms_8_rows", "window_tokens_per_s"]
+
+
+def cpu_line():
+    info = open("/proc/cpuinfo").read()
+    name = info.split("model name")[1].split("\n")[0].strip(": \t")
+    flags = set(info.split("flags")[1].split("\n")[0].strip(": \t").split())
+    relevant = ["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "amx_int8"]
+    return f"{name} ({' '.join(f for f in relevant if f in flags)})"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--llama-python", help="a Python with llama-cpp-python installed")
+    ap.add_argument("--llama-native", help="a Python with llama-cpp-python built natively (AMX off)")
+    ap.add_argument("--llama-avx2", help="a Python with llama-cpp-python built for AVX2 only")
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--out", default=f"{ROOT}/eval/results/model.json")
+    ap.add_argument("--out", default=f"{ROOT}/eval/results/model-flavours.json")
     args = ap.parse_args()
+    llama = {"native": args.llama_native, "avx2": args.llama_avx2}
     subprocess.run(["cargo", "build", "--release", "--bin", "infini-sidecar"], cwd=ROOT, check=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -81,37 +104,56 @@ def main():
             tokens = os.path.join(tmp, "tokens.json")
             real_tokens(path, tokenizer, tokens)
             for threads in args.threads.split(","):
-                env = dict(os.environ, CANDLE_NUM_THREADS=threads, RAYON_NUM_THREADS=threads)
-                out = subprocess.check_output(["cargo", "bench", "-q", "--bench", "model", "--", path, tokens],
-                                              cwd=ROOT, env=env, text=True)
-                for line in out.splitlines():
-                    if line.startswith("{"):
-                        r = json.loads(line)
-                        rows.append({"model": name, "threads": int(threads), "runtime": r["runtime"],
-                                     "measure": r["measure"], "value": r["value"]})
-                if args.llama_python:
-                    run = subprocess.run([args.llama_python, "-c", LLAMA_CPP, path, tokens, threads],
-                                         capture_output=True, text=True)
-                    if run.returncode != 0:
-                        print(f"[bench] llama.cpp failed ({run.returncode}): {run.stderr[-500:]}", file=sys.stderr)
+                for level, llama_level in LEVELS:
+                    env = dict(os.environ, CANDLE_NUM_THREADS=threads, RAYON_NUM_THREADS=threads,
+                               INFINI_SIDECAR_CPU=level)
+                    run = subprocess.run(["cargo", "bench", "-q", "--bench", "model", "--", path, tokens,
+                                          "--ours-only"], cwd=ROOT, env=env, text=True, capture_output=True)
+                    if run.returncode != 0:  # a flavour this CPU lacks
+                        print(f"[bench] ours under {level}: {run.stderr.strip()[-300:]}", file=sys.stderr)
+                        continue
                     for line in run.stdout.splitlines():
-                        r = json.loads(line)
-                        rows.append({"model": name, "threads": int(threads), "runtime": "llama.cpp",
-                                     "measure": r["measure"], "value": r["value"]})
-                print(f"[bench] {name}, {threads} threads done", file=sys.stderr)
+                        if line.startswith("{"):
+                            r = json.loads(line)
+                            rows.append({"model": name, "threads": int(threads), "level": level,
+                                         "flavour": r["kernel_flavour"], "runtime": "ours",
+                                         "measure": r["measure"], "value": r["value"]})
+                    python = llama.get(llama_level) if llama_level else None
+                    if python:
+                        run = subprocess.run([python, "-c", LLAMA_CPP, path, tokens, threads],
+                                             capture_output=True, text=True)
+                        if run.returncode != 0:
+                            print(f"[bench] llama.cpp failed ({run.returncode}): {run.stderr[-500:]}",
+                                  file=sys.stderr)
+                        for line in run.stdout.splitlines():
+                            r = json.loads(line)
+                            rows.append({"model": name, "threads": int(threads), "level": level,
+                                         "flavour": f"llama.cpp {llama_level}", "runtime": "llama.cpp",
+                                         "measure": r["measure"], "value": r["value"]})
+                    print(f"[bench] {name}, {threads} threads, {level} done", file=sys.stderr)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    meta = {"cpu": open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": "),
-            "date": time.strftime("%Y-%m-%d"), "window": WINDOW, "decode_steps": DECODE_STEPS}
+    meta = {"cpu": cpu_line(), "date": time.strftime("%Y-%m-%d"), "window": WINDOW,
+            "decode_steps": DECODE_STEPS}
     json.dump({"meta": meta, "rows": rows}, open(args.out, "w"), indent=1)
-    runtimes = ["ours", "ours (quantized)", "candle-transformers", "llama.cpp"]
-    print("| model | threads | measure | " + " | ".join(runtimes) + " |")
-    print("|---|---|---|" + "---|" * len(runtimes))
-    keys = sorted({(r["model"], r["threads"], r["measure"]) for r in rows})
-    for model, threads, measure in keys:
-        val = {r["runtime"]: r["value"] for r in rows
-               if (r["model"], r["threads"], r["measure"]) == (model, threads, measure)}
-        cell = lambda k: f"{val[k]:.1f}" if k in val else "–"
-        print(f"| {model} | {threads} | {measure} | " + " | ".join(cell(k) for k in runtimes) + " |")
+    print(f"CPU: {meta['cpu']}\n")
+    for level, _ in LEVELS:
+        flavours = {r["flavour"] for r in rows if r["level"] == level and r["runtime"] == "ours"}
+        if not flavours:
+            continue
+        print(f"### {level}: ours ({', '.join(sorted(flavours))}) | llama.cpp {level}\n")
+        print("| model | threads | " + " | ".join(f"{m} ours | llama.cpp" for m in MEASURES) + " | 8 rows / 1 ours | llama.cpp |")
+        print("|---|---|" + "---|---|" * (len(MEASURES) + 1))
+        for model in MODELS:
+            for threads in sorted({r["threads"] for r in rows}):
+                val = {(r["runtime"], r["measure"]): r["value"] for r in rows
+                       if (r["model"], r["threads"], r["level"]) == (model, threads, level)}
+                cell = lambda k: f"{val[k]:.1f}" if k in val else "–"
+                ratio = lambda rt: (f"{val[(rt, 'pass_ms_8_rows')] / val[(rt, 'pass_ms_1_rows')]:.2f}"
+                                    if (rt, "pass_ms_8_rows") in val else "–")
+                print(f"| {model} | {threads} | " + " | ".join(f"{cell(('ours', m))} | {cell(('llama.cpp', m))}"
+                                                         for m in MEASURES)
+                      + f" | {ratio('ours')} | {ratio('llama.cpp')} |")
+        print()
 
 
 if __name__ == "__main__":

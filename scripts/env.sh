@@ -60,3 +60,27 @@ ensure_suffix_decoding() {
   cp "$work"/build/_C*.so "$site/arctic_inference/suffix_decoding/"
   rm -rf "$work"
 }
+
+# llama.cpp (llama-cpp-python built from source), the peer of `eval/bench_model.py`, at one feature
+# level per virtual environment: `native` (everything the CPU has except AMX, whose ggml kernels crash
+# where the kernel grants no tile state) or `avx2` (AVX2, FMA and F16C only: the level of most cloud
+# CPUs, to set beside our AVX2 flavour). Prints the environment's Python.
+LLAMA_CPP_VERSION=0.3.36
+ensure_llama_cpp() {
+  local level="$1" flags
+  case "$level" in
+    native) flags="-DGGML_NATIVE=ON" ;;
+    avx2) flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+-DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_BF16=OFF \
+-DGGML_AVX_VNNI=OFF -DGGML_BMI2=OFF" ;;
+    *) echo "ensure_llama_cpp: level native or avx2, not '$level'" >&2; return 2 ;;
+  esac
+  local venv="$CACHE/venv-llama-cpp-$LLAMA_CPP_VERSION-$level"
+  if ! "$venv/bin/python" -c 'import llama_cpp' 2>/dev/null; then
+    python3 -m venv "$venv"
+    CMAKE_ARGS="$flags -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAVA_BUILD=OFF" \
+      "$venv/bin/python" -m pip install -q --no-binary llama-cpp-python \
+      "llama-cpp-python==$LLAMA_CPP_VERSION" >&2
+  fi
+  echo "$venv/bin/python"
+}

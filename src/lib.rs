@@ -3,6 +3,7 @@
 
 pub mod agreement;
 pub mod corpus;
+pub mod cpu;
 pub mod draft;
 pub mod eval;
 pub mod evidence;

@@ -149,6 +149,7 @@ fn load_model(args: &ModelArgs) -> Result<Model> {
             DeviceChoice::Auto
         },
         quantized_prefill: args.quantized_prefill,
+        kernels: None,
     };
     Ok(Model::load(&args.model, &opts)?)
 }
@@ -188,6 +189,8 @@ fn run_generate(args: GenerateArgs) -> Result<()> {
         "prompt": args.prompt,
         "text": text,
         "generation": generation,
+        "kernel_flavour": model.kernel_name(),
+        "cpu": infini_sidecar::cpu::CpuInfo::detect(),
     });
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())

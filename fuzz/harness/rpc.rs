@@ -93,6 +93,7 @@ impl Fixture {
             mixing: Some(write_mixing(dir, tokenizer.fingerprint())),
             model: None,
             model_threads: None,
+            cpu: None,
             metrics_bind: None,
             auth_token_env: None,
             limits: Default::default(),

@@ -29,6 +29,7 @@ pub use scoring::{
 };
 pub use transformer::Transformer;
 
+use crate::cpu::KernelFlavour;
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +51,8 @@ pub enum ModelError {
     Mismatch(String),
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),
+    #[error("kernels: {0}")]
+    Cpu(#[from] crate::cpu::CpuError),
 }
 
 /// Where to run the model.
@@ -69,6 +72,9 @@ pub struct LoadOptions {
     /// Run many-row inputs on the quantized weights too, instead of dense f32 copies: less memory
     /// (the file's size instead of 4 bytes per parameter), much slower window scoring on CPU.
     pub quantized_prefill: bool,
+    /// The flavour of our quantized kernels; None: what `INFINI_SIDECAR_CPU` asks for, else the
+    /// best this CPU runs.
+    pub kernels: Option<KernelFlavour>,
 }
 
 /// Tokens a tokenizer.json may add beyond the model's embedding rows (Gemma's adds an image token
@@ -93,8 +99,17 @@ pub fn on_rayon_worker<T: Send>(work: impl FnOnce() -> T + Send) -> T {
     rayon::scope(|_| work())
 }
 
-/// Loads the network alone (no tokenizer): a `.gguf` file or an HF llama directory.
+/// Loads the network alone (no tokenizer): a `.gguf` file or an HF llama directory, with the kernel
+/// flavour `INFINI_SIDECAR_CPU` asks for (else the best this CPU runs).
 pub fn load_transformer(path: &Path, device: DeviceChoice) -> Result<Transformer, ModelError> {
+    load_network(path, device, KernelFlavour::requested(None)?)
+}
+
+fn load_network(
+    path: &Path,
+    device: DeviceChoice,
+    flavour: KernelFlavour,
+) -> Result<Transformer, ModelError> {
     let device = match device {
         DeviceChoice::Cpu => Device::Cpu,
         DeviceChoice::Auto => Device::cuda_if_available(0)?,
@@ -102,7 +117,7 @@ pub fn load_transformer(path: &Path, device: DeviceChoice) -> Result<Transformer
     let (config, weights) = if path.is_dir() {
         weights::load_hf_dir(path, &device)?
     } else {
-        weights::load_gguf(path, &device)?
+        weights::load_gguf(path, &device, flavour)?
     };
     Transformer::new(config, weights, device)
 }
@@ -118,7 +133,11 @@ impl Model {
     /// Loads a `.gguf` file (llama or gemma3) or an HF llama directory (`config.json`,
     /// `*.safetensors`, `tokenizer.json`).
     pub fn load(path: &Path, opts: &LoadOptions) -> Result<Self, ModelError> {
-        let mut transformer = load_transformer(path, opts.device)?;
+        let flavour = match opts.kernels {
+            Some(flavour) => flavour.check()?,
+            None => KernelFlavour::requested(None)?,
+        };
+        let mut transformer = load_network(path, opts.device, flavour)?;
         if !opts.quantized_prefill {
             transformer.add_dense_copies()?;
         }
@@ -148,6 +167,8 @@ impl Model {
             layers = config.num_layers,
             vocab = config.vocab_size,
             device = ?transformer.device(),
+            kernels = transformer.kernel_flavour().map_or("candle", KernelFlavour::name),
+            cpu = %crate::cpu::CpuInfo::detect().summary(),
             "model loaded"
         );
         Ok(Self {
@@ -171,6 +192,13 @@ impl Model {
 
     pub fn source(&self) -> &Path {
         &self.source
+    }
+
+    /// The flavour of our kernels that serves decoding, or "candle" where candle's kernels do.
+    pub fn kernel_name(&self) -> &'static str {
+        self.transformer
+            .kernel_flavour()
+            .map_or("candle", KernelFlavour::name)
     }
 
     /// Refuses to pair this model with an index (or anything else) tokenized differently.

@@ -10,6 +10,7 @@ use super::config::{Activation, ModelConfig, RopeLayout};
 use super::short_attention::{self, AttentionInput, RowPaths};
 use super::weights::{LayerWeights, Linear, Weights};
 use super::{ModelError, SHORT_PASS_ROWS};
+use crate::cpu::KernelFlavour;
 
 /// cos/sin tables of one RoPE base, `(positions, head_dim / 2)`.
 #[derive(Debug, Clone)]
@@ -89,6 +90,15 @@ impl Transformer {
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// The flavour of our quantized kernels that decoding and draft verification run on; None where
+    /// candle's kernels serve (f32 weights, formats we do not repack, a GPU).
+    pub fn kernel_flavour(&self) -> Option<KernelFlavour> {
+        match self.device {
+            Device::Cpu => self.weights.lm_head.kernel_flavour(),
+            _ => None,
+        }
     }
 
     /// Swaps the feed-forward activation, for comparing with implementations that differ only

@@ -14,6 +14,7 @@ use super::config::ModelConfig;
 use super::short_matmul::ShortMatmul;
 use super::ModelError;
 use super::SHORT_PASS_ROWS;
+use crate::cpu::KernelFlavour;
 
 /// A weight matrix used as `x · Wᵀ`: quantized blocks from GGUF or a dense f32 tensor, plus, for
 /// quantized ones, an optional dense copy for many-row inputs (window scoring, prompt prefill).
@@ -26,9 +27,9 @@ pub struct Linear {
 }
 
 impl Linear {
-    fn quantized(q: QTensor) -> candle_core::Result<Self> {
+    fn quantized(q: QTensor, flavour: KernelFlavour) -> candle_core::Result<Self> {
         Ok(Self {
-            short: ShortMatmul::from_qtensor(&q)?.map(Arc::new),
+            short: ShortMatmul::from_qtensor(&q, flavour)?.map(Arc::new),
             inner: QMatMul::from_qtensor(q)?,
             dense_copy: None,
         })
@@ -40,6 +41,11 @@ impl Linear {
             dense_copy: None,
             short: None,
         }
+    }
+
+    /// The flavour of our kernel when it serves this matrix's few-row inputs.
+    pub fn kernel_flavour(&self) -> Option<KernelFlavour> {
+        self.short.as_ref().map(|s| s.flavour())
     }
 
     /// Keeps a dequantized f32 copy of a quantized matrix for many-row inputs.
@@ -164,8 +170,13 @@ impl Weights {
     }
 }
 
-/// Opens a GGUF file: its metadata decides the config, its tensors stay quantized.
-pub fn load_gguf(path: &Path, device: &Device) -> Result<(ModelConfig, Weights), ModelError> {
+/// Opens a GGUF file: its metadata decides the config, its tensors stay quantized (repacked for
+/// our kernels in `flavour` where they know the format).
+pub fn load_gguf(
+    path: &Path,
+    device: &Device,
+    flavour: KernelFlavour,
+) -> Result<(ModelConfig, Weights), ModelError> {
     let mut file =
         File::open(path).map_err(|e| ModelError::Io(format!("{}: {e}", path.display())))?;
     let content = gguf_file::Content::read(&mut file)
@@ -177,6 +188,7 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<(ModelConfig, Weights),
         content: &content,
         file,
         device,
+        flavour,
     };
     let embeddings_q = gguf.quantized("token_embd.weight")?;
     let embeddings = embeddings_q.dequantize(device)?;
@@ -215,7 +227,7 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<(ModelConfig, Weights),
         embeddings,
         layers,
         final_norm: gguf.dense("output_norm.weight")?,
-        lm_head: Linear::quantized(lm_head)?,
+        lm_head: Linear::quantized(lm_head, flavour)?,
         tied_head,
     };
     check_shapes(&config, &weights)?;
@@ -228,6 +240,7 @@ struct GgufTensors<'a> {
     content: &'a gguf_file::Content,
     file: File,
     device: &'a Device,
+    flavour: KernelFlavour,
 }
 
 impl GgufTensors<'_> {
@@ -242,7 +255,7 @@ impl GgufTensors<'_> {
         Ok(self.content.tensor(&mut self.file, name, self.device)?)
     }
     fn linear(&mut self, name: &str) -> Result<Linear, ModelError> {
-        Ok(Linear::quantized(self.quantized(name)?)?)
+        Ok(Linear::quantized(self.quantized(name)?, self.flavour)?)
     }
     /// Norm weights and other small vectors, as f32.
     fn dense(&mut self, name: &str) -> Result<Tensor, ModelError> {

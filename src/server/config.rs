@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::cpu::FlavourRequest;
 use crate::live::LiveConfig;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -22,6 +23,9 @@ pub struct ServeConfig {
     pub model: Option<PathBuf>,
     /// CPU threads of the model's kernels (default: all cores).
     pub model_threads: Option<usize>,
+    /// The flavour of the model's quantized kernels: `native` (default: the best this CPU runs),
+    /// `avx512vnni`, `avxvnni`, `avx2` or `portable`. `INFINI_SIDECAR_CPU` overrides it.
+    pub cpu: Option<String>,
     /// Where Prometheus scrapes `GET /metrics`; no endpoint when unset.
     pub metrics_bind: Option<SocketAddr>,
     /// Name of an environment variable holding a bearer token every RPC must present.
@@ -201,6 +205,10 @@ impl ServeConfig {
     /// The checks of [`ServeConfig::load`], for a config built in code.
     pub fn check(&self) -> Result<(), ConfigError> {
         self.limits.check()?;
+        if let Some(cpu) = &self.cpu {
+            cpu.parse::<FlavourRequest>()
+                .map_err(|e| ConfigError::Invalid(format!("cpu: {e}")))?;
+        }
         match self.live.config() {
             Some(live) => live
                 .check()

@@ -29,6 +29,13 @@ pub(super) fn info(s: &State) -> pb::InfoResponse {
         lambda_sparse,
         lambda_dense,
         gate,
+        cpu_model: s.cpu.model.clone(),
+        cpu_features: s.cpu.features.iter().map(|f| f.to_string()).collect(),
+        kernel_flavour: s
+            .model
+            .as_ref()
+            .map(|m| m.kernel_name().to_string())
+            .unwrap_or_default(),
     }
 }
 

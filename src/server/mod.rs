@@ -25,6 +25,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::cpu::{CpuInfo, KernelFlavour};
 use crate::index::{Index, IndexError, OpenOptions};
 use crate::interrupt::{StopReason, StopSignal};
 use crate::live::{LiveError, LiveIndex, Vocabulary};
@@ -85,6 +86,8 @@ struct State {
     tokenizer: Tokenizer,
     mixing: Option<MixingParams>,
     model: Option<Model>,
+    /// The CPU under the model's kernels, as `Info` reports it.
+    cpu: CpuInfo,
     limits: Limits,
     in_flight: Arc<Semaphore>,
     metrics: Arc<Metrics>,
@@ -275,7 +278,14 @@ impl SidecarService {
         let model = config
             .model
             .as_deref()
-            .map(|path| Model::load(path, &LoadOptions::default()))
+            .map(|path| {
+                let kernels = KernelFlavour::requested(config.cpu.as_deref())?;
+                let opts = LoadOptions {
+                    kernels: Some(kernels),
+                    ..LoadOptions::default()
+                };
+                Model::load(path, &opts)
+            })
             .transpose()?;
         if let Some(m) = &model {
             m.check_tokenizer(tokenizer.fingerprint(), "the index")?;
@@ -298,6 +308,7 @@ impl SidecarService {
                 tokenizer,
                 mixing,
                 model,
+                cpu: CpuInfo::detect(),
                 limits: config.limits,
                 in_flight: Arc::new(Semaphore::new(config.limits.max_in_flight)),
                 sessions: Sessions::new(config.limits.max_sessions, Arc::clone(&metrics)),

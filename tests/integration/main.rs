@@ -7,6 +7,7 @@ mod common;
 mod cli;
 mod draft_real;
 mod engine_vs_brute_force;
+mod flavours_real;
 mod fuzz_replay;
 mod live;
 mod mix_real;

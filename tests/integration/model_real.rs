@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, IndexOp, Tensor};
-use infini_sidecar::corpus::Content;
 use infini_sidecar::model::{
     Activation, DeviceChoice, GenerateOptions, LoadOptions, Model, Transformer,
 };
@@ -25,22 +24,6 @@ fn load(path: &Path) -> Model {
 }
 
 /// The first Brown document of the test split (ca03), as text.
-fn brown_test_text() -> String {
-    common::minipile_docs("test", 1000)
-        .into_iter()
-        .find(|d| {
-            d.metadata
-                .as_deref()
-                .unwrap_or_default()
-                .contains("\"brown\"")
-        })
-        .map(|d| match d.content {
-            Content::Text(t) => t,
-            Content::Tokens(_) => unreachable!(),
-        })
-        .expect("a Brown test document")
-}
-
 /// One forward call of a candle-transformers model: tokens and position in, last logits out.
 type CandleStep = Box<dyn FnMut(&Tensor, usize) -> Tensor>;
 
@@ -136,7 +119,7 @@ fn smollm2_logits_at_every_position_match_candle_token_by_token() {
     let dir = tempfile::tempdir().unwrap();
     let f32_model = dequantized_copy(&common::smollm2_gguf(), dir.path());
     let model = load(&common::smollm2_gguf());
-    let ids = model.encode_document(&brown_test_text()).unwrap()[..48].to_vec();
+    let ids = model.encode_document(&common::brown_test_text()).unwrap()[..48].to_vec();
     let ours = infini_sidecar::model::load_transformer(&f32_model, DeviceChoice::Cpu).unwrap();
     let diff = max_abs_diff(
         &all_logits(&ours, &ids),
@@ -150,7 +133,7 @@ fn smollm2_rollback_leaves_no_trace() {
     // Feeding a rejected draft and truncating it gives bit-identical logits to never feeding it.
     let model = load(&common::smollm2_gguf());
     let t = model.transformer();
-    let ids = model.encode_document(&brown_test_text()).unwrap()[..48].to_vec();
+    let ids = model.encode_document(&common::brown_test_text()).unwrap()[..48].to_vec();
     let mut clean = t.new_cache();
     t.forward(&ids[..30], &mut clean).unwrap();
     let expected = t
@@ -177,7 +160,7 @@ fn smollm2_rollback_leaves_no_trace() {
 fn smollm2_tree_rows_decode_their_paths_exactly() {
     let model = load(&common::smollm2_gguf());
     let t = model.transformer();
-    let ids = model.encode_document(&brown_test_text()).unwrap()[..40].to_vec();
+    let ids = model.encode_document(&common::brown_test_text()).unwrap()[..40].to_vec();
     let (context, next) = (&ids[..30], &ids[30..]);
     // Rows: 0 the pending token; 1 and 2 two children of it; 3 under 1; 4 under 2; 5 under 4.
     let tokens = [next[0], next[1], 1000, next[2], 2000, next[3]];
@@ -258,7 +241,7 @@ fn smollm2_perplexity_agrees_with_candle_token_by_token() {
     // quantized model quantizes activations to 8 bits, so a chunk and single tokens round differently;
     // the perplexities must still agree.
     let model = load(&common::smollm2_gguf());
-    let ids = model.encode_document(&brown_test_text()).unwrap()[..400].to_vec();
+    let ids = model.encode_document(&common::brown_test_text()).unwrap()[..400].to_vec();
     let score = model
         .transformer()
         .score_document(&ids, Default::default(), |_| {})
@@ -296,7 +279,7 @@ fn smollm2_greedy_continuation_names_paris() {
 fn smollm2_decoding_is_as_close_to_f32_as_candles() {
     let model = load(&common::smollm2_gguf());
     let t = model.transformer();
-    let ids = model.encode_document(&brown_test_text()).unwrap()[..200].to_vec();
+    let ids = model.encode_document(&common::brown_test_text()).unwrap()[..200].to_vec();
     let f32_logits = t
         .forward(&ids, &mut t.new_cache())
         .unwrap()
@@ -340,7 +323,7 @@ fn gemma3_matches_candle_and_needs_u32_ids() {
         .encode_document("naïve café — 東京 🚀 ".repeat(3).as_str())
         .unwrap();
     assert!(ids.iter().any(|&t| t > u16::MAX as u32), "{ids:?}");
-    let text = brown_test_text();
+    let text = common::brown_test_text();
     let ids = model.encode_document(&text).unwrap()[..40].to_vec();
     assert_eq!(
         model.decode(&ids[1..]).unwrap(),

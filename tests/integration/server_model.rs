@@ -12,6 +12,7 @@ use common::server::{
     build_index, config, free_port, open_session, sample, scrape, start, step, with_model, Running,
 };
 use infini_sidecar::corpus::Content;
+use infini_sidecar::cpu::{CpuInfo, KernelFlavour};
 use infini_sidecar::eval::documents::{load_documents, TokenBudget};
 use infini_sidecar::eval::records::Collector;
 use infini_sidecar::eval::report::build_report;
@@ -151,6 +152,13 @@ async fn score_sessions_and_own_model_match_the_library() {
         mut client, stop, ..
     } = start(config).await;
     let model = model();
+
+    // Info names the CPU and the kernel flavour the model runs (the one INFINI_SIDECAR_CPU asks
+    // for, else the best this CPU has).
+    let info = client.info(pb::InfoRequest {}).await.unwrap().into_inner();
+    let flavour = KernelFlavour::requested(None).unwrap();
+    assert_eq!(info.kernel_flavour, flavour.name());
+    assert_eq!(info.cpu_model, CpuInfo::detect().model);
 
     // Score: two documents, the second of a domain; split λ (domain pair falls back to global).
     let docs = test_documents(2, 300);

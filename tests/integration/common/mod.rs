@@ -37,3 +37,20 @@ pub fn minipile_docs(split: &str, n: usize) -> Vec<InputDoc> {
     let files = expand_inputs(&[assets().join(format!("minipile/{split}.jsonl"))]).unwrap();
     text_documents(files).take(n).map(|d| d.unwrap()).collect()
 }
+
+/// The first Brown document of the mini-Pile test split.
+pub fn brown_test_text() -> String {
+    minipile_docs("test", 1000)
+        .into_iter()
+        .find(|d| {
+            d.metadata
+                .as_deref()
+                .unwrap_or_default()
+                .contains("\"brown\"")
+        })
+        .map(|d| match d.content {
+            infini_sidecar::corpus::Content::Text(t) => t,
+            infini_sidecar::corpus::Content::Tokens(_) => unreachable!(),
+        })
+        .expect("a Brown test document")
+}

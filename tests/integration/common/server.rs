@@ -73,6 +73,7 @@ pub fn config(dir: &Path, index: PathBuf, auth: bool) -> ServeConfig {
         mixing: Some(write_mixing(dir)),
         model: None,
         model_threads: None,
+        cpu: None,
         metrics_bind: None,
         auth_token_env: auth.then_some(env),
         limits: Default::default(),
