@@ -74,9 +74,13 @@ impl std::fmt::Debug for ShortMatmul {
 }
 
 impl ShortMatmul {
-    /// The matrix of a tensor `(n, k)` in one of our formats, for the given flavour (which the
-    /// caller has checked the CPU runs); None for other types or shapes.
+    /// The matrix of a tensor `(n, k)` in one of our formats, for the given flavour; None for other
+    /// types or shapes, an error for a flavour this CPU cannot run (the kernels' `unsafe` rests on
+    /// this check).
     pub fn from_qtensor(q: &QTensor, flavour: KernelFlavour) -> candle_core::Result<Option<Self>> {
+        flavour
+            .check()
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         let Ok((n, k)) = q.shape().dims2() else {
             return Ok(None);
         };
@@ -236,7 +240,7 @@ impl ShortMatmul {
                 };
             }
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: the flavour was checked against this CPU when the model was loaded.
+            // SAFETY: `from_qtensor` checked the flavour against this CPU.
             unsafe {
                 use self::x86::{rows_avx2, rows_avx512_vnni, rows_avx_vnni};
                 match self.flavour {
