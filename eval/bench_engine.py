@@ -1,9 +1,16 @@
 #!/usr/bin/env python3
-"""Side-by-side engine benchmark: infini-sidecar vs the reference engine (infini-gram 2.6.0), same index,
-same queries, process CPU time per query, in one run.
+"""Side-by-side engine benchmarks, same tokens, same queries, process CPU time per query, in one run:
+infini-sidecar vs the reference engine (infini-gram 2.6.0), and vs tokengrams (0.3.3).
 
   python3 eval/bench_engine.py --index DIR --heldout TEST.jsonl --tokenizer MODEL.gguf \
-      --reference-python VENV/bin/python [--out eval/results/engine.json]
+      [--reference-python VENV/bin/python] [--tokengrams-python VENV/bin/python] [--out eval/results/engine.json]
+
+Against tokengrams (`--tokengrams-python`, writes eval/results/engine-tokengrams.json): count and next-token
+distributions by prompt length (1, 2, 3, 5, 8 tokens; prompts taken at random places of the indexed
+documents, so they occur and frequent tokens come up as often as text has them), suffix-array build time
+and table size, on two corpora: the index's own `tokenized.0`, and a corpus of `--big-tokens` tokens
+(default 100 M) made of copies of it whose ids are shifted per copy (so copies do not repeat each other
+and the suffix array is far larger than any cache). Answers are checked equal.
 
 Queries come from held-out text (the mini-Pile test split, not in the index): n-grams for count and prob,
 short prompts for ntd, long contexts for the ∞-gram queries, whole windows for dense scoring. The
@@ -106,10 +113,21 @@ def main():
     p.add_argument("--index", required=True)
     p.add_argument("--heldout", required=True)
     p.add_argument("--tokenizer", required=True)
-    p.add_argument("--reference-python", required=True)
+    p.add_argument("--reference-python")
+    p.add_argument("--tokengrams-python")
+    p.add_argument("--big-tokens", type=int, default=100_000_000)
+    p.add_argument("--work", help="folder for the tokengrams comparison's corpora and indexes (default: a temporary one)")
     p.add_argument("--out", default=os.path.join(HERE, "results", "engine.json"))
     p.add_argument("--skip-build", action="store_true", help="skip the side-by-side suffix-array build")
     args = p.parse_args()
+    if args.tokengrams_python:
+        import bench_tokengrams
+        bench_tokengrams.main(args, sidecar())
+    if args.reference_python:
+        against_reference(args)
+
+
+def against_reference(args):
     info = json.loads(subprocess.run([sidecar(), "index", "info", "--index", args.index], check=True, capture_output=True).stdout)
     with tempfile.TemporaryDirectory() as tmp:
         docs, _ = heldout_tokens(args.heldout, args.tokenizer, tmp)

@@ -27,6 +27,16 @@ ensure_reference_engine() {
   fi
 }
 
+# tokengrams, the other suffix-array engine, for eval/bench_engine.py (`--tokengrams-python`).
+TOKENGRAMS_VENV="$CACHE/venv-tokengrams-0.3.3"
+TOKENGRAMS_PYTHON="$TOKENGRAMS_VENV/bin/python"
+ensure_tokengrams() {
+  if ! "$TOKENGRAMS_PYTHON" -c 'import tokengrams, numpy' 2>/dev/null; then
+    python3 -m venv "$TOKENGRAMS_VENV"
+    "$TOKENGRAMS_PYTHON" -m pip install -q tokengrams==0.3.3 numpy
+  fi
+}
+
 # SuffixDecoding, the peer of `eval workload` (eval/suffix_decoding_replay.py): only its suffix-tree
 # extension is built, from arctic-inference's source package (its wheel needs torch), into a venv.
 SUFFIX_VENV="$CACHE/venv-suffix-decoding"

@@ -17,6 +17,7 @@ use infini_sidecar::eval::neural::score_documents;
 use infini_sidecar::eval::EvalError;
 use infini_sidecar::index::build::{build, BuildOptions, GivenVocabulary};
 use infini_sidecar::index::decontam::{self, Decontaminator};
+use infini_sidecar::index::next_table::NextTableSpec;
 use infini_sidecar::index::{token_file, Index, IndexError, OpenOptions, TokenWidth};
 use infini_sidecar::interrupt;
 use infini_sidecar::model::{
@@ -231,6 +232,13 @@ struct BuildArgs {
     /// Replace an existing index at --out.
     #[arg(long)]
     force: bool,
+    /// Budget of each shard's next-token table (exact next-token counts of the most frequent short
+    /// prompts, so `ntd` after them is a lookup), in MiB; 0 writes none.
+    #[arg(long, default_value_t = 64.0)]
+    next_token_table_mib: f64,
+    /// Fewest matches a prompt needs to get an entry in the next-token table.
+    #[arg(long, default_value_t = NextTableSpec::default().min_count)]
+    next_token_min_count: u64,
     /// Evaluation text (files, folders, JSON lines): drop input documents whose n-grams mostly occur
     /// in it (paper §5).
     #[arg(long, num_args = 1.., requires = "tokenizer")]
@@ -319,6 +327,11 @@ fn run_build(args: BuildArgs) -> Result<()> {
         max_shard_tokens: args.max_shard_tokens,
         threads: args.threads.unwrap_or_else(rayon::current_num_threads),
         force: args.force,
+        next_table: (args.next_token_table_mib > 0.0).then(|| NextTableSpec {
+            budget_bytes: (args.next_token_table_mib * (1u64 << 20) as f64) as u64,
+            min_count: args.next_token_min_count.max(1),
+            ..NextTableSpec::default()
+        }),
         ..BuildOptions::new(
             args.out.clone(),
             vocabulary.width,

@@ -1,12 +1,14 @@
 //! The batch query protocol of `infini-sidecar query`: one JSON object per input line, one per output
 //! line, in order. Field names follow the reference engine; fields of the input other than the query's
-//! own (such as `qid`) are copied to the output, except `error`, `latency` and `result`, which only
-//! the answer writes, and where the answer has a field of the same name, the answer's wins. A bad line
+//! own (such as `qid`) are copied to the output, except `error` and `latency`, which only the answer
+//! writes, and where the answer has a field of the same name, the answer's wins. A bad line
 //! (not JSON, not UTF-8, longer than [`MAX_LINE_BYTES`]) gets `{"error": ...}` and the run goes on.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, ErrorKind, Write};
 
 use rayon::prelude::*;
+use serde::de::IgnoredAny;
 use serde_json::{json, Map, Value};
 
 use crate::index::docs::SearchOptions;
@@ -27,7 +29,7 @@ const QUERY_FIELDS: &[&str] = &[
 ];
 /// Fields only an answer writes: an input field of these names is not copied through, so that a
 /// successful answer never carries an `error`, nor a `latency` that is not ours.
-const RESERVED_FIELDS: &[&str] = &["error", "latency", "result"];
+const RESERVED_FIELDS: &[&str] = &["error", "latency"];
 /// Longest input line accepted (bytes); a longer one is read past, not kept, and refused.
 pub const MAX_LINE_BYTES: usize = 64 << 20;
 /// Lines answered in parallel at a time.
@@ -81,24 +83,26 @@ fn cnf_of(v: &Value) -> Result<Vec<Vec<Vec<u32>>>, String> {
         .collect()
 }
 
-fn to_value<T: serde::Serialize>(x: T) -> Result<Value, String> {
-    serde_json::to_value(x).map_err(|e| e.to_string())
+/// An answer's fields as JSON text, serialized straight from the result: a distribution of thousands
+/// of tokens never becomes a tree of `Value`s.
+fn to_text<T: serde::Serialize>(x: T) -> Result<String, String> {
+    serde_json::to_string(&x).map_err(|e| e.to_string())
 }
 
-/// Answers one parsed query.
-fn answer_query(index: &Index, q: &Map<String, Value>) -> Result<Value, String> {
+/// Answers one parsed query with the text of a JSON object.
+fn answer_query(index: &Index, q: &Map<String, Value>) -> Result<String, String> {
     let op = q
         .get("op")
         .and_then(Value::as_str)
         .ok_or("missing \"op\"")?;
     let e = |err: crate::index::IndexError| err.to_string();
     match op {
-        "count" => Ok(json!({"count": index.count(&ids_of(q.get("ids"), "ids")?).map_err(e)?, "approx": false})),
-        "prob" => to_value(index.prob(&ids_of(q.get("prompt"), "prompt")?, token_of(q.get("cont"), "cont")?).map_err(e)?),
-        "ntd" => to_value(index.ntd(&ids_of(q.get("prompt"), "prompt")?, u64_of(q.get("max_support"), "max_support")?).map_err(e)?),
-        "infgram_prob" => to_value(index.infgram_prob(&ids_of(q.get("prompt"), "prompt")?, token_of(q.get("cont"), "cont")?).map_err(e)?),
-        "infgram_ntd" => to_value(index.infgram_ntd(&ids_of(q.get("prompt"), "prompt")?, u64_of(q.get("max_support"), "max_support")?).map_err(e)?),
-        "find" => to_value(index.find(&ids_of(q.get("ids"), "ids")?).map_err(e)?),
+        "count" => to_text(json!({"count": index.count(&ids_of(q.get("ids"), "ids")?).map_err(e)?, "approx": false})),
+        "prob" => to_text(index.prob(&ids_of(q.get("prompt"), "prompt")?, token_of(q.get("cont"), "cont")?).map_err(e)?),
+        "ntd" => to_text(index.ntd(&ids_of(q.get("prompt"), "prompt")?, u64_of(q.get("max_support"), "max_support")?).map_err(e)?),
+        "infgram_prob" => to_text(index.infgram_prob(&ids_of(q.get("prompt"), "prompt")?, token_of(q.get("cont"), "cont")?).map_err(e)?),
+        "infgram_ntd" => to_text(index.infgram_ntd(&ids_of(q.get("prompt"), "prompt")?, u64_of(q.get("max_support"), "max_support")?).map_err(e)?),
+        "find" => to_text(index.find(&ids_of(q.get("ids"), "ids")?).map_err(e)?),
         "search_docs" => {
             let defaults = SearchOptions::default();
             let opts = SearchOptions {
@@ -114,12 +118,12 @@ fn answer_query(index: &Index, q: &Map<String, Value>) -> Result<Value, String> 
                     ids => vec![vec![ids_of(ids, "ids")?]],
                 },
             };
-            to_value(index.search_docs_cnf(&cnf, opts).map_err(e)?)
+            to_text(index.search_docs_cnf(&cnf, opts).map_err(e)?)
         }
-        "get_doc" => to_value(index.get_document(q.get("doc_ix").and_then(Value::as_u64).ok_or("\"doc_ix\" must be a document index")?).map_err(e)?),
+        "get_doc" => to_text(index.get_document(q.get("doc_ix").and_then(Value::as_u64).ok_or("\"doc_ix\" must be a document index")?).map_err(e)?),
         "score" => {
             let scores = index.score(&ids_of(q.get("ids"), "ids")?).map_err(e)?;
-            Ok(json!({
+            to_text(json!({
                 "prob": scores.iter().map(|s| s.prob).collect::<Vec<_>>(),
                 "suffix_len": scores.iter().map(|s| s.suffix_len).collect::<Vec<_>>(),
                 "prompt_cnt": scores.iter().map(|s| s.prompt_cnt).collect::<Vec<_>>(),
@@ -155,39 +159,50 @@ fn answer(index: &Index, line: &str, timing: bool) -> (String, bool) {
             Value::Object(m) => Ok(m),
             _ => Err("a query must be a JSON object".into()),
         });
-    let mut out = Map::new();
-    let mut failed = false;
-    match parsed {
-        Err(err) => {
-            out.insert("error".into(), Value::String(err));
-            failed = true;
-        }
-        Ok(q) => {
-            for (k, v) in q.iter().filter(|(k, _)| {
-                !QUERY_FIELDS.contains(&k.as_str()) && !RESERVED_FIELDS.contains(&k.as_str())
-            }) {
-                out.insert(k.clone(), v.clone());
-            }
-            let start = thread_cpu_seconds();
-            match answer_query(index, &q) {
-                Ok(Value::Object(fields)) => out.extend(fields),
-                Ok(other) => {
-                    out.insert("result".into(), other);
-                }
-                Err(err) => {
-                    out.insert("error".into(), Value::String(err));
-                    failed = true;
-                }
-            }
-            if timing {
-                out.insert(
-                    "latency".into(),
-                    json!((thread_cpu_seconds() - start) * 1e3),
-                );
-            }
-        }
+    let q = match parsed {
+        Ok(q) => q,
+        Err(err) => return (json!({ "error": err }).to_string(), true),
+    };
+    let copied = q.iter().filter(|(k, _)| {
+        !QUERY_FIELDS.contains(&k.as_str()) && !RESERVED_FIELDS.contains(&k.as_str())
+    });
+    let start = thread_cpu_seconds();
+    let body = answer_query(index, &q);
+    let latency = timing.then(|| (thread_cpu_seconds() - start) * 1e3);
+    let (body, failed) = match body {
+        Ok(body) => (body, false),
+        Err(err) => (json!({ "error": err }).to_string(), true),
+    };
+    match join_fields(copied, &body, latency) {
+        Ok(line) => (line, failed),
+        Err(err) => (json!({ "error": err }).to_string(), true),
     }
-    (Value::Object(out).to_string(), failed)
+}
+
+/// One JSON object of the query's copied fields, then the answer's (`body`, an object's text, whose
+/// fields win), then `latency`. The answer is spliced in as text: only its top-level keys are read, so
+/// a distribution of thousands of tokens never becomes a tree of `Value`s.
+fn join_fields<'a>(
+    copied: impl Iterator<Item = (&'a String, &'a Value)>,
+    body: &str,
+    latency: Option<f64>,
+) -> Result<String, String> {
+    let keys: BTreeMap<String, IgnoredAny> =
+        serde_json::from_str(body).map_err(|e| format!("answer is not a JSON object: {e}"))?;
+    let mut parts: Vec<String> = copied
+        .filter(|(k, _)| !keys.contains_key(*k))
+        .map(|(key, value)| format!("{}:{value}", Value::from(key.as_str())))
+        .collect();
+    // `keys` parsed, so the text is one object: its fields lie between the outer braces.
+    let inner = body.trim();
+    let inner = inner[1..inner.len() - 1].trim();
+    if !inner.is_empty() {
+        parts.push(inner.to_string());
+    }
+    if let Some(ms) = latency {
+        parts.push(format!("\"latency\":{}", json!(ms)));
+    }
+    Ok(format!("{{{}}}", parts.join(",")))
 }
 
 /// One input line: a query's text, or why it cannot be one.

@@ -6,7 +6,9 @@
 //! - `flags: u8` (see the `NO_*` and `VERIFY` constants), `width: u8` (1, 2 or 4 bytes: `% 3` picks),
 //!   `eos: u32`, `vocab: u32`;
 //! - then up to `MAX_SHARDS` shards, each five files in `ShardPaths::all` order (tokenized, table,
-//!   offset, metadata, metaoff), each `len: u16` and `len` bytes; a short input gives short files.
+//!   offset, metadata, metaoff), each `len: u16` and `len` bytes; a short input gives short files;
+//! - then, if bytes are left, each shard's next-token table (`nexttok.N`) the same way. (It comes last
+//!   so that inputs written before the table existed still mean the same index.)
 //!
 //! The manifest records the written files' sizes and checksums and the counts the files imply, so
 //! open gets past its size checks to the content; the flags take parts of it away.
@@ -49,8 +51,9 @@ struct Layout<'a> {
     width: TokenWidth,
     eos: u32,
     vocab: u64,
-    /// Per shard, its five files' bytes.
+    /// Per shard, its five files' bytes, then its next-token table if the input has one.
     shards: Vec<[&'a [u8]; 5]>,
+    next_tables: Vec<&'a [u8]>,
 }
 
 /// Takes `n` bytes (fewer at the end of the input).
@@ -58,6 +61,16 @@ fn take<'a>(input: &mut &'a [u8], n: usize) -> &'a [u8] {
     let (head, rest) = input.split_at(n.min(input.len()));
     *input = rest;
     head
+}
+
+/// Takes one file: `len: u16`, then `len` bytes.
+fn take_file<'a>(input: &mut &'a [u8]) -> &'a [u8] {
+    let len = take(input, 2);
+    let len = u16::from_le_bytes([
+        len.first().copied().unwrap_or(0),
+        len.get(1).copied().unwrap_or(0),
+    ]);
+    take(input, len as usize)
 }
 
 fn parse(mut input: &[u8]) -> Option<Layout<'_>> {
@@ -69,15 +82,14 @@ fn parse(mut input: &[u8]) -> Option<Layout<'_>> {
     let mut shards = Vec::new();
     while !input.is_empty() && shards.len() < MAX_SHARDS {
         let mut files: [&[u8]; 5] = [&[]; 5];
-        for file in &mut files {
-            let len = take(&mut input, 2);
-            let len = u16::from_le_bytes([
-                len.first().copied().unwrap_or(0),
-                len.get(1).copied().unwrap_or(0),
-            ]);
-            *file = take(&mut input, len as usize);
+        for f in &mut files {
+            *f = take_file(&mut input);
         }
         shards.push(files);
+    }
+    let mut next_tables = Vec::new();
+    while !input.is_empty() && next_tables.len() < shards.len() {
+        next_tables.push(take_file(&mut input));
     }
     Some(Layout {
         flags: header[0],
@@ -85,6 +97,7 @@ fn parse(mut input: &[u8]) -> Option<Layout<'_>> {
         eos: u32_at(2),
         vocab: u32_at(6) as u64,
         shards,
+        next_tables,
     })
 }
 
@@ -139,9 +152,12 @@ impl Fixture {
             let mut written = Vec::new();
             for (i, path) in paths.all().into_iter().enumerate() {
                 let is_metadata = *path == paths.metadata || *path == paths.metaoff;
-                let bytes = files
-                    .map(|f| f[i])
-                    .filter(|_| !(is_metadata && layout.flags & NO_METADATA != 0));
+                let bytes = match files {
+                    Some(f) if i < f.len() => Some(f[i]),
+                    Some(_) => layout.next_tables.get(n).copied(),
+                    None => None,
+                }
+                .filter(|_| !(is_metadata && layout.flags & NO_METADATA != 0));
                 put(path, bytes);
                 if bytes.is_some() && !(*path == paths.table && layout.flags & NO_TABLE_RECORD != 0)
                 {
@@ -185,6 +201,7 @@ impl Fixture {
             shards: records,
             built_by: "fuzz".into(),
             decontamination: None,
+            next_token_table: None,
         };
         manifest.write(dir).unwrap();
     }

@@ -24,7 +24,9 @@ use crate::index::format::{
     ShardRecord, TokenWidth, TokenizerRecord, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE,
     TOKENIZER_FILE,
 };
+use crate::index::next_table::{self, NextTableSpec};
 use crate::index::sa::{write_table, TokenBuf, MAX_SHARD_TOKENS};
+use crate::index::shard::Shard;
 use crate::index::{IndexError, Result};
 use crate::progress;
 use crate::tokenizer::Tokenizer;
@@ -48,6 +50,8 @@ pub struct BuildOptions<'a> {
     pub input_bytes: u64,
     /// Drop documents that overlap the evaluation data.
     pub decontaminate: Option<&'a Decontaminator>,
+    /// Write each shard's next-token table of frequent short prompts (`next_table`), or not.
+    pub next_table: Option<NextTableSpec>,
 }
 
 impl<'a> BuildOptions<'a> {
@@ -65,6 +69,7 @@ impl<'a> BuildOptions<'a> {
             force: false,
             input_bytes: 0,
             decontaminate: None,
+            next_table: Some(NextTableSpec::default()),
         }
     }
 }
@@ -82,6 +87,7 @@ pub struct BuildReport {
     pub peak_bytes_per_token: f64,
     pub seconds_tokenize: f64,
     pub seconds_suffix_array: f64,
+    pub seconds_next_token_table: f64,
     pub seconds_total: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decontamination: Option<DecontaminationRecord>,
@@ -159,14 +165,9 @@ impl ShardBuilder {
         self.metadata.push(b'\n');
     }
 
-    /// Writes the shard's files and returns their record.
-    fn finish(
-        self,
-        dir: &Path,
-        n: usize,
-        width: TokenWidth,
-        threads: usize,
-    ) -> Result<ShardRecord> {
+    /// Writes the shard's files and returns their record, with the seconds its next-token table took.
+    fn finish(self, dir: &Path, n: usize, opts: &BuildOptions) -> Result<(ShardRecord, f64)> {
+        let (width, threads) = (opts.width, opts.threads);
         let paths = ShardPaths::new(dir, n);
         let tok_cnt = self.tokens.len() as u64;
         let documents = self.offsets.len() as u64;
@@ -197,16 +198,27 @@ impl ShardBuilder {
         write_with(&paths.table, |f| write_table(&sa, width, ptr_size, f))?;
         drop(sa);
         names.push(&paths.table);
+        let started = Instant::now();
+        if let Some(spec) = &opts.next_table {
+            let bar = progress::spinner(format!("shard {n}: next-token table"));
+            let shard = Shard::open(&paths, width)?;
+            let entries = next_table::build(&shard, opts.eos_token_id, spec, &paths.next_tokens)?;
+            bar.finish_and_clear();
+            names.push(&paths.next_tokens);
+            tracing::info!(shard = n, entries, "next-token table written");
+        }
+        let seconds_next_table = started.elapsed().as_secs_f64();
         let files = names
             .into_iter()
             .map(|p| FileRecord::of(p))
             .collect::<Result<Vec<_>>>()?;
         tracing::info!(shard = n, documents, tokens = tok_cnt, "shard written");
-        Ok(ShardRecord {
+        let record = ShardRecord {
             documents,
             tokens: tok_cnt,
             files,
-        })
+        };
+        Ok((record, seconds_next_table))
     }
 }
 
@@ -441,6 +453,7 @@ fn build_into(
     let mut shards: Vec<ShardRecord> = Vec::new();
     let mut current = ShardBuilder::new(width);
     let mut seconds_sa = 0.0;
+    let mut seconds_next_table = 0.0;
     let mut docs = docs.peekable();
     let mut decontamination = opts.decontaminate.map(Decontaminator::record);
 
@@ -484,8 +497,10 @@ fn build_into(
             if current.tokens.len() as u64 + needed > limit {
                 let t = Instant::now();
                 let full = std::mem::replace(&mut current, ShardBuilder::new(width));
-                shards.push(bar.suspend(|| full.finish(dir, shards.len(), width, opts.threads))?);
-                seconds_sa += t.elapsed().as_secs_f64();
+                let (record, seconds) = bar.suspend(|| full.finish(dir, shards.len(), opts))?;
+                shards.push(record);
+                seconds_sa += t.elapsed().as_secs_f64() - seconds;
+                seconds_next_table += seconds;
             }
             current.push(width, &tokens, metadata.as_deref());
         }
@@ -495,11 +510,13 @@ fn build_into(
     if current.tokens.is_empty() && shards.is_empty() {
         return Err(IndexError::Invalid("the input holds no documents".into()));
     }
-    let seconds_tokenize = started.elapsed().as_secs_f64() - seconds_sa;
+    let seconds_tokenize = started.elapsed().as_secs_f64() - seconds_sa - seconds_next_table;
     if !current.tokens.is_empty() {
         let t = Instant::now();
-        shards.push(current.finish(dir, shards.len(), width, opts.threads)?);
-        seconds_sa += t.elapsed().as_secs_f64();
+        let (record, seconds) = current.finish(dir, shards.len(), opts)?;
+        shards.push(record);
+        seconds_sa += t.elapsed().as_secs_f64() - seconds;
+        seconds_next_table += seconds;
     }
 
     let tokenizer = match opts.tokenizer {
@@ -531,6 +548,7 @@ fn build_into(
         shards,
         built_by: concat!("infini-sidecar ", env!("CARGO_PKG_VERSION")).into(),
         decontamination: decontamination.clone(),
+        next_token_table: opts.next_table,
     };
     manifest.write(dir)?;
     let peak = progress::peak_rss_bytes();
@@ -552,6 +570,7 @@ fn build_into(
         peak_bytes_per_token: per_token(peak),
         seconds_tokenize,
         seconds_suffix_array: seconds_sa,
+        seconds_next_token_table: seconds_next_table,
         seconds_total: started.elapsed().as_secs_f64(),
         decontamination,
     })

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::index::next_table::NextTableSpec;
 use crate::index::IndexError;
 
 /// Name of our manifest. The reference engine finds its files by substring match on the path, so the
@@ -146,6 +147,8 @@ pub struct ShardPaths {
     pub offset: PathBuf,
     pub metadata: PathBuf,
     pub metaoff: PathBuf,
+    /// Our own next-token table (`next_table`), when the build made one.
+    pub next_tokens: PathBuf,
 }
 
 impl ShardPaths {
@@ -156,30 +159,40 @@ impl ShardPaths {
             offset: dir.join(format!("offset.{n}")),
             metadata: dir.join(format!("metadata.{n}")),
             metaoff: dir.join(format!("metaoff.{n}")),
+            next_tokens: dir.join(format!("nexttok.{n}")),
         }
     }
 
-    /// The files every shard has, then the optional metadata pair.
-    pub fn all(&self) -> [&PathBuf; 5] {
+    /// The files every shard has, then the optional metadata pair and next-token table.
+    pub fn all(&self) -> [&PathBuf; 6] {
         [
             &self.tokenized,
             &self.table,
             &self.offset,
             &self.metadata,
             &self.metaoff,
+            &self.next_tokens,
         ]
     }
 }
 
 /// Whether `name` is one of the files an index build writes: the manifest, the tokenizer copy, or a
-/// shard file (`tokenized.N`, `table.N`, `offset.N`, `metadata.N`, `metaoff.N`). `--force` replaces
+/// shard file (`tokenized.N`, `table.N`, `offset.N`, `metadata.N`, `metaoff.N`, `nexttok.N`). `--force` replaces
 /// only folders that hold nothing else.
 pub fn is_index_file(name: &str) -> bool {
     if name == MANIFEST_FILE || name == TOKENIZER_FILE {
         return true;
     }
     name.split_once('.').is_some_and(|(stem, n)| {
-        ["tokenized", "table", "offset", "metadata", "metaoff"].contains(&stem)
+        [
+            "tokenized",
+            "table",
+            "offset",
+            "metadata",
+            "metaoff",
+            "nexttok",
+        ]
+        .contains(&stem)
             && !n.is_empty()
             && n.bytes().all(|b| b.is_ascii_digit())
     })
@@ -252,6 +265,9 @@ pub struct Manifest {
     /// Reference documents dropped for overlapping the evaluation data, when the build was asked to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decontamination: Option<DecontaminationRecord>,
+    /// What the shards' next-token tables hold, when the build made them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_token_table: Option<NextTableSpec>,
 }
 
 /// What a build's decontamination ([`crate::index::decontam`]) dropped, recorded in the manifest.
@@ -340,6 +356,7 @@ mod tests {
             "tokenized.0",
             "table.12",
             "metaoff.3",
+            "nexttok.0",
             MANIFEST_FILE,
             TOKENIZER_FILE,
         ] {

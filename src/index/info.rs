@@ -20,6 +20,8 @@ pub struct IndexInfo {
     pub tokenizer: Option<TokenizerRecord>,
     /// Whether it has our manifest (an index of the reference indexer has not).
     pub manifest: bool,
+    /// Prompts with build-time next-token counts, over all shards (0 without next-token tables).
+    pub next_token_table_prompts: u64,
 }
 
 impl Index {
@@ -34,6 +36,12 @@ impl Index {
             vocab_size: self.vocab_size(),
             tokenizer: self.manifest().and_then(|m| m.tokenizer.clone()),
             manifest: self.manifest().is_some(),
+            next_token_table_prompts: self
+                .shards
+                .iter()
+                .filter_map(|s| s.next_table())
+                .map(|t| t.entries() as u64)
+                .sum(),
         }
     }
 }

@@ -8,6 +8,8 @@ pub mod docs;
 pub mod error;
 pub mod format;
 pub mod info;
+pub mod next_table;
+pub mod next_tokens;
 pub mod query;
 pub mod reader;
 pub mod sa;

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::index::next_tokens;
 use crate::index::shard::{NextKey, RankRange, Shard, END};
 use crate::index::{Index, IndexError, Result};
 
@@ -213,9 +214,10 @@ impl Index {
         max_support: Option<u64>,
     ) -> Result<NtdResult> {
         let prompt_cnt = prompt.count();
-        let mut dist = BTreeMap::new();
         let qlen = prompt.bytes.len();
         let approx = max_support.is_some_and(|cap| prompt_cnt > cap);
+        let mut dist = BTreeMap::new();
+        let mut runs = Vec::new();
         for (shard, range) in self.shards.iter().zip(&prompt.ranges) {
             if range.is_empty() {
                 continue;
@@ -234,8 +236,11 @@ impl Index {
                             .or_insert(0) += 1;
                     }
                 }
-                _ => self.collect_exact(shard, *range, qlen, &mut dist)?,
+                _ => next_tokens::collect_runs(shard, *range, qlen, &mut runs)?,
             }
+        }
+        if !runs.is_empty() {
+            dist = self.merge_runs(runs);
         }
         Ok(NtdResult {
             prompt_cnt,
@@ -244,37 +249,22 @@ impl Index {
         })
     }
 
-    /// Exact next-token counts of a range: the range is sorted by next token, so a sub-range whose first
-    /// and last next tokens agree holds only that token (divide and conquer, App. A). The work grows
-    /// with the number of distinct next tokens, so it stops when interrupted.
-    fn collect_exact(
-        &self,
-        shard: &Shard,
-        range: RankRange,
-        qlen: usize,
-        dist: &mut BTreeMap<u32, u64>,
-    ) -> Result<()> {
-        let mut stack = vec![(
-            range.lo,
-            range.hi,
-            shard.next_key(range.lo, qlen),
-            shard.next_key(range.hi - 1, qlen),
-        )];
-        let mut steps = 0u64;
-        while let Some((lo, hi, first, last)) = stack.pop() {
-            steps += 1;
-            if steps.is_multiple_of(1024) && crate::interrupt::interrupted() {
-                return Err(IndexError::Interrupted);
+    /// One count per token from runs in suffix order (bytes, not token values; a token may have a run
+    /// per shard, and separators and shard ends all mean eos): sorted once, then built in bulk.
+    fn merge_runs(&self, runs: Vec<(NextKey, u64)>) -> BTreeMap<u32, u64> {
+        let mut counts: Vec<(u32, u64)> = runs
+            .into_iter()
+            .map(|(key, n)| (self.token_of(key), n))
+            .collect();
+        counts.sort_unstable_by_key(|&(token, _)| token);
+        counts.dedup_by(|next, kept| {
+            let same = next.0 == kept.0;
+            if same {
+                kept.1 += next.1;
             }
-            if first == last {
-                *dist.entry(self.token_of(first)).or_insert(0) += hi - lo;
-                continue;
-            }
-            let mid = lo + (hi - lo) / 2;
-            stack.push((mid, hi, shard.next_key(mid, qlen), last));
-            stack.push((lo, mid, first, shard.next_key(mid - 1, qlen)));
-        }
-        Ok(())
+            same
+        });
+        counts.into_iter().collect()
     }
 
     /// Sparse flag of the prompt's matches: exactly one possible next token over all shards.

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::index::format::{Manifest, ShardPaths, TokenWidth, MANIFEST_FILE, TOKENIZER_FILE};
+use crate::index::next_table::NextTable;
 use crate::index::shard::Shard;
 use crate::index::{IndexError, Result};
 use crate::tokenizer::Tokenizer;
@@ -98,7 +99,15 @@ impl Index {
             if let Some(m) = &manifest {
                 check_recorded_files(&paths, &m.shards[n].files, opts.verify_checksums)?;
             }
-            let shard = Shard::open(&paths, width)?;
+            let mut shard = Shard::open(&paths, width)?;
+            if paths.next_tokens.exists() {
+                shard.set_next_table(NextTable::open(
+                    &paths.next_tokens,
+                    width,
+                    shard.tok_cnt(),
+                    vocab_size,
+                )?);
+            }
             if let Some(m) = &manifest {
                 let rec = &m.shards[n];
                 if rec.tokens != shard.tok_cnt() || rec.documents != shard.doc_cnt() {
@@ -182,14 +191,17 @@ fn check_recorded_files(
     records: &[crate::index::format::FileRecord],
     checksums: bool,
 ) -> Result<()> {
-    let [tokenized, table, offset, metadata, metaoff] = paths.all();
+    let [tokenized, table, offset, metadata, metaoff, next_tokens] = paths.all();
     let has_metadata = metadata.exists() || metaoff.exists();
-    let expected = [tokenized, table, offset].into_iter().chain(
-        has_metadata
-            .then_some([metadata, metaoff])
-            .into_iter()
-            .flatten(),
-    );
+    let expected = [tokenized, table, offset]
+        .into_iter()
+        .chain(
+            has_metadata
+                .then_some([metadata, metaoff])
+                .into_iter()
+                .flatten(),
+        )
+        .chain(next_tokens.exists().then_some(next_tokens));
     for path in expected {
         let name = path.file_name().unwrap_or_default().to_string_lossy();
         if !records.iter().any(|r| r.name == name) {

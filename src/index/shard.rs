@@ -9,6 +9,7 @@ use std::path::Path;
 use memmap2::Mmap;
 
 use crate::index::format::{ptr_size_for, ShardPaths, TokenWidth};
+use crate::index::next_table::NextTable;
 use crate::index::IndexError;
 
 /// The token after a match, as a sortable key: `END` for a match at the very end of the shard (which
@@ -41,9 +42,11 @@ pub struct Shard {
     ptr_size: usize,
     tok_cnt: u64,
     doc_cnt: u64,
+    /// Build-time counts of frequent short prompts, when the index has them.
+    next_table: Option<NextTable>,
 }
 
-fn map(path: &Path) -> Result<Mmap, IndexError> {
+pub(crate) fn map_file(path: &Path) -> Result<Mmap, IndexError> {
     let file = File::open(path).map_err(|e| IndexError::io(path, e))?;
     // SAFETY: index files are immutable once built; a concurrent writer would be a usage error that
     // the size checks at open time and `index verify` are there to catch.
@@ -78,9 +81,9 @@ impl Shard {
     /// Maps the files of shard `paths` and checks that their sizes agree with each other and that every
     /// document and metadata offset lies inside its file, in order (one pass over the offsets).
     pub fn open(paths: &ShardPaths, width: TokenWidth) -> Result<Self, IndexError> {
-        let tokens = map(&paths.tokenized)?;
-        let table = map(&paths.table)?;
-        let offsets = map(&paths.offset)?;
+        let tokens = map_file(&paths.tokenized)?;
+        let table = map_file(&paths.table)?;
+        let offsets = map_file(&paths.offset)?;
         let w = width.bytes() as u64;
         let ds_size = tokens.len() as u64;
         let name = paths.tokenized.display();
@@ -115,7 +118,7 @@ impl Shard {
             prev.map_or(at == 0, |p| at > p) && at < ds_size && at.is_multiple_of(w)
         })?;
         let metadata = if paths.metadata.exists() || paths.metaoff.exists() {
-            let (mt, om) = (map(&paths.metadata)?, map(&paths.metaoff)?);
+            let (mt, om) = (map_file(&paths.metadata)?, map_file(&paths.metaoff)?);
             if om.len() as u64 != doc_cnt * 8 {
                 return Err(IndexError::Corrupt(format!(
                     "{}: {} entries for {doc_cnt} documents",
@@ -144,6 +147,7 @@ impl Shard {
             ptr_size,
             tok_cnt,
             doc_cnt,
+            next_table: None,
         };
         if width.read(&shard.tokens, 0) != width.separator() {
             return Err(IndexError::Corrupt(format!(
@@ -155,6 +159,13 @@ impl Shard {
 
     pub fn width(&self) -> TokenWidth {
         self.width
+    }
+    pub fn next_table(&self) -> Option<&NextTable> {
+        self.next_table.as_ref()
+    }
+    /// Attaches the shard's next-token table (opened and checked against this shard by the caller).
+    pub fn set_next_table(&mut self, table: NextTable) {
+        self.next_table = Some(table);
     }
     /// Tokens in the shard, separators included.
     pub fn tok_cnt(&self) -> u64 {
@@ -251,6 +262,15 @@ impl Shard {
             END
         } else {
             self.width.read(&self.tokens, at) as NextKey
+        }
+    }
+
+    /// Reads the first byte of the suffix at `rank` and throws it away: the cache line is on its way
+    /// when a scan in rank order gets there (a portable prefetch; a corrupt pointer reads nothing).
+    #[inline]
+    pub fn prefetch_suffix(&self, rank: u64) {
+        if let Some(byte) = self.tokens.get(self.ptr(rank) as usize) {
+            std::hint::black_box(*byte);
         }
     }
 

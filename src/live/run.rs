@@ -59,6 +59,8 @@ impl Run {
         // A background job beside a server: one thread, and the memory of a run, not of a corpus.
         opts.threads = 1;
         opts.memory_budget = 1 << 30;
+        // Runs are small and rebuilt as they merge: their ranges are short enough to walk.
+        opts.next_table = None;
         let docs = docs.filter(|d| !d.is_empty()).map(|tokens| {
             Ok(InputDoc {
                 content: Content::Tokens(tokens),

@@ -329,10 +329,11 @@ fn one_bad_line_does_not_end_a_query_batch() {
     assert_eq!(lines.len(), 4, "{lines:?}");
     assert_eq!(lines[0]["count"], 3);
     assert!(lines[1]["error"].as_str().unwrap().contains("UTF-8"));
-    // Reserved names are not copied through; the answer's own fields win.
+    // Reserved names (error, latency) are not copied through; the answer's own fields win; the
+    // caller's other fields (qid, result) come back as they were.
     assert_eq!(
         lines[2],
-        serde_json::json!({"qid": 3, "count": 3, "approx": false})
+        serde_json::json!({"qid": 3, "result": 1, "count": 3, "approx": false})
     );
     assert_eq!(
         (lines[3]["qid"].as_u64(), lines[3]["count"].as_u64()),

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use infini_sidecar::corpus::{Content, InputDoc};
 use infini_sidecar::index::build::{build, BuildOptions};
 use infini_sidecar::index::docs::SearchOptions;
+use infini_sidecar::index::next_table::NextTableSpec;
 use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
 use proptest::prelude::*;
 
@@ -146,6 +147,13 @@ fn build_corpus(symbol_docs: &[Vec<u32>], width: TokenWidth, max_shard_tokens: u
     let out = dir.path().join("idx");
     let opts = BuildOptions {
         max_shard_tokens: Some(max_shard_tokens),
+        // A next-token table of the most frequent prompts, small enough that the rest are walked:
+        // both ways of answering ntd meet the oracle.
+        next_table: Some(NextTableSpec {
+            max_prompt_tokens: 3,
+            min_count: 2,
+            budget_bytes: 2048,
+        }),
         ..BuildOptions::new(out.clone(), width, eos, vocab_for(width))
     };
     let input = docs.iter().enumerate().map(|(i, d)| {
@@ -350,6 +358,7 @@ fn several_shards_are_built_and_merged() {
         "{} shards",
         b.index.num_shards()
     );
+    assert!(b.index.info().next_token_table_prompts > 0);
     check_all(&b, &[vec![1, 2, 3], vec![9]]);
 }
 

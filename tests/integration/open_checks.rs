@@ -7,6 +7,7 @@ use std::path::Path;
 
 use infini_sidecar::corpus::{Content, InputDoc};
 use infini_sidecar::index::build::{build, BuildOptions};
+use infini_sidecar::index::next_table::NextTableSpec;
 use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
 
 fn small_index(dir: &Path) -> std::path::PathBuf {
@@ -20,6 +21,11 @@ fn small_index(dir: &Path) -> std::path::PathBuf {
     });
     let opts = BuildOptions {
         max_shard_tokens: Some(120),
+        // Small enough to hold entries in shards this small.
+        next_table: Some(NextTableSpec {
+            min_count: 3,
+            ..NextTableSpec::default()
+        }),
         ..BuildOptions::new(out.clone(), TokenWidth::U16, 0, 100)
     };
     build(docs, &opts).unwrap();
@@ -57,6 +63,24 @@ fn truncated_table_is_refused() {
         },
     );
     assert!(err.contains("pointers"), "{err}");
+}
+
+/// A next-token table whose counts no longer add up to its ranges is refused at open, though its size
+/// still matches the manifest: ntd would otherwise answer from it.
+#[test]
+fn next_token_table_that_does_not_add_up_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = small_index(tmp.path());
+    let index = Index::open(&out, &OpenOptions::default()).unwrap();
+    assert!(index.info().next_token_table_prompts > 0);
+    drop(index);
+    let path = out.join("nexttok.0");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1; // the high byte of the last pair's count
+    bytes[last] ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+    let err = open_err(&out, &OpenOptions::default());
+    assert!(err.contains("nexttok.0") && err.contains("add up"), "{err}");
 }
 
 #[test]

@@ -14,6 +14,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use infini_sidecar::index::build::{build, BuildOptions};
+use infini_sidecar::index::next_table::NextTableSpec;
 use infini_sidecar::index::{token_file, Index, OpenOptions, TokenWidth};
 use infini_sidecar::protocol::answer_line;
 use serde_json::{json, Value};
@@ -168,6 +169,12 @@ fn reference_engine_agrees_both_ways_on_real_text() {
     let vocab = tokenizer.vocab_size();
     let mut opts = BuildOptions {
         tokenizer: Some(&tokenizer),
+        // A next-token table down to small counts, so that ntd after short prompts answers from it
+        // here, and from a walk over the range on the reference's index (which has none).
+        next_table: Some(NextTableSpec {
+            min_count: 8,
+            ..NextTableSpec::default()
+        }),
         ..BuildOptions::new(ours.clone(), TokenWidth::U16, eos, vocab)
     };
     build(docs.into_iter().map(Ok), &opts).unwrap();
@@ -200,6 +207,7 @@ fn reference_engine_agrees_both_ways_on_real_text() {
 
     // Same answers: the reference on our index, we on the reference's index (no manifest) and on ours.
     let our_index = Index::open(&ours, &OpenOptions::default()).unwrap();
+    assert!(our_index.info().next_token_table_prompts > 50);
     let opts = OpenOptions {
         eos_token_id: Some(eos),
         vocab_size: Some(vocab),

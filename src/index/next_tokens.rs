@@ -1,0 +1,60 @@
+//! Exact next-token counts of one suffix-array range, the work behind `ntd`, `infgram_ntd` and every
+//! full distribution a mix asks for.
+//!
+//! A prompt's range is sorted by the token that follows it, so each distinct next token is one run of
+//! ranks. Two ways give the runs, chosen per range (the measurements are in eval/ENGINE.md):
+//! - **the next-token table** ([`crate::index::next_table`]), when the build stored the prompt: a
+//!   lookup and a copy of its `d` counts. It holds the prompts with the largest ranges, where walking
+//!   costs most (after a one-token prompt, the median ntd fell from 0.55 ms to 0.08 ms).
+//! - **divide and conquer** (paper App. A) for every other range: a sub-range whose first and last next
+//!   tokens agree is one run, else it is halved; about `2·d·log2(n/d)` reads for `d` runs over `n`
+//!   ranks. Reading every rank in order instead (all `n` reads independent, so many are in flight at
+//!   once) was measured too, for sub-ranges below 4 to 32 ranks: never faster, up to 1.6× slower,
+//!   because ranges that are not in the table are short or have long runs.
+
+use crate::index::shard::{NextKey, RankRange, Shard};
+use crate::index::{IndexError, Result};
+
+/// How many reads pass between two checks for an interrupt.
+const INTERRUPT_EVERY: u64 = 1024;
+
+/// Appends one `(next key, count)` pair per run of `range` (a match of `query_bytes` bytes) to `runs`.
+/// A token may appear more than once (split runs, or the table's eos that stands for separators and
+/// the shard's end); counts add up. Stops when the process is interrupted.
+pub fn collect_runs(
+    shard: &Shard,
+    range: RankRange,
+    query_bytes: usize,
+    runs: &mut Vec<(NextKey, u64)>,
+) -> Result<()> {
+    if range.is_empty() {
+        return Ok(());
+    }
+    if let Some(counts) = shard
+        .next_table()
+        .and_then(|t| t.lookup(query_bytes, range))
+    {
+        runs.extend(counts.map(|(token, n)| (token as NextKey, n as u64)));
+        return Ok(());
+    }
+    let key = |rank| shard.next_key(rank, query_bytes);
+    let mut stack = vec![(range.lo, range.hi, key(range.lo), key(range.hi - 1))];
+    let (mut reads, mut checked) = (2u64, 0u64);
+    while let Some((lo, hi, first, last)) = stack.pop() {
+        if reads - checked >= INTERRUPT_EVERY {
+            checked = reads;
+            if crate::interrupt::interrupted() {
+                return Err(IndexError::Interrupted);
+            }
+        }
+        if first == last {
+            runs.push((first, hi - lo));
+            continue;
+        }
+        let mid = lo + (hi - lo) / 2;
+        stack.push((mid, hi, key(mid), last));
+        stack.push((lo, mid, first, key(mid - 1)));
+        reads += 2;
+    }
+    Ok(())
+}
