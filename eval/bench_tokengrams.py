@@ -62,7 +62,9 @@ def prompts(tokens_path, seed):
     rng = random.Random(seed)
     out = {}
     for n in LENGTHS:
-        picked = []
+        # The file's last n tokens: a prompt whose last match has no next token (eos to us).
+        tail = tokens[len(tokens) - n:].tolist()
+        picked = [] if SEPARATOR in tail else [tail]
         while len(picked) < PER_LENGTH:
             i = rng.randrange(0, len(tokens) - n)
             p = tokens[i:i + n].tolist()

@@ -163,9 +163,11 @@ fn answer(index: &Index, line: &str, timing: bool) -> (String, bool) {
         Ok(q) => q,
         Err(err) => return (json!({ "error": err }).to_string(), true),
     };
-    let copied = q.iter().filter(|(k, _)| {
-        !QUERY_FIELDS.contains(&k.as_str()) && !RESERVED_FIELDS.contains(&k.as_str())
-    });
+    let copied = || {
+        q.iter().filter(|(k, _)| {
+            !QUERY_FIELDS.contains(&k.as_str()) && !RESERVED_FIELDS.contains(&k.as_str())
+        })
+    };
     let start = thread_cpu_seconds();
     let body = answer_query(index, &q);
     let latency = timing.then(|| (thread_cpu_seconds() - start) * 1e3);
@@ -173,15 +175,19 @@ fn answer(index: &Index, line: &str, timing: bool) -> (String, bool) {
         Ok(body) => (body, false),
         Err(err) => (json!({ "error": err }).to_string(), true),
     };
-    match join_fields(copied, &body, latency) {
+    match join_fields(copied(), &body, latency) {
         Ok(line) => (line, failed),
-        Err(err) => (json!({ "error": err }).to_string(), true),
+        Err(err) => {
+            let error = json!({ "error": err }).to_string();
+            let line = join_fields(copied(), &error, None).unwrap_or(error);
+            (line, true)
+        }
     }
 }
 
 /// One JSON object of the query's copied fields, then the answer's (`body`, an object's text, whose
-/// fields win), then `latency`. The answer is spliced in as text: only its top-level keys are read, so
-/// a distribution of thousands of tokens never becomes a tree of `Value`s.
+/// fields win), then `latency`. The answer is spliced in as text: it is scanned once for its top-level
+/// keys but never built into `Value`s, so a distribution of thousands of tokens costs one pass over it.
 fn join_fields<'a>(
     copied: impl Iterator<Item = (&'a String, &'a Value)>,
     body: &str,

@@ -8,7 +8,8 @@
 //! - then up to `MAX_SHARDS` shards, each five files in `ShardPaths::all` order (tokenized, table,
 //!   offset, metadata, metaoff), each `len: u16` and `len` bytes; a short input gives short files;
 //! - then, if bytes are left, each shard's next-token table (`nexttok.N`) the same way. (It comes last
-//!   so that inputs written before the table existed still mean the same index.)
+//!   so that inputs written before the table existed still mean the same index, unless they held
+//!   bytes past their shards, which now become tables.)
 //!
 //! The manifest records the written files' sizes and checksums and the counts the files imply, so
 //! open gets past its size checks to the content; the flags take parts of it away.

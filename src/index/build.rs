@@ -21,8 +21,8 @@ use crate::corpus::{Content, InputDoc};
 use crate::index::decontam::Decontaminator;
 use crate::index::format::{
     is_index_file, ptr_size_for, DecontaminationRecord, FileRecord, Manifest, ShardPaths,
-    ShardRecord, TokenWidth, TokenizerRecord, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE,
-    TOKENIZER_FILE,
+    ShardRecord, TokenWidth, TokenizerRecord, FIRST_FORMAT_VERSION, FORMAT_NAME, FORMAT_VERSION,
+    MANIFEST_FILE, TOKENIZER_FILE,
 };
 use crate::index::next_table::{self, NextTableSpec};
 use crate::index::sa::{write_table, TokenBuf, MAX_SHARD_TOKENS};
@@ -538,7 +538,11 @@ fn build_into(
     let bytes_on_disk: u64 = shards.iter().flat_map(|s| &s.files).map(|f| f.bytes).sum();
     let manifest = Manifest {
         format: FORMAT_NAME.into(),
-        format_version: FORMAT_VERSION,
+        format_version: if opts.next_table.is_some() {
+            FORMAT_VERSION
+        } else {
+            FIRST_FORMAT_VERSION
+        },
         token_width: width,
         eos_token_id: opts.eos_token_id,
         vocab_size: opts.vocab_size,

@@ -20,8 +20,11 @@ use crate::index::IndexError;
 pub const MANIFEST_FILE: &str = "sidecar-index.json";
 /// Copy of the tokenizer the index was built with, so document text can be returned.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
-/// Bumped whenever the meaning of any file or manifest field changes.
-pub const FORMAT_VERSION: u32 = 1;
+/// Bumped whenever the meaning of any file or manifest field changes. Version 2 added the next-token
+/// tables (`nexttok.N`); a build without them still writes version 1, which older binaries open.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest version this build still opens.
+pub const FIRST_FORMAT_VERSION: u32 = 1;
 pub const FORMAT_NAME: &str = "infini-sidecar-index";
 
 /// Bytes per token on disk.
@@ -298,9 +301,9 @@ impl Manifest {
                 manifest.format
             )));
         }
-        if manifest.format_version != FORMAT_VERSION {
+        if !(FIRST_FORMAT_VERSION..=FORMAT_VERSION).contains(&manifest.format_version) {
             return Err(IndexError::Corrupt(format!(
-                "{}: format version {} is not the supported version {FORMAT_VERSION}",
+                "{}: format version {} is not one this build opens ({FIRST_FORMAT_VERSION} to {FORMAT_VERSION})",
                 path.display(),
                 manifest.format_version
             )));

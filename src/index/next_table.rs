@@ -6,12 +6,15 @@
 //! distinct prompts of one length never share a first rank, so `(prompt bytes, lo)` is a key.
 //!
 //! File `nexttok.N`, little-endian, every section 8-byte aligned:
-//! - header, 32 bytes: magic `ISNEXT01`, u32 longest prompt (tokens), u32 zero, u64 entries, u64 pairs;
+//! - header, 32 bytes: magic `ISNEXT01`, u32 longest prompt (tokens), u32 the eos id that separators
+//!   and the shard's end were counted as, u64 entries, u64 pairs;
 //! - entries, 32 bytes each, sorted by (prompt bytes, lo): u64 lo, u64 hi, u32 prompt bytes,
 //!   u32 pair count, u64 first pair;
 //! - pairs, 8 bytes each, sorted by token within an entry: u32 token, u32 count. Separators and the
 //!   shard's end are already counted as eos, as `ntd` answers them.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::io::Write;
 use std::path::Path;
 
@@ -19,7 +22,7 @@ use memmap2::Mmap;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::index::format::TokenWidth;
+use crate::index::next_tokens::{sum_by_token, token_of_key};
 use crate::index::shard::{NextKey, RankRange, Shard, END};
 use crate::index::{IndexError, Result};
 
@@ -60,28 +63,79 @@ struct Entry {
 
 /// Computes the table of `shard` and writes it to `path`; returns how many prompts got an entry.
 pub fn build(shard: &Shard, eos_token_id: u32, spec: &NextTableSpec, path: &Path) -> Result<u64> {
-    let firsts = first_token_ranges(shard, spec.min_count.max(1))?;
-    let mut entries: Vec<Entry> = firsts
-        .par_iter()
-        .map(|&range| groups_under(shard, range, eos_token_id, spec))
-        .collect::<Result<Vec<_>>>()?
-        .into_iter()
-        .flatten()
-        .collect();
-    // The most frequent prompts first, while the budget lasts.
-    entries.sort_unstable_by_key(|e| std::cmp::Reverse(e.range.len()));
-    let mut bytes = HEADER_BYTES as u64;
-    let kept = entries
-        .iter()
-        .take_while(|e| {
-            bytes += (ENTRY_BYTES + e.pairs.len() * PAIR_BYTES) as u64;
-            bytes <= spec.budget_bytes
-        })
-        .count();
-    entries.truncate(kept);
+    let mut firsts = first_token_ranges(shard, spec.min_count.max(1))?;
+    // The largest ranges first, a few at a time in parallel; after each batch the smallest entries go
+    // while the table is over its budget, so memory stays near the budget whatever the corpus.
+    firsts.sort_unstable_by_key(|r| std::cmp::Reverse(r.len()));
+    let mut kept = Kept::default();
+    for batch in firsts.chunks(4 * rayon::current_num_threads()) {
+        let found = batch
+            .par_iter()
+            .map(|&range| groups_under(shard, range, eos_token_id, spec))
+            .collect::<Result<Vec<_>>>()?;
+        for entry in found.into_iter().flatten() {
+            kept.push(entry);
+        }
+        kept.shrink_to(spec.budget_bytes);
+    }
+    let mut entries = kept.into_entries();
     entries.sort_unstable_by_key(|e| (e.prompt_bytes, e.range.lo));
-    write(path, spec.max_prompt_tokens, &entries)?;
+    write(path, spec.max_prompt_tokens, eos_token_id, &entries)?;
     Ok(entries.len() as u64)
+}
+
+/// Entries kept so far, smallest range on top, with the bytes they would take in the file.
+#[derive(Default)]
+struct Kept {
+    heap: BinaryHeap<Reverse<BySize>>,
+    bytes: u64,
+}
+
+/// An entry ordered by its range's length (ties by position, so the order is total).
+struct BySize(Entry);
+
+impl BySize {
+    fn key(&self) -> (u64, u32, u64) {
+        (self.0.range.len(), self.0.prompt_bytes, self.0.range.lo)
+    }
+}
+impl PartialEq for BySize {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+impl Eq for BySize {}
+impl PartialOrd for BySize {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for BySize {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.key().cmp(&other.key())
+    }
+}
+
+impl Kept {
+    fn entry_bytes(e: &Entry) -> u64 {
+        (ENTRY_BYTES + e.pairs.len() * PAIR_BYTES) as u64
+    }
+    fn push(&mut self, entry: Entry) {
+        self.bytes += Self::entry_bytes(&entry);
+        self.heap.push(Reverse(BySize(entry)));
+    }
+    /// Drops the smallest ranges until the header and the entries fit `budget` bytes.
+    fn shrink_to(&mut self, budget: u64) {
+        while HEADER_BYTES as u64 + self.bytes > budget {
+            match self.heap.pop() {
+                Some(Reverse(BySize(e))) => self.bytes -= Self::entry_bytes(&e),
+                None => break,
+            }
+        }
+    }
+    fn into_entries(self) -> Vec<Entry> {
+        self.heap.into_iter().map(|Reverse(BySize(e))| e).collect()
+    }
 }
 
 /// The ranges of the one-token prompts with at least `min_count` matches, found by walking the suffix
@@ -125,13 +179,6 @@ fn groups_under(
     let levels = spec.max_prompt_tokens as usize;
     let w = shard.width().bytes();
     let sep = shard.width().separator() as NextKey;
-    let token_of = |key: NextKey| {
-        if key == END || key == sep {
-            eos_token_id
-        } else {
-            key as u32
-        }
-    };
     // Per prompt length l (index l - 1): where its current group began, and its runs of next keys.
     let mut starts = vec![first.lo; levels];
     let mut runs: Vec<Vec<(NextKey, u64)>> = vec![Vec::new(); levels];
@@ -146,16 +193,11 @@ fn groups_under(
                  out: &mut Vec<Entry>| {
         let valid = prompt.iter().all(|&k| k != END && k != sep);
         if valid && end - start >= spec.min_count && end - start <= u32::MAX as u64 {
-            let mut pairs: Vec<(u32, u32)> =
-                runs.iter().map(|&(k, n)| (token_of(k), n as u32)).collect();
-            pairs.sort_unstable_by_key(|p| p.0);
-            pairs.dedup_by(|next, kept| {
-                let same = next.0 == kept.0;
-                if same {
-                    kept.1 += next.1;
-                }
-                same
-            });
+            let pairs = runs
+                .iter()
+                .map(|&(k, n)| (token_of_key(k, sep as u32, eos_token_id), n as u32))
+                .collect();
+            let pairs = sum_by_token(pairs);
             out.push(Entry {
                 prompt_bytes: ((level + 1) * w) as u32,
                 range: RankRange { lo: start, hi: end },
@@ -223,7 +265,7 @@ fn groups_under(
     Ok(out)
 }
 
-fn write(path: &Path, max_prompt_tokens: u32, entries: &[Entry]) -> Result<()> {
+fn write(path: &Path, max_prompt_tokens: u32, eos_token_id: u32, entries: &[Entry]) -> Result<()> {
     let io = |e| IndexError::io(path, e);
     let file = std::fs::File::create(path).map_err(io)?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
@@ -231,7 +273,7 @@ fn write(path: &Path, max_prompt_tokens: u32, entries: &[Entry]) -> Result<()> {
     let mut header = Vec::with_capacity(HEADER_BYTES);
     header.extend_from_slice(MAGIC);
     header.extend_from_slice(&max_prompt_tokens.to_le_bytes());
-    header.extend_from_slice(&0u32.to_le_bytes());
+    header.extend_from_slice(&eos_token_id.to_le_bytes());
     header.extend_from_slice(&(entries.len() as u64).to_le_bytes());
     header.extend_from_slice(&pairs.to_le_bytes());
     out.write_all(&header).map_err(io)?;
@@ -272,16 +314,23 @@ pub struct NextTable {
 }
 
 impl NextTable {
-    /// Maps `path` and checks every entry against the shard (`tok_cnt` ranks, tokens below
-    /// `vocab_size`): ranges inside the suffix array and in order, pairs inside the file, and counts
-    /// that add up to each range's length. One pass over the file.
-    pub fn open(path: &Path, width: TokenWidth, tok_cnt: u64, vocab_size: u64) -> Result<Self> {
+    /// Maps `path` and checks it against `shard`: counted with the index's eos; every entry's range
+    /// exactly the range of the prompt its first rank starts with (one search each), in order; pairs
+    /// inside the file, of tokens below `vocab_size`, adding up to the range's length. One pass.
+    pub fn open(path: &Path, shard: &Shard, vocab_size: u64, eos_token_id: u32) -> Result<Self> {
+        let (width, tok_cnt) = (shard.width(), shard.tok_cnt());
         let map = crate::index::shard::map_file(path)?;
         let corrupt = |why: String| IndexError::Corrupt(format!("{}: {why}", path.display()));
         if map.len() < HEADER_BYTES || &map[..8] != MAGIC {
             return Err(corrupt("not a next-token table (bad header)".into()));
         }
         let max_prompt_tokens = u32_at(&map, 8) as usize;
+        let counted_eos = u32_at(&map, 12);
+        if counted_eos != eos_token_id {
+            return Err(corrupt(format!(
+                "counted document ends as token {counted_eos}, but the index's eos is {eos_token_id}"
+            )));
+        }
         let (entries, pairs) = (u64_at(&map, 16), u64_at(&map, 24));
         let expected = (HEADER_BYTES as u128)
             + entries as u128 * ENTRY_BYTES as u128
@@ -308,6 +357,14 @@ impl NextTable {
                 && (prompt_bytes as usize).is_multiple_of(width.bytes());
             if !ordered || !sized || range.is_empty() || range.hi > tok_cnt || first != next_pair {
                 return Err(corrupt(format!("entry {i} is out of place")));
+            }
+            let prompt = shard.suffix_prefix(range.lo, prompt_bytes as usize);
+            if prompt.len() != prompt_bytes as usize
+                || shard.find(prompt, shard.full_range()) != range
+            {
+                return Err(corrupt(format!(
+                    "entry {i} is not the range of a prompt (a table of another index?)"
+                )));
             }
             next_pair += count as u64;
             if next_pair > pairs {

@@ -12,15 +12,16 @@
 //!   once) was measured too, for sub-ranges below 4 to 32 ranks: never faster, up to 1.6× slower,
 //!   because ranges that are not in the table are short or have long runs.
 
-use crate::index::shard::{NextKey, RankRange, Shard};
+use crate::index::shard::{NextKey, RankRange, Shard, END};
 use crate::index::{IndexError, Result};
 
 /// How many reads pass between two checks for an interrupt.
 const INTERRUPT_EVERY: u64 = 1024;
 
 /// Appends one `(next key, count)` pair per run of `range` (a match of `query_bytes` bytes) to `runs`.
-/// A token may appear more than once (split runs, or the table's eos that stands for separators and
-/// the shard's end); counts add up. Stops when the process is interrupted.
+/// A table hit appends token ids, which are keys that [`token_of_key`] leaves as they are (ids stay
+/// below the separator); a token may appear more than once (split runs, or the table's eos that stands
+/// for separators and the shard's end), and counts add up. Stops when the process is interrupted.
 pub fn collect_runs(
     shard: &Shard,
     range: RankRange,
@@ -57,4 +58,26 @@ pub fn collect_runs(
         reads += 2;
     }
     Ok(())
+}
+
+/// The token a next key stands for: the end of the shard and a document separator both mean eos.
+pub fn token_of_key(key: NextKey, separator: u32, eos_token_id: u32) -> u32 {
+    if key == END || key == separator as NextKey {
+        eos_token_id
+    } else {
+        key as u32
+    }
+}
+
+/// One `(token, count)` per token, in token order: counts of the same token added up.
+pub fn sum_by_token<N: Copy + std::ops::AddAssign>(mut counts: Vec<(u32, N)>) -> Vec<(u32, N)> {
+    counts.sort_unstable_by_key(|&(token, _)| token);
+    counts.dedup_by(|next, kept| {
+        let same = next.0 == kept.0;
+        if same {
+            kept.1 += next.1;
+        }
+        same
+    });
+    counts
 }

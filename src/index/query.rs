@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::index::next_tokens;
-use crate::index::shard::{NextKey, RankRange, Shard, END};
+use crate::index::shard::{NextKey, RankRange, Shard};
 use crate::index::{Index, IndexError, Result};
 
 /// Longest query accepted, in tokens: far beyond any useful n, small enough to bound the work.
@@ -195,11 +195,7 @@ impl Index {
     }
 
     fn token_of(&self, key: NextKey) -> u32 {
-        if key == END || key == self.width().separator() as NextKey {
-            self.eos_token_id()
-        } else {
-            key as u32
-        }
+        next_tokens::token_of_key(key, self.width().separator(), self.eos_token_id())
     }
 
     pub fn ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult> {
@@ -252,19 +248,11 @@ impl Index {
     /// One count per token from runs in suffix order (bytes, not token values; a token may have a run
     /// per shard, and separators and shard ends all mean eos): sorted once, then built in bulk.
     fn merge_runs(&self, runs: Vec<(NextKey, u64)>) -> BTreeMap<u32, u64> {
-        let mut counts: Vec<(u32, u64)> = runs
+        let counts = runs
             .into_iter()
             .map(|(key, n)| (self.token_of(key), n))
             .collect();
-        counts.sort_unstable_by_key(|&(token, _)| token);
-        counts.dedup_by(|next, kept| {
-            let same = next.0 == kept.0;
-            if same {
-                kept.1 += next.1;
-            }
-            same
-        });
-        counts.into_iter().collect()
+        next_tokens::sum_by_token(counts).into_iter().collect()
     }
 
     /// Sparse flag of the prompt's matches: exactly one possible next token over all shards.

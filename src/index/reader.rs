@@ -101,12 +101,8 @@ impl Index {
             }
             let mut shard = Shard::open(&paths, width)?;
             if paths.next_tokens.exists() {
-                shard.set_next_table(NextTable::open(
-                    &paths.next_tokens,
-                    width,
-                    shard.tok_cnt(),
-                    vocab_size,
-                )?);
+                let table = NextTable::open(&paths.next_tokens, &shard, vocab_size, eos_token_id)?;
+                shard.set_next_table(table);
             }
             if let Some(m) = &manifest {
                 let rec = &m.shards[n];

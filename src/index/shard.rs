@@ -265,6 +265,13 @@ impl Shard {
         }
     }
 
+    /// The first `len` bytes of the suffix at `rank` (fewer where the shard ends; none for a corrupt
+    /// pointer).
+    pub fn suffix_prefix(&self, rank: u64, len: usize) -> &[u8] {
+        let p = (self.ptr(rank) as usize).min(self.tokens.len());
+        &self.tokens[p..(p + len).min(self.tokens.len())]
+    }
+
     /// Reads the first byte of the suffix at `rank` and throws it away: the cache line is on its way
     /// when a scan in rank order gets there (a portable prefetch; a corrupt pointer reads nothing).
     #[inline]

@@ -147,12 +147,16 @@ fn build_corpus(symbol_docs: &[Vec<u32>], width: TokenWidth, max_shard_tokens: u
     let out = dir.path().join("idx");
     let opts = BuildOptions {
         max_shard_tokens: Some(max_shard_tokens),
-        // A next-token table of the most frequent prompts, small enough that the rest are walked:
-        // both ways of answering ntd meet the oracle.
+        // A next-token table down to prompts seen twice: whole for u8 corpora, cut by its budget to
+        // the most frequent prompts for the others, so both ways of answering ntd meet the oracle.
         next_table: Some(NextTableSpec {
             max_prompt_tokens: 3,
             min_count: 2,
-            budget_bytes: 2048,
+            budget_bytes: if width == TokenWidth::U8 {
+                1 << 20
+            } else {
+                2048
+            },
         }),
         ..BuildOptions::new(out.clone(), width, eos, vocab_for(width))
     };

@@ -10,7 +10,9 @@ use infini_sidecar::index::build::{build, BuildOptions};
 use infini_sidecar::index::next_table::NextTableSpec;
 use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
 
-fn small_index(dir: &Path) -> std::path::PathBuf {
+/// A small index of several shards, with a next-token table of its prompts seen 3 times or more when
+/// asked (a table notices changed tokens under its prompts at open).
+fn small_index(dir: &Path, with_table: bool) -> std::path::PathBuf {
     let out = dir.join("idx");
     let docs = (0..5u32).map(|i| {
         Ok(InputDoc {
@@ -21,8 +23,7 @@ fn small_index(dir: &Path) -> std::path::PathBuf {
     });
     let opts = BuildOptions {
         max_shard_tokens: Some(120),
-        // Small enough to hold entries in shards this small.
-        next_table: Some(NextTableSpec {
+        next_table: with_table.then(|| NextTableSpec {
             min_count: 3,
             ..NextTableSpec::default()
         }),
@@ -42,7 +43,7 @@ fn open_err(dir: &Path, opts: &OpenOptions) -> String {
 #[test]
 fn truncated_table_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let idx = small_index(tmp.path());
+    let idx = small_index(tmp.path(), true);
     let table = idx.join("table.1");
     let len = std::fs::metadata(&table).unwrap().len();
     std::fs::OpenOptions::new()
@@ -70,7 +71,7 @@ fn truncated_table_is_refused() {
 #[test]
 fn next_token_table_that_does_not_add_up_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = small_index(tmp.path());
+    let out = small_index(tmp.path(), true);
     let index = Index::open(&out, &OpenOptions::default()).unwrap();
     assert!(index.info().next_token_table_prompts > 0);
     drop(index);
@@ -81,12 +82,22 @@ fn next_token_table_that_does_not_add_up_is_refused() {
     std::fs::write(&path, bytes).unwrap();
     let err = open_err(&out, &OpenOptions::default());
     assert!(err.contains("nexttok.0") && err.contains("add up"), "{err}");
+
+    // A table whose counts add up but whose prompts are no longer where it says (a changed token):
+    // refused too, where without a table only `verify` would notice.
+    let out = small_index(&tmp.path().join("second"), true);
+    let path = out.join("tokenized.0");
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[10] ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+    let err = open_err(&out, &OpenOptions::default());
+    assert!(err.contains("range of a prompt"), "{err}");
 }
 
 #[test]
 fn flipped_byte_is_caught_by_verify() {
     let tmp = tempfile::tempdir().unwrap();
-    let idx = small_index(tmp.path());
+    let idx = small_index(tmp.path(), false);
     let path = idx.join("tokenized.0");
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[10] ^= 1;
@@ -108,7 +119,7 @@ fn flipped_byte_is_caught_by_verify() {
 #[test]
 fn mismatches_are_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let idx = small_index(tmp.path());
+    let idx = small_index(tmp.path(), true);
     let err = open_err(
         &idx,
         &OpenOptions {
