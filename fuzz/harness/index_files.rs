@@ -268,16 +268,23 @@ pub fn serialize(dir: &Path, flags: u8, width: TokenWidth, eos: u32, vocab: u64)
     ];
     out.extend_from_slice(&eos.to_le_bytes());
     out.extend_from_slice(&(vocab as u32).to_le_bytes());
-    for n in 0.. {
-        let paths = ShardPaths::new(dir, n);
-        if !paths.tokenized.exists() {
-            break;
+    let shards: Vec<ShardPaths> = (0..)
+        .map(|n| ShardPaths::new(dir, n))
+        .take_while(|paths| paths.tokenized.exists())
+        .collect();
+    let mut put_file = |path: &Path| {
+        let bytes = std::fs::read(path).unwrap_or_default();
+        out.extend_from_slice(&u16::try_from(bytes.len()).unwrap().to_le_bytes());
+        out.extend_from_slice(&bytes);
+    };
+    for paths in &shards {
+        let [tokenized, table, offset, metadata, metaoff, _] = paths.all();
+        for path in [tokenized, table, offset, metadata, metaoff] {
+            put_file(path);
         }
-        for path in paths.all() {
-            let bytes = std::fs::read(path).unwrap();
-            out.extend_from_slice(&u16::try_from(bytes.len()).unwrap().to_le_bytes());
-            out.extend_from_slice(&bytes);
-        }
+    }
+    for paths in &shards {
+        put_file(&paths.next_tokens);
     }
     out
 }

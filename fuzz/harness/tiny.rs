@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use infini_sidecar::corpus::{Content, InputDoc};
 use infini_sidecar::index::build::{build, BuildOptions};
+use infini_sidecar::index::next_table::NextTableSpec;
 use infini_sidecar::index::TokenWidth;
 use infini_sidecar::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
@@ -119,6 +120,11 @@ pub fn build_index(dir: &Path, name: &str, spec: &Spec) -> PathBuf {
         tokenizer: spec.tokenizer,
         max_shard_tokens: Some(spec.shard_tokens),
         threads: 1,
+        // Down to prompts seen twice, so that even these tiny shards have next-token tables.
+        next_table: Some(NextTableSpec {
+            min_count: 2,
+            ..NextTableSpec::default()
+        }),
         ..BuildOptions::new(out.clone(), spec.width, spec.eos, spec.vocab)
     };
     let docs = spec.docs.iter().enumerate().map(|(i, d)| {
