@@ -2,7 +2,8 @@
 //! as the server would call it, over a tiny index with the tiny tokenizer, a mixing file and no model.
 //!
 //! The input's first byte picks the RPC (`% RPCS`; with its top bit set the request carries a
-//! deadline that has passed). For unary RPCs and `Score` the rest is the request's protobuf
+//! deadline that has passed). `AddDocuments` writes into a live index with a small budget, so the
+//! other RPCs that take a namespace draft from what earlier inputs added. For unary RPCs and `Score` the rest is the request's protobuf
 //! encoding; for `Session` it is a series of messages, each `len: u16` (little-endian) and `len`
 //! bytes, framed as gRPC frames and decoded by tonic's own decoder as a client's stream would be.
 //! Besides not panicking, no call may answer INTERNAL: the index is sound, so any failure is the
@@ -14,7 +15,7 @@ use infini_sidecar::index::TokenWidth;
 use infini_sidecar::mix::features::GateFeatures;
 use infini_sidecar::mix::params::FitRecord;
 use infini_sidecar::mix::{Gate, GateOptions, MixingParams, NUM_FEATURES};
-use infini_sidecar::server::config::ServeConfig;
+use infini_sidecar::server::config::{LiveSection, ServeConfig};
 use infini_sidecar::server::pb::sidecar_server::Sidecar;
 use infini_sidecar::server::pb::{self, session_request::Step};
 use infini_sidecar::server::SidecarService;
@@ -26,8 +27,8 @@ use tonic::{Code, Request, Status};
 
 use super::tiny;
 
-/// RPCs in the order the selector byte picks them.
-const RPCS: [&str; 10] = [
+/// RPCs in the order the selector byte picks them (new ones go last, so kept inputs keep their RPC).
+const RPCS: [&str; 11] = [
     "Info",
     "Tokenize",
     "Detokenize",
@@ -38,6 +39,7 @@ const RPCS: [&str; 10] = [
     "Draft",
     "Score",
     "Session",
+    "AddDocuments",
 ];
 const PAST_DEADLINE: u8 = 0x80;
 
@@ -97,7 +99,13 @@ impl Fixture {
             metrics_bind: None,
             auth_token_env: None,
             limits: Default::default(),
-            live: Default::default(),
+            // Small enough that a long fuzzing run evicts instead of growing, and freezes tails
+            // into runs now and then.
+            live: LiveSection {
+                budget_tokens: 1 << 16,
+                freeze_tokens: 1 << 12,
+                ..LiveSection::default()
+            },
         };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -148,6 +156,7 @@ impl Fixture {
             "SearchDocuments" => unary!(search_documents, pb::SearchDocumentsRequest),
             "Mix" => unary!(mix, pb::MixRequest),
             "Draft" => unary!(draft, pb::DraftRequest),
+            "AddDocuments" => unary!(add_documents, pb::AddDocumentsRequest),
             "Score" => {
                 let Ok(message) = pb::ScoreRequest::decode(body) else {
                     return;
@@ -408,6 +417,38 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                     }],
                     lambda: Some(pb::score_request::Lambda::FixedLambda(0.5)),
                     per_token: true,
+                },
+            ),
+        ),
+        (
+            "add-documents",
+            seed(
+                "AddDocuments",
+                &pb::AddDocumentsRequest {
+                    namespace: "agent-1".into(),
+                    documents: vec![
+                        pb::LiveDocument {
+                            content: Some(pb::live_document::Content::Tokens(pb::TokenIds {
+                                ids: vec![259, 97, 98, 259, 97],
+                            })),
+                        },
+                        pb::LiveDocument {
+                            content: Some(pb::live_document::Content::Text("the bin".into())),
+                        },
+                    ],
+                },
+            ),
+        ),
+        (
+            "draft-namespace",
+            seed(
+                "Draft",
+                &pb::DraftRequest {
+                    target: Some(pb::draft_request::Target::Context(pb::TokenIds {
+                        ids: vec![259, 97],
+                    })),
+                    namespace: "agent-1".into(),
+                    ..Default::default()
                 },
             ),
         ),
