@@ -70,6 +70,7 @@ fn mix_request(context: &[u32], neural: mix_request::Neural) -> pb::MixRequest {
         neural: Some(neural),
         lambda: Some(mix_request::Lambda::Split(true)),
         top_k: 16,
+        sequence_id: String::new(),
     }
 }
 

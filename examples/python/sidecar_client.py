@@ -59,7 +59,7 @@ class Sidecar:
 
     def score(self, documents, per_token=False, **lambda_rule):
         """Streams ScoreResponse items for (token_ids, domain) pairs; `lambda_rule` is one of
-        fixed_lambda=λ, split=True, gate=True."""
+        fixed_lambda=λ, split=True, gate=True, adaptive=True (none: the mixing file's default)."""
         request = pb.ScoreRequest(
             documents=[pb.ScoreDocument(token_ids=ids, domain=domain) for ids, domain in documents],
             per_token=per_token,

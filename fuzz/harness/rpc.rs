@@ -375,6 +375,20 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                     neural: Some(pb::mix_request::Neural::Logits(logits)),
                     lambda: Some(pb::mix_request::Lambda::Split(true)),
                     top_k: 5,
+                    sequence_id: String::new(),
+                },
+            ),
+        ),
+        (
+            "mix-sequence",
+            seed(
+                "Mix",
+                &pb::MixRequest {
+                    context: vec![259, 97, 98],
+                    neural: Some(pb::mix_request::Neural::TopKLogprobs(top_k.clone())),
+                    lambda: Some(pb::mix_request::Lambda::Adaptive(true)),
+                    top_k: 3,
+                    sequence_id: "s".into(),
                 },
             ),
         ),
@@ -387,6 +401,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                     neural: Some(pb::mix_request::Neural::TopKLogprobs(top_k)),
                     lambda: Some(pb::mix_request::Lambda::FixedLambda(0.3)),
                     top_k: 2,
+                    sequence_id: String::new(),
                 },
             ),
         ),

@@ -1,7 +1,7 @@
 //! `infini-sidecar eval`: fitting the mixture, the perplexity report and speculative decoding, over
 //! a model and an index built with its tokenizer.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -9,12 +9,13 @@ use clap::{Args, Subcommand};
 use infini_sidecar::draft::{spec, DraftOptions};
 use infini_sidecar::eval::documents::{load_documents, TokenBudget};
 use infini_sidecar::eval::experiment::{self, EvalInputs, FitSummary, Pairing};
+use infini_sidecar::eval::generation::{self, GenerationEvalOptions, Sampler};
 use infini_sidecar::eval::per_token::write_per_token;
 use infini_sidecar::eval::report as eval_report;
 use infini_sidecar::eval::spec::{self as eval_spec, SpecEvalOptions};
 use infini_sidecar::eval::workload;
 use infini_sidecar::index::{Index, OpenOptions};
-use infini_sidecar::mix::{GateOptions, MixingParams};
+use infini_sidecar::mix::{GateOptions, LambdaRule, MixingParams};
 use infini_sidecar::model::{Model, WindowOptions};
 
 use crate::{load_model, open_writer, ModelArgs};
@@ -28,6 +29,9 @@ pub enum EvalCommand {
     /// Speculative greedy decoding with ∞-gram drafts vs plain greedy decoding, per domain and draft
     /// source: acceptance, drafter cost, speed-up.
     Spec(SpecArgs),
+    /// Samples continuations of test prompts from the model alone and with each mixing rule (same
+    /// seeds): verbatim copying from the reference data, distinct n-grams, the model's perplexity.
+    Generate(GenerateArgs),
     /// Replays a workload file (chat requests with namespaces) in order through the decoding loop,
     /// with live indexes learning as it goes: speed-up cold vs warm, acceptance by source.
     Workload(WorkloadArgs),
@@ -38,6 +42,7 @@ pub fn run(command: EvalCommand) -> Result<()> {
         EvalCommand::Fit(args) => run_fit(args),
         EvalCommand::Ppl(args) => run_ppl(args),
         EvalCommand::Spec(args) => run_spec(args),
+        EvalCommand::Generate(args) => run_generate(args),
         EvalCommand::Workload(args) => run_workload(args),
     }
 }
@@ -99,6 +104,9 @@ struct EvalArgs {
     /// Score at most N tokens of any one document (spreads --max-tokens over more documents).
     #[arg(long)]
     max_doc_tokens: Option<usize>,
+    /// Leave out this domain's documents (repeatable): a fit for a domain it never saw.
+    #[arg(long = "exclude-domain")]
+    exclude_domains: Vec<String>,
     #[arg(long, default_value_t = 1024)]
     window: usize,
     #[arg(long, default_value_t = 512)]
@@ -154,6 +162,7 @@ fn eval_setup(args: &EvalArgs) -> Result<(Model, Index, EvalInputs)> {
         inputs: args.pairing.inputs.clone(),
         max_tokens_per_domain: args.max_tokens,
         max_doc_tokens: args.max_doc_tokens,
+        exclude_domains: args.exclude_domains.clone(),
         window: WindowOptions {
             window: args.window,
             stride: args.stride,
@@ -191,13 +200,9 @@ fn run_ppl(args: PplArgs) -> Result<()> {
     }
     match &args.out_dir {
         Some(dir) => {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            std::fs::write(
-                dir.join("report.json"),
-                serde_json::to_string_pretty(&report)?,
-            )?;
-            std::fs::write(dir.join("report.md"), eval_report::markdown(&report))?;
-            print!("{}", eval_report::markdown(&report));
+            let md = eval_report::markdown(&report);
+            write_results(dir, "report", &report, &md)?;
+            print!("{md}");
         }
         None => println!("{}", serde_json::to_string_pretty(&report)?),
     }
@@ -233,9 +238,92 @@ fn run_spec(args: SpecArgs) -> Result<()> {
     let rows = eval_spec::run(&model, &index, &docs, &opts)?;
     let md = eval_spec::markdown(&rows);
     if let Some(dir) = &args.out_dir {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        std::fs::write(dir.join("spec.json"), serde_json::to_string_pretty(&rows)?)?;
-        std::fs::write(dir.join("spec.md"), &md)?;
+        write_results(dir, "spec", &rows, &md)?;
+    }
+    print!("{md}");
+    Ok(())
+}
+
+/// `NAME.json` and `NAME.md` of an evaluation in `dir`, created if need be.
+fn write_results(dir: &Path, name: &str, json: &impl serde::Serialize, md: &str) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(format!("{name}.json"));
+    std::fs::write(&path, serde_json::to_string_pretty(json)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    let path = dir.join(format!("{name}.md"));
+    std::fs::write(&path, md).with_context(|| format!("writing {}", path.display()))
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pairing: PairingArgs,
+    /// The mixing file written by `eval fit`.
+    #[arg(long)]
+    mixing: PathBuf,
+    /// What to sample from: neural, split, domain_split, gate, adaptive.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "neural,split,gate,adaptive"
+    )]
+    samplers: Vec<String>,
+    #[arg(long, default_value_t = GenerationEvalOptions::default().prompts_per_domain)]
+    prompts_per_domain: usize,
+    #[arg(long, default_value_t = GenerationEvalOptions::default().prompt_tokens)]
+    prompt_tokens: usize,
+    #[arg(long, default_value_t = GenerationEvalOptions::default().new_tokens)]
+    new_tokens: usize,
+    #[arg(long, default_value_t = GenerationEvalOptions::default().temperature)]
+    temperature: f64,
+    #[arg(long, default_value_t = GenerationEvalOptions::default().top_p)]
+    top_p: f64,
+    /// Prompt i is sampled with seed + i under every sampler.
+    #[arg(long, default_value_t = GenerationEvalOptions::default().seed)]
+    seed: u64,
+    /// Folder for generate.json and generate.md (default: print the Markdown).
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+}
+
+fn sampler(name: &str) -> Result<Sampler> {
+    Ok(match name {
+        "neural" => Sampler::Neural,
+        "split" => Sampler::Mixed(LambdaRule::Split),
+        "domain_split" => Sampler::Mixed(LambdaRule::DomainSplit),
+        "gate" => Sampler::Mixed(LambdaRule::Gate),
+        "adaptive" => Sampler::Mixed(LambdaRule::Adaptive),
+        other => bail!("unknown sampler {other:?}: neural, split, domain_split, gate or adaptive"),
+    })
+}
+
+fn run_generate(args: GenerateArgs) -> Result<()> {
+    let samplers = args
+        .samplers
+        .iter()
+        .map(|s| sampler(s))
+        .collect::<Result<Vec<_>>>()?;
+    if !(args.temperature > 0.0 && args.top_p > 0.0 && args.top_p <= 1.0) {
+        bail!("--temperature must be above 0 and --top-p inside (0, 1]");
+    }
+    let (model, index) = open_pairing(&args.pairing)?;
+    let pairing = Pairing::new(&model, &index)?;
+    let params = MixingParams::load(&args.mixing)?;
+    params.check_tokenizer(&pairing.fingerprint())?;
+    let opts = GenerationEvalOptions {
+        prompts_per_domain: args.prompts_per_domain,
+        prompt_tokens: args.prompt_tokens,
+        new_tokens: args.new_tokens,
+        temperature: args.temperature,
+        top_p: args.top_p,
+        seed: args.seed,
+        ..GenerationEvalOptions::default()
+    };
+    let docs = load_documents(&args.pairing.inputs, &model, TokenBudget::All, None)?;
+    let rows = generation::run(&model, &index, &params, &docs, &samplers, &opts)?;
+    let md = generation::markdown(&rows);
+    if let Some(dir) = &args.out_dir {
+        write_results(dir, "generate", &rows, &md)?;
     }
     print!("{md}");
     Ok(())
@@ -328,14 +416,9 @@ fn run_workload(args: WorkloadArgs) -> Result<()> {
     }
     let md = workload::markdown(&report);
     if let Some(dir) = &args.out_dir {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         report.replay.clear();
+        write_results(dir, "workload", &report, &md)?;
         std::fs::write(dir.join("replay.json"), &replay_json)?;
-        std::fs::write(
-            dir.join("workload.json"),
-            serde_json::to_string_pretty(&report)?,
-        )?;
-        std::fs::write(dir.join("workload.md"), &md)?;
     }
     print!("{md}");
     Ok(())

@@ -13,7 +13,7 @@ use super::{EvalError, Result};
 use crate::index::Index;
 use crate::mix::fit::{fit_gate, fit_split, perplexity, split_lambdas, TokenEvidence};
 use crate::mix::params::FitRecord;
-use crate::mix::{DomainLambdas, GateOptions, MixingParams};
+use crate::mix::{DomainLambdas, GateOptions, LambdaRule, MixingParams};
 use crate::model::{Model, WindowOptions};
 
 /// A domain needs this many validation tokens for λ1/λ2 of its own (else it uses the global pair).
@@ -45,7 +45,10 @@ impl<'a> Pairing<'a> {
         let budget = inputs
             .max_tokens_per_domain
             .map_or(TokenBudget::All, TokenBudget::PerDomain);
-        let docs = load_documents(&inputs.inputs, self.model, budget, inputs.max_doc_tokens)?;
+        let mut docs = load_documents(&inputs.inputs, self.model, budget, inputs.max_doc_tokens)?;
+        // Dropped after loading, so the others keep their positions in the input (and their saved
+        // records stay reusable).
+        docs.retain(|d| !inputs.exclude_domains.contains(&d.domain));
         if docs.is_empty() {
             return Err(EvalError::Invalid(
                 "no documents with at least two tokens in the input".into(),
@@ -66,6 +69,8 @@ pub struct EvalInputs {
     pub inputs: Vec<PathBuf>,
     pub max_tokens_per_domain: Option<usize>,
     pub max_doc_tokens: Option<usize>,
+    /// Domains left out (a leave-one-domain-out fit).
+    pub exclude_domains: Vec<String>,
     pub window: WindowOptions,
     /// Finished domains are saved here and reused by a rerun.
     pub work_dir: Option<PathBuf>,
@@ -134,6 +139,7 @@ pub fn fit(
         record,
     );
     params.by_domain = by_domain;
+    params.default_rule = LambdaRule::Adaptive;
     Ok(params)
 }
 

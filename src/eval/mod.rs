@@ -5,6 +5,7 @@
 pub mod documents;
 pub mod error;
 pub mod experiment;
+pub mod generation;
 pub mod neural;
 pub mod per_token;
 pub mod records;

@@ -30,6 +30,8 @@ pub struct PerTokenLine<'a> {
     /// None without a gate.
     pub lambda_gate: Option<f64>,
     pub mixed_logprob_gate: Option<f64>,
+    pub lambda_adaptive: f64,
+    pub mixed_logprob_adaptive: f64,
 }
 
 /// The lines of one domain's tokens, in record order.
@@ -60,6 +62,8 @@ pub fn per_token_lines<'a>(
                 mixed_logprob_domain_split: mixed.domain_split[i].logprob,
                 lambda_gate: gate.map(|g| g.lambda),
                 mixed_logprob_gate: gate.map(|g| g.logprob),
+                lambda_adaptive: mixed.adaptive[i].lambda,
+                mixed_logprob_adaptive: mixed.adaptive[i].logprob,
             }
         })
         .collect())
@@ -167,9 +171,11 @@ mod tests {
                 "doc",
                 "domain",
                 "infgram_prob",
+                "lambda_adaptive",
                 "lambda_domain_split",
                 "lambda_gate",
                 "lambda_split",
+                "mixed_logprob_adaptive",
                 "mixed_logprob_domain_split",
                 "mixed_logprob_gate",
                 "mixed_logprob_split",

@@ -2,6 +2,8 @@
 //! paper's two λ and with the gate, Δ, ∞-gram agreement and sparsity, effective n; plus agreement by
 //! effective n (the paper's Figure 3) and perplexity against a fixed λ.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use super::records::DomainRecords;
@@ -29,6 +31,15 @@ pub struct Summary {
     pub domain_split_improvement: f64,
     pub gate_perplexity: Option<f64>,
     pub gate_improvement: Option<f64>,
+    /// With the adaptive λ (each document a sequence).
+    pub adaptive_perplexity: f64,
+    pub adaptive_improvement: f64,
+    /// The mixing file's default rule, and its figures (one of the above).
+    pub default_rule: String,
+    pub default_perplexity: f64,
+    pub default_improvement: f64,
+    /// Per rule: the shares of tokens whose probability mixing raised and lowered by over 1%.
+    pub helped_hurt: BTreeMap<String, HelpedHurt>,
     /// Share of tokens with P∞(true token) > 0.5.
     pub agreement: f64,
     /// The same, among sparse estimates.
@@ -36,6 +47,34 @@ pub struct Summary {
     pub sparse_share: f64,
     pub mean_effective_n: f64,
     pub median_effective_n: f64,
+}
+
+/// A token counts as helped or hurt by mixing when its log-prob moved by more than this (1%): any
+/// λ inside (0, 1) raises exactly the tokens the ∞-gram gave more than the model did, so counting
+/// every move would say the same of every rule.
+pub const HELPED_HURT_NATS: f64 = 0.01;
+
+/// Shares of tokens whose probability a rule's mixture raised and lowered by more than
+/// [`HELPED_HURT_NATS`] against the model alone.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct HelpedHurt {
+    pub helped: f64,
+    pub hurt: f64,
+}
+
+impl HelpedHurt {
+    fn of(tokens: &[&TokenRecord], mixed: &[MixedToken]) -> Self {
+        let (mut helped, mut hurt) = (0, 0);
+        for (t, m) in tokens.iter().zip(mixed) {
+            let moved = m.logprob - t.neural_logprob as f64;
+            helped += (moved > HELPED_HURT_NATS) as usize;
+            hurt += (moved < -HELPED_HURT_NATS) as usize;
+        }
+        Self {
+            helped: share(helped, tokens.len()),
+            hurt: share(hurt, tokens.len()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -64,6 +103,8 @@ pub struct PplReport {
     pub stride: usize,
     pub lambda_sparse: f64,
     pub lambda_dense: f64,
+    /// The rule used where a caller names none.
+    pub default_rule: String,
     pub total: Summary,
     pub by_domain: Vec<Summary>,
     pub agreement_by_n: Vec<AgreementPoint>,
@@ -100,6 +141,9 @@ pub(crate) struct RuleMixtures {
     pub domain_split: Vec<MixedToken>,
     /// None without a gate.
     pub gate: Option<Vec<MixedToken>>,
+    pub adaptive: Vec<MixedToken>,
+    /// The mixing file's default rule.
+    default_rule: LambdaRule,
 }
 
 impl RuleMixtures {
@@ -112,7 +156,19 @@ impl RuleMixtures {
                 Some(_) => Some(mix(LambdaRule::Gate, None)?),
                 None => None,
             },
+            adaptive: mix(LambdaRule::Adaptive, None)?,
+            default_rule: params.default_rule,
         })
+    }
+
+    fn empty(params: &MixingParams) -> Self {
+        Self {
+            split: Vec::new(),
+            domain_split: Vec::new(),
+            gate: params.gate.as_ref().map(|_| Vec::new()),
+            adaptive: Vec::new(),
+            default_rule: params.default_rule,
+        }
     }
 
     fn extend(&mut self, other: RuleMixtures) {
@@ -121,6 +177,20 @@ impl RuleMixtures {
         if let (Some(a), Some(b)) = (self.gate.as_mut(), other.gate) {
             a.extend(b);
         }
+        self.adaptive.extend(other.adaptive);
+    }
+
+    /// Each rule's name and mixture (the gate's when there is one).
+    fn by_rule(&self) -> Vec<(LambdaRule, &[MixedToken])> {
+        let mut rules = vec![
+            (LambdaRule::Split, self.split.as_slice()),
+            (LambdaRule::DomainSplit, self.domain_split.as_slice()),
+        ];
+        if let Some(g) = &self.gate {
+            rules.push((LambdaRule::Gate, g.as_slice()));
+        }
+        rules.push((LambdaRule::Adaptive, self.adaptive.as_slice()));
+        rules
     }
 }
 
@@ -135,6 +205,18 @@ fn summarise(
     let split = evidence::perplexity(&mixed.split);
     let domain_split = evidence::perplexity(&mixed.domain_split);
     let gate = mixed.gate.as_deref().map(evidence::perplexity);
+    let adaptive = evidence::perplexity(&mixed.adaptive);
+    let rules = mixed.by_rule();
+    // A fixed λ as the default is not one of the file's rules: reported as the λ1/λ2 row then.
+    let default_rule = rules
+        .iter()
+        .find(|(r, _)| *r == mixed.default_rule)
+        .unwrap_or(&rules[0]);
+    let default = evidence::perplexity(default_rule.1);
+    let helped_hurt = rules
+        .iter()
+        .map(|(r, m)| (r.name().to_string(), HelpedHurt::of(tokens, m)))
+        .collect();
     let agrees = |t: &&&TokenRecord| t.infgram_prob > AGREEMENT_PROB;
     let sparse: Vec<&&TokenRecord> = tokens.iter().filter(|t| t.sparse).collect();
     let n: Vec<usize> = tokens.iter().map(|t| t.effective_n()).collect();
@@ -149,6 +231,12 @@ fn summarise(
         domain_split_improvement: improvement_percent(domain_split, neural),
         gate_perplexity: gate,
         gate_improvement: gate.map(|g| improvement_percent(g, neural)),
+        adaptive_perplexity: adaptive,
+        adaptive_improvement: improvement_percent(adaptive, neural),
+        default_rule: default_rule.0.name().to_string(),
+        default_perplexity: default,
+        default_improvement: improvement_percent(default, neural),
+        helped_hurt,
         agreement: share(tokens.iter().filter(agrees).count(), tokens.len()),
         agreement_sparse: share(sparse.iter().filter(|t| agrees(t)).count(), sparse.len()),
         sparse_share: share(sparse.len(), tokens.len()),
@@ -192,11 +280,7 @@ pub fn build_report(
     params: &MixingParams,
 ) -> Result<PplReport, MixError> {
     let mut by_domain = Vec::new();
-    let mut all_mixed = RuleMixtures {
-        split: Vec::new(),
-        domain_split: Vec::new(),
-        gate: params.gate.as_ref().map(|_| Vec::new()),
-    };
+    let mut all_mixed = RuleMixtures::empty(params);
     for d in domains {
         let tokens: Vec<&TokenRecord> = d.tokens.iter().collect();
         let mixed = RuleMixtures::of(d, params)?;
@@ -230,6 +314,7 @@ pub fn build_report(
         stride: window.1,
         lambda_sparse: params.lambda_sparse,
         lambda_dense: params.lambda_dense,
+        default_rule: params.default_rule.name().to_string(),
         total,
         by_domain,
         agreement_by_n: agreement_by_n(&all),
@@ -246,7 +331,7 @@ pub fn build_report(
 /// The report as a Markdown table, one row per domain and one for all.
 pub fn markdown(report: &PplReport) -> String {
     let mut out = String::from(
-        "| domain | tokens | neural PPL | mixed PPL (λ1/λ2) | Δ | mixed PPL (domain λ1/λ2) | Δ | mixed PPL (gate) | Δ | agreement | agreement (sparse) | sparse | mean n | median n |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| domain | tokens | neural PPL | mixed PPL (λ1/λ2) | Δ | mixed PPL (domain λ1/λ2) | Δ | mixed PPL (gate) | Δ | mixed PPL (adaptive) | Δ | default: helped / hurt | agreement | agreement (sparse) | sparse | mean n | median n |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let opt = |v: Option<f64>, decimals: usize, suffix: &str| {
         v.map_or("–".into(), |v| format!("{v:.decimals$}{suffix}"))
@@ -256,8 +341,16 @@ pub fn markdown(report: &PplReport) -> String {
         .iter()
         .chain(std::iter::once(&report.total))
     {
+        let default_shares = s
+            .helped_hurt
+            .get(&s.default_rule)
+            .copied()
+            .unwrap_or(HelpedHurt {
+                helped: 0.0,
+                hurt: 0.0,
+            });
         out += &format!(
-            "| {} | {} | {:.2} | {:.2} | {:.1}% | {:.2} | {:.1}% | {} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1} | {:.1} |\n",
+            "| {} | {} | {:.2} | {:.2} | {:.1}% | {:.2} | {:.1}% | {} | {} | {:.2} | {:.1}% | {:.1}% / {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.1} | {:.1} |\n",
             s.domain,
             s.tokens_scored,
             s.neural_perplexity,
@@ -267,6 +360,10 @@ pub fn markdown(report: &PplReport) -> String {
             s.domain_split_improvement,
             opt(s.gate_perplexity, 2, ""),
             opt(s.gate_improvement, 1, "%"),
+            s.adaptive_perplexity,
+            s.adaptive_improvement,
+            default_shares.helped * 100.0,
+            default_shares.hurt * 100.0,
             s.agreement * 100.0,
             s.agreement_sparse * 100.0,
             s.sparse_share * 100.0,
@@ -275,7 +372,8 @@ pub fn markdown(report: &PplReport) -> String {
         );
     }
     out += &format!(
-        "\nGlobal λ1 (sparse) = {:.4}, λ2 (non-sparse) = {:.4}. Time: neural {:.1} s, ∞-gram {:.1} s ({:.1}% of neural), {:.1} tokens/s overall.\n",
+        "\nDefault rule: {}. Global λ1 (sparse) = {:.4}, λ2 (non-sparse) = {:.4}. Time: neural {:.1} s, ∞-gram {:.1} s ({:.1}% of neural), {:.1} tokens/s overall.\n",
+        report.default_rule,
         report.lambda_sparse,
         report.lambda_dense,
         report.timing.neural_seconds,

@@ -4,8 +4,12 @@
 use serde::Serialize;
 
 use super::TokenRecord;
+use crate::index::query::InfgramNtdResult;
+use crate::index::Index;
+use crate::mix::features::{gate_features, InfgramContext, NeuralContext, NUM_FEATURES};
 use crate::mix::{
-    mixed_prob, GateFeatures, LambdaRule, MixError, MixingParams, LAMBDA_MAX, LAMBDA_MIN,
+    mixed_prob, AdaptiveSequence, GateFeatures, LambdaRule, MixError, MixingParams,
+    NeuralDistribution, SequenceTrust, LAMBDA_MAX, LAMBDA_MIN,
 };
 
 /// The λ a mixture uses when `lambda` is asked for: never 0 or 1, where a token that one side gives
@@ -17,6 +21,8 @@ pub fn usable_lambda(lambda: f64) -> f64 {
 
 /// λ of each token (`sparse` and `features` are the tokens') under `rule`; `domain` picks the
 /// domain's own λ1/λ2 under [`LambdaRule::DomainSplit`]. Every rule but a fixed λ reads `params`.
+/// [`LambdaRule::Adaptive`] gives its λ before any token of the sequence is observed (the prior);
+/// [`mix_tokens`] and the service's sequences follow one with a [`SequenceTrust`].
 pub fn lambdas(
     rule: LambdaRule,
     params: Option<&MixingParams>,
@@ -35,6 +41,13 @@ pub fn lambdas(
             Some(g) => g.predict(features)?,
             None => return Err(MixError::Invalid("the mixing file has no gate".into())),
         },
+        (LambdaRule::Adaptive, Some(p)) => {
+            let prior = SequenceTrust::new(&p.adaptive);
+            lambdas(p.adaptive_base(), params, domain, sparse, features)?
+                .into_iter()
+                .map(|base| prior.lambda(base))
+                .collect()
+        }
         (rule, None) => {
             return Err(MixError::Invalid(format!(
                 "λ rule {rule:?} needs a mixing file"
@@ -53,6 +66,7 @@ pub struct MixedToken {
 }
 
 /// λ under `rule` and the mixed log-prob of every token of `records` (of one domain, when known).
+/// Under [`LambdaRule::Adaptive`] each document (`doc`) is a sequence of its own, read in order.
 pub fn mix_tokens(
     records: &[TokenRecord],
     rule: LambdaRule,
@@ -61,15 +75,87 @@ pub fn mix_tokens(
 ) -> Result<Vec<MixedToken>, MixError> {
     let sparse: Vec<bool> = records.iter().map(|r| r.sparse).collect();
     let features: Vec<GateFeatures> = records.iter().map(|r| r.features).collect();
-    let lambdas = lambdas(rule, params, domain, &sparse, &features)?;
+    let mixed = |r: &TokenRecord, lambda| MixedToken {
+        lambda,
+        logprob: mixed_prob(r.infgram_prob, r.neural_prob(), lambda).ln(),
+    };
+    let (LambdaRule::Adaptive, Some(p)) = (rule, params) else {
+        let lambdas = lambdas(rule, params, domain, &sparse, &features)?;
+        return Ok(records
+            .iter()
+            .zip(lambdas)
+            .map(|(r, l)| mixed(r, l))
+            .collect());
+    };
+    let bases = lambdas(p.adaptive_base(), params, domain, &sparse, &features)?;
+    let mut sequence: Option<(usize, SequenceTrust)> = None;
     Ok(records
         .iter()
-        .zip(lambdas)
-        .map(|(r, lambda)| MixedToken {
-            lambda,
-            logprob: mixed_prob(r.infgram_prob, r.neural_prob(), lambda).ln(),
+        .zip(bases)
+        .map(|(r, base)| {
+            let mixer = match &mut sequence {
+                Some((doc, mixer)) if *doc == r.doc => mixer,
+                _ => &mut sequence.insert((r.doc, SequenceTrust::new(&p.adaptive))).1,
+            };
+            let lambda = mixer.lambda(base);
+            mixer.observe(base, r.infgram_prob, r.neural_prob());
+            mixed(r, lambda)
         })
         .collect())
+}
+
+/// λ of the next token of a sequence being decoded, and what went into it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepLambda {
+    pub lambda: f64,
+    /// The per-token rule's λ (the one the adaptive λ moves).
+    pub base: f64,
+    /// The gate's input, when the gate was asked.
+    pub features: Option<GateFeatures>,
+}
+
+/// λ after `context` under `rule`, whose ∞-gram view is `infgram` and the model's `neural`. Under
+/// [`LambdaRule::Adaptive`] `sequence` gives the sequence's posterior; without one, the prior's λ.
+/// A caller that follows the sequence then leaves the step's distributions with
+/// [`AdaptiveSequence::await_token`].
+pub fn step_lambda(
+    index: &Index,
+    params: Option<&MixingParams>,
+    rule: LambdaRule,
+    context: &[u32],
+    infgram: &InfgramNtdResult,
+    neural: &NeuralDistribution,
+    sequence: Option<&mut AdaptiveSequence>,
+) -> Result<StepLambda, MixError> {
+    let base_rule = match (rule, params) {
+        (LambdaRule::Adaptive, Some(p)) => p.adaptive_base(),
+        _ => rule,
+    };
+    let features = match base_rule {
+        LambdaRule::Gate => {
+            let ctx = InfgramContext::after(index, context, infgram)?;
+            let (entropy, top_prob) = neural.entropy_and_top();
+            Some(gate_features(&ctx, &NeuralContext { entropy, top_prob }))
+        }
+        _ => None,
+    };
+    let base = lambdas(
+        base_rule,
+        params,
+        None,
+        &[infgram.sparse],
+        &[features.unwrap_or([0.0; NUM_FEATURES])],
+    )?[0];
+    let lambda = match (rule, params, sequence) {
+        (LambdaRule::Adaptive, _, Some(seq)) => seq.lambda_at(context.len(), base),
+        (LambdaRule::Adaptive, Some(p), None) => SequenceTrust::new(&p.adaptive).lambda(base),
+        _ => base,
+    };
+    Ok(StepLambda {
+        lambda,
+        base,
+        features,
+    })
 }
 
 /// Perplexity of mixed tokens: exp of the mean NLL (1 for none).
@@ -164,6 +250,38 @@ mod tests {
         let no_gate = params();
         let features = [[0.0; NUM_FEATURES]];
         assert!(lambdas(LambdaRule::Gate, Some(&no_gate), None, &[true], &features).is_err());
+    }
+
+    /// Under the adaptive rule a token's λ depends on the tokens before it in its document only:
+    /// changing a later token, or another document, leaves it as it was.
+    #[test]
+    fn adaptive_lambda_reads_only_the_past_of_its_document() {
+        let p = params();
+        let mut records: Vec<TokenRecord> = (0..12)
+            .map(|i| {
+                let mut r = record(if i % 3 == 0 { 0.0 } else { 0.8 }, 0.1, i % 2 == 0);
+                r.doc = i / 6;
+                r.position = i % 6 + 1;
+                r
+            })
+            .collect();
+        let before = mix_tokens(&records, LambdaRule::Adaptive, Some(&p), None).unwrap();
+        records[4].infgram_prob = 0.0;
+        let after = mix_tokens(&records, LambdaRule::Adaptive, Some(&p), None).unwrap();
+        let lambda = |m: &[MixedToken]| m.iter().map(|t| t.lambda).collect::<Vec<_>>();
+        assert_eq!(lambda(&before[..5]), lambda(&after[..5]));
+        assert_eq!(before[..4], after[..4]);
+        assert_ne!(before[5].lambda, after[5].lambda);
+        assert_eq!(before[6..], after[6..], "the second document starts afresh");
+        // Each document starts from the prior: its first λ is the rule's λ before any token.
+        let prior = lambdas(
+            LambdaRule::Adaptive,
+            Some(&p),
+            None,
+            &[records[6].sparse],
+            &[],
+        );
+        assert_eq!(after[6].lambda, prior.unwrap()[0]);
     }
 
     #[test]

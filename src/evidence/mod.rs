@@ -6,7 +6,9 @@
 mod mixing;
 mod records;
 
-pub use mixing::{lambdas, mix_tokens, perplexity, usable_lambda, MixedToken};
+pub use mixing::{
+    lambdas, mix_tokens, perplexity, step_lambda, usable_lambda, MixedToken, StepLambda,
+};
 pub use records::{document_records, DocumentRecords, TokenRecord, RECORD_FORMAT};
 
 use crate::index::IndexError;

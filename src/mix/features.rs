@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::MixError;
 use crate::index::dense::TokenScore;
+use crate::index::query::InfgramNtdResult;
 use crate::index::Index;
 
 /// Suffix lengths whose corpus counts the gate sees (a fixed-size vector, log-spaced).
@@ -88,6 +89,23 @@ impl InfgramContext {
             },
             suffix_counts,
         })
+    }
+
+    /// The context after `prefix`, whose ∞-gram distribution `infgram` was looked up already (a
+    /// decoding step: the next token is not known yet).
+    pub fn after(
+        index: &Index,
+        prefix: &[u32],
+        infgram: &InfgramNtdResult,
+    ) -> Result<Self, MixError> {
+        let score = TokenScore {
+            prob: 0.0,
+            suffix_len: infgram.suffix_len,
+            prompt_cnt: infgram.ntd.prompt_cnt,
+            cont_cnt: 0,
+            sparse: infgram.sparse,
+        };
+        Self::new(index, prefix, &score)
     }
 
     /// Contexts of every position of a document, from its dense scores.

@@ -2,16 +2,20 @@
 //! paper's two λ (one for sparse ∞-gram estimates, one for the rest), or a per-token λ from a
 //! random-forest gate over what the ∞-gram and the model know about the context.
 
+pub mod adaptive;
 pub mod distribution;
 pub mod features;
 pub mod fit;
 pub mod gate;
 pub mod params;
+pub mod sequence;
 
+pub use adaptive::{AdaptiveOptions, SequenceTrust};
 pub use distribution::{mix, MixedDistribution, NeuralDistribution, SparseDistribution};
 pub use features::{GateFeatures, InfgramContext, NeuralContext, NUM_FEATURES};
 pub use gate::{Gate, GateOptions};
 pub use params::{DomainLambdas, LambdaRule, MixingParams};
+pub use sequence::AdaptiveSequence;
 
 #[derive(thiserror::Error, Debug)]
 pub enum MixError {

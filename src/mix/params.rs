@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::adaptive::AdaptiveOptions;
 use super::features::feature_names;
 use super::gate::Gate;
 use super::MixError;
@@ -24,6 +25,26 @@ pub enum LambdaRule {
     /// λ1/λ2 of the token's domain when they were fitted, else the global pair.
     DomainSplit,
     Gate,
+    /// The gate's λ (λ1/λ2 without a gate), moved per sequence by what the sequence's own tokens
+    /// say of the ∞-gram ([`super::adaptive`]): it needs the tokens in order.
+    Adaptive,
+}
+
+impl LambdaRule {
+    /// The name reports and the per-token output use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fixed(_) => "fixed",
+            Self::Split => "split",
+            Self::DomainSplit => "domain_split",
+            Self::Gate => "gate",
+            Self::Adaptive => "adaptive",
+        }
+    }
+}
+
+fn split_rule() -> LambdaRule {
+    LambdaRule::Split
 }
 
 /// λ1/λ2 fitted on one domain's validation tokens.
@@ -61,6 +82,12 @@ pub struct MixingParams {
     pub by_domain: BTreeMap<String, DomainLambdas>,
     pub gate: Option<Gate>,
     pub fitted_on: FitRecord,
+    /// The hypotheses of [`LambdaRule::Adaptive`].
+    #[serde(default)]
+    pub adaptive: AdaptiveOptions,
+    /// The rule used where a caller names none (files from before it: λ1/λ2).
+    #[serde(default = "split_rule")]
+    pub default_rule: LambdaRule,
 }
 
 impl MixingParams {
@@ -83,6 +110,16 @@ impl MixingParams {
             by_domain: BTreeMap::new(),
             gate,
             fitted_on,
+            adaptive: AdaptiveOptions::default(),
+            default_rule: LambdaRule::Split,
+        }
+    }
+
+    /// The per-token rule the adaptive λ moves: the gate when there is one, else λ1/λ2.
+    pub fn adaptive_base(&self) -> LambdaRule {
+        match self.gate {
+            Some(_) => LambdaRule::Gate,
+            None => LambdaRule::Split,
         }
     }
 
@@ -119,6 +156,16 @@ impl MixingParams {
                     path.display()
                 )));
             }
+        }
+        params
+            .adaptive
+            .validate()
+            .map_err(|e| MixError::Format(format!("{}: {e}", path.display())))?;
+        if matches!(params.default_rule, LambdaRule::Gate) && params.gate.is_none() {
+            return Err(MixError::Format(format!(
+                "{}: the default rule is the gate, and the file has none",
+                path.display()
+            )));
         }
         // A gate over other features would index past its input (smartcore panics there).
         if let Some(g) = &params.gate {

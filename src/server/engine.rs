@@ -36,6 +36,11 @@ pub(super) fn info(s: &State) -> pb::InfoResponse {
             .as_ref()
             .map(|m| m.kernel_name().to_string())
             .unwrap_or_default(),
+        default_rule: s
+            .mixing
+            .as_ref()
+            .map(|m| m.default_rule.name().to_string())
+            .unwrap_or_default(),
     }
 }
 

@@ -1,17 +1,15 @@
 //! `Mix` and the mixing step of sessions: the neural side from the caller (full logits or top-k
-//! log-probs) or from the sidecar's own model, λ fixed, λ1/λ2 or from the gate.
+//! log-probs) or from the sidecar's own model, λ fixed, λ1/λ2, from the gate or adaptive (learnt
+//! from the sequence's own tokens, for sessions and `Mix` calls that name a sequence).
 
 use tonic::Status;
 
 use super::kv_budget::KvReservation;
 use super::{mix_status, model_status, pb, State};
 use crate::evidence;
-use crate::index::dense::TokenScore;
 use crate::index::query::InfgramNtdResult;
-use crate::mix::features::{
-    feature_names, gate_features, GateFeatures, InfgramContext, NeuralContext, NUM_FEATURES,
-};
-use crate::mix::{self, LambdaRule, NeuralDistribution, SparseDistribution};
+use crate::mix::features::feature_names;
+use crate::mix::{self, AdaptiveSequence, LambdaRule, NeuralDistribution, SparseDistribution};
 
 /// Where the neural distribution comes from.
 pub(super) enum NeuralInput {
@@ -26,6 +24,7 @@ pub(super) enum LambdaChoice {
     Fixed(f64),
     Split,
     Gate,
+    Adaptive,
 }
 
 /// The requests' oneofs, one generated type per message, mapped onto the shared choices.
@@ -55,6 +54,7 @@ macro_rules! lambda_from {
                     L::FixedLambda(v) => Self::Fixed(v),
                     L::Split(_) => Self::Split,
                     L::Gate(_) => Self::Gate,
+                    L::Adaptive(_) => Self::Adaptive,
                 }
             }
         }
@@ -65,26 +65,33 @@ lambda_from!(pb::session_mix::Lambda);
 lambda_from!(pb::score_request::Lambda);
 
 impl LambdaChoice {
-    /// λ1/λ2 when the request names no rule.
-    pub(super) fn or_split(choice: Option<Self>) -> Result<Self, Status> {
-        match choice.unwrap_or(Self::Split) {
-            Self::Fixed(l) if !(0.0..=1.0).contains(&l) => {
-                Err(Status::invalid_argument(format!("λ {l} is outside [0, 1]")))
+    /// The rule of a request: the one it names, else the mixing file's default for a call that
+    /// follows a sequence (a session, a scored document, a `Mix` with a sequence id), else λ1/λ2.
+    /// Every rule but a fixed λ needs the mixing file.
+    pub(super) fn resolve(
+        choice: Option<Self>,
+        s: &State,
+        follows_sequence: bool,
+    ) -> Result<LambdaRule, Status> {
+        let params = match (choice, &s.mixing) {
+            (Some(Self::Fixed(l)), _) if !(0.0..=1.0).contains(&l) => {
+                return Err(Status::invalid_argument(format!("λ {l} is outside [0, 1]")))
             }
-            c => Ok(c),
-        }
-    }
-
-    /// The rule of the mixing file, which must then be configured.
-    pub(super) fn rule(self, s: &State) -> Result<LambdaRule, Status> {
-        match self {
-            Self::Fixed(l) => Ok(LambdaRule::Fixed(l)),
-            _ if s.mixing.is_none() => Err(Status::failed_precondition(
-                "no mixing file is configured: pass fixed_lambda",
-            )),
-            Self::Split => Ok(LambdaRule::DomainSplit),
-            Self::Gate => Ok(LambdaRule::Gate),
-        }
+            (Some(Self::Fixed(l)), _) => return Ok(LambdaRule::Fixed(l)),
+            (_, None) => {
+                return Err(Status::failed_precondition(
+                    "no mixing file is configured: pass fixed_lambda",
+                ))
+            }
+            (_, Some(p)) => p,
+        };
+        Ok(match choice {
+            Some(Self::Split) => LambdaRule::DomainSplit,
+            Some(Self::Gate) => LambdaRule::Gate,
+            Some(Self::Adaptive) => LambdaRule::Adaptive,
+            None if follows_sequence => params.default_rule,
+            _ => LambdaRule::DomainSplit,
+        })
     }
 }
 
@@ -123,34 +130,31 @@ pub(super) fn neural_distribution(
     }
 }
 
-/// The mixed distribution after `context`, whose ∞-gram view is `infgram`.
+/// The mixed distribution after `context`, whose ∞-gram view is `infgram`. Under the adaptive rule
+/// `sequence` (when the caller follows one) gives λ and keeps the distributions for the next token.
 pub(super) fn mixed(
     s: &State,
     context: &[u32],
     infgram: &InfgramNtdResult,
-    neural: &NeuralDistribution,
-    lambda: LambdaChoice,
+    neural: NeuralDistribution,
+    rule: LambdaRule,
+    mut sequence: Option<&mut AdaptiveSequence>,
     top_k: usize,
 ) -> Result<pb::MixResponse, Status> {
-    let rule = lambda.rule(s)?;
-    let features = match lambda {
-        LambdaChoice::Gate => Some(gate_input(s, context, infgram, neural)?),
-        _ => None,
-    };
-    let lambda = evidence::lambdas(
-        rule,
+    let step = evidence::step_lambda(
+        &s.index,
         s.mixing.as_ref(),
-        None,
-        &[infgram.sparse],
-        &[features.unwrap_or([0.0; NUM_FEATURES])],
+        rule,
+        context,
+        infgram,
+        &neural,
+        sequence.as_deref_mut(),
     )
-    .map_err(mix_status)?
-    .first()
-    .copied()
-    .ok_or_else(|| Status::internal("no λ for the token"))?;
+    .map_err(mix_status)?;
+    let (lambda, features) = (step.lambda, step.features);
     let sparse = SparseDistribution::from_ntd(&infgram.ntd);
-    let mixed = mix::mix(&sparse, neural, lambda, top_k);
-    Ok(pb::MixResponse {
+    let mixed = mix::mix(&sparse, &neural, lambda, top_k);
+    let response = pb::MixResponse {
         top: mixed
             .top
             .iter()
@@ -167,14 +171,19 @@ pub(super) fn mixed(
         sparse: infgram.sparse,
         gate_feature_names: features.map(|_| feature_names()).unwrap_or_default(),
         gate_features: features.map(|f| f.to_vec()).unwrap_or_default(),
-    })
+    };
+    if let (LambdaRule::Adaptive, Some(seq)) = (rule, sequence) {
+        seq.await_token(context.len(), step.base, sparse, neural);
+    }
+    Ok(response)
 }
 
 /// The unary `Mix`: the ∞-gram looked up afresh, the own model run over the whole context.
 pub(super) fn mix(s: &State, r: pb::MixRequest) -> Result<pb::MixResponse, Status> {
     s.check_len("the context", r.context.len())?;
     let top_k = s.check_top_k(r.top_k)?;
-    let lambda = LambdaChoice::or_split(r.lambda.map(Into::into))?;
+    let follows_sequence = !r.sequence_id.is_empty();
+    let rule = LambdaChoice::resolve(r.lambda.map(Into::into), s, follows_sequence)?;
     let infgram = s
         .index
         .infgram_ntd(&r.context, None)
@@ -194,24 +203,19 @@ pub(super) fn mix(s: &State, r: pb::MixRequest) -> Result<pb::MixResponse, Statu
             .to_vec1::<f32>()
             .map_err(|e| Status::internal(e.to_string()))
     })?;
-    mixed(s, &r.context, &infgram, &neural, lambda, top_k)
-}
-
-/// The gate's features for a context, from the ∞-gram's match and the neural distribution.
-fn gate_input(
-    s: &State,
-    context: &[u32],
-    infgram: &InfgramNtdResult,
-    neural: &NeuralDistribution,
-) -> Result<GateFeatures, Status> {
-    let score = TokenScore {
-        prob: 0.0,
-        suffix_len: infgram.suffix_len,
-        prompt_cnt: infgram.ntd.prompt_cnt,
-        cont_cnt: 0,
-        sparse: infgram.sparse,
-    };
-    let ctx = InfgramContext::new(&s.index, context, &score).map_err(mix_status)?;
-    let (entropy, top_prob) = neural.entropy_and_top();
-    Ok(gate_features(&ctx, &NeuralContext { entropy, top_prob }))
+    if !follows_sequence || rule != LambdaRule::Adaptive {
+        return mixed(s, &r.context, &infgram, neural, rule, None, top_k);
+    }
+    let mut sequence = s.mix_sequences.take(&r.sequence_id, &r.context, s)?;
+    let response = mixed(
+        s,
+        &r.context,
+        &infgram,
+        neural,
+        rule,
+        Some(&mut sequence.adaptive),
+        top_k,
+    );
+    s.mix_sequences.put(r.sequence_id, sequence);
+    response
 }

@@ -9,6 +9,7 @@ mod engine;
 mod kv_budget;
 mod listen;
 pub mod metrics;
+mod mix_sequences;
 mod mixing;
 mod observe;
 mod score;
@@ -35,6 +36,7 @@ use crate::tokenizer::Tokenizer;
 use config::{ConfigError, Limits, ServeConfig};
 use kv_budget::KvBudget;
 use metrics::Metrics;
+use mix_sequences::MixSequences;
 use session::Sessions;
 
 /// Why the service could not start or stopped serving.
@@ -92,6 +94,8 @@ struct State {
     in_flight: Arc<Semaphore>,
     metrics: Arc<Metrics>,
     sessions: Sessions,
+    /// `Mix` calls' sequences, by the id they name.
+    mix_sequences: MixSequences,
     kv_budget: Arc<KvBudget>,
     /// Where sessions with a namespace learn and draft from; `None` when `[live]` is off.
     live: Option<Arc<LiveIndex>>,
@@ -312,6 +316,7 @@ impl SidecarService {
                 limits: config.limits,
                 in_flight: Arc::new(Semaphore::new(config.limits.max_in_flight)),
                 sessions: Sessions::new(config.limits.max_sessions, Arc::clone(&metrics)),
+                mix_sequences: MixSequences::default(),
                 kv_budget: KvBudget::new(config.limits.max_kv_tokens, metrics.kv_tokens.clone()),
                 live,
                 metrics,

@@ -28,8 +28,7 @@ pub(super) fn start(
     deadline: Option<Instant>,
 ) -> Result<ReceiverStream<Result<pb::ScoreResponse, Status>>, Status> {
     state.model()?;
-    let lambda = LambdaChoice::or_split(request.lambda.map(Into::into))?;
-    let rule = lambda.rule(&state)?;
+    let rule = LambdaChoice::resolve(request.lambda.map(Into::into), &state, true)?;
     for (i, d) in request.documents.iter().enumerate() {
         if d.token_ids.is_empty() {
             return Err(Status::invalid_argument(format!("document {i} is empty")));

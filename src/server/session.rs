@@ -16,12 +16,15 @@ use super::metrics::Metrics;
 use super::mixing::{mixed, neural_distribution, LambdaChoice};
 use super::{closing_status, drafting, index_status, model_status, on_pool, pb, State};
 use crate::draft::{DraftOptions, DraftTree, Sequence};
+use crate::mix::{AdaptiveSequence, LambdaRule};
 use crate::model::KvCache;
 
 /// One sequence of a decoding loop.
 pub(super) struct Session {
     seq: Sequence,
     neural: Option<NeuralCache>,
+    /// The adaptive λ's view of the sequence, from its first adaptive mix on.
+    adaptive: Option<AdaptiveSequence>,
 }
 
 /// The own model's cache of the sequence's first `cache.len()` tokens, and the logits after the
@@ -52,7 +55,11 @@ impl Session {
             live: None,
         };
         let seq = drafting::sequence(s, start.context, extras)?;
-        Ok(Self { seq, neural })
+        Ok(Self {
+            seq,
+            neural,
+            adaptive: None,
+        })
     }
 
     fn append(&mut self, s: &State, tokens: &[u32]) -> Result<(), Status> {
@@ -72,6 +79,9 @@ impl Session {
         if let Some(n) = &mut self.neural {
             n.logits = None;
         }
+        if let (Some(a), Some(&first)) = (&mut self.adaptive, tokens.first()) {
+            a.observe(before, first);
+        }
         Ok(())
     }
 
@@ -86,6 +96,9 @@ impl Session {
                 ))
             })?;
         self.seq.truncate(&s.index, len);
+        if let Some(a) = &mut self.adaptive {
+            a.truncate(len);
+        }
         if let Some(n) = &mut self.neural {
             n.cache.truncate(len);
             n.logits = None;
@@ -120,14 +133,29 @@ impl Session {
 
     fn mix(&mut self, s: &State, m: pb::SessionMix) -> Result<pb::MixResponse, Status> {
         let top_k = s.check_top_k(m.top_k)?;
-        let lambda = LambdaChoice::or_split(m.lambda.map(Into::into))?;
+        let rule = LambdaChoice::resolve(m.lambda.map(Into::into), s, true)?;
         let infgram = self
             .seq
             .suffix()
             .infgram_ntd(&s.index, None)
             .map_err(index_status)?;
         let neural = neural_distribution(s, m.neural.map(Into::into), || self.own_logits(s))?;
-        mixed(s, self.seq.tokens(), &infgram, &neural, lambda, top_k)
+        let adaptive = match (rule, &s.mixing) {
+            (LambdaRule::Adaptive, Some(p)) => Some(
+                self.adaptive
+                    .get_or_insert_with(|| AdaptiveSequence::new(&p.adaptive)),
+            ),
+            _ => None,
+        };
+        mixed(
+            s,
+            self.seq.tokens(),
+            &infgram,
+            neural,
+            rule,
+            adaptive,
+            top_k,
+        )
     }
 
     fn state(&self, session_id: u64) -> pb::SessionState {

@@ -190,6 +190,7 @@ fn inputs(split: &str, max_tokens: usize, work_dir: Option<&Path>) -> EvalInputs
         inputs: vec![minipile(split)],
         max_tokens_per_domain: Some(max_tokens),
         max_doc_tokens: Some(max_tokens / 2),
+        exclude_domains: Vec::new(),
         window: WINDOW,
         work_dir: work_dir.map(Path::to_path_buf),
     }
@@ -258,6 +259,67 @@ fn fit_and_evaluate_end_to_end() {
     let agreement = all.iter().filter(|t| t.infgram_prob > 0.5).count() as f64 / all.len() as f64;
     assert!((report.total.agreement - agreement).abs() < 1e-12);
     assert!(report.total.gate_perplexity.is_some());
+
+    // The adaptive λ, by the Bayes-mixture identity: its probability of a whole document is the
+    // prior-weighted sum over hypotheses of each hypothesis's probability of the document.
+    assert_eq!(report.total.default_rule, "adaptive");
+    assert_eq!(
+        report.total.default_perplexity,
+        report.total.adaptive_perplexity
+    );
+    let gate = loaded.gate.as_ref().unwrap();
+    let opts = &loaded.adaptive;
+    let logit = |p: f64| (p / (1.0 - p)).ln();
+    let hypothesis = |h: usize, base: f64| match h {
+        0 => mix::LAMBDA_MIN,
+        h => (1.0 / (1.0 + (-(logit(base) + opts.offsets[h - 1])).exp()))
+            .clamp(mix::LAMBDA_MIN, mix::LAMBDA_MAX),
+    };
+    let (mut adaptive_nll, mut neural_nll, mut documents) = (0.0, 0.0, 0usize);
+    for d in &domains {
+        let features: Vec<_> = d.tokens.iter().map(|t| t.features).collect();
+        let bases = gate.predict(&features).unwrap();
+        let mut start = 0;
+        while start < d.tokens.len() {
+            let doc = d.tokens[start].doc;
+            let end = start
+                + d.tokens[start..]
+                    .iter()
+                    .take_while(|t| t.doc == doc)
+                    .count();
+            let log_terms: Vec<f64> = (0..=opts.offsets.len())
+                .map(|h| {
+                    let prior = match h {
+                        0 => opts.prior_neural,
+                        _ => (1.0 - opts.prior_neural) / opts.offsets.len() as f64,
+                    };
+                    prior.ln()
+                        + (start..end)
+                            .map(|i| {
+                                let t = &d.tokens[i];
+                                let l = hypothesis(h, bases[i]);
+                                (l * t.infgram_prob + (1.0 - l) * t.neural_prob()).ln()
+                            })
+                            .sum::<f64>()
+                })
+                .collect();
+            let max = log_terms.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            adaptive_nll -= max + log_terms.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+            neural_nll -= d.tokens[start..end]
+                .iter()
+                .map(|t| t.neural_logprob as f64)
+                .sum::<f64>();
+            documents += 1;
+            start = end;
+        }
+    }
+    let want = (adaptive_nll / all.len() as f64).exp();
+    let got = report.total.adaptive_perplexity;
+    assert!((got - want).abs() < 1e-9 * want, "{got} vs {want}");
+    // Never more than ln(1 / prior) nats a document (and 1e-4 a token) behind the model alone.
+    let bound = documents as f64 * (1.0 / opts.prior_neural).ln()
+        - all.len() as f64 * (1.0 - mix::LAMBDA_MIN).ln();
+    assert!(adaptive_nll <= neural_nll + bound + 1e-6);
 
     // A mixing file fitted for another tokenizer is refused.
     let mut other = MixingParams::load(&path).unwrap();
@@ -343,4 +405,68 @@ fn cli_fit_ppl_and_resume() {
     let bad = run("c");
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("bad mixing file"));
+}
+
+/// Sampling with mixing on the real model and index, from prompts the index holds: with λ at its
+/// largest the ∞-gram continues its match and the text is copied (most tokens inside ≥ 16-token
+/// spans of the reference data, counted against a brute-force search of the prompt's own document);
+/// the model alone copies far less; each sampler is reproducible from its seed.
+#[test]
+fn generation_copies_only_as_much_as_lambda_lets_it() {
+    use infini_sidecar::eval::documents::EvalDocument;
+    use infini_sidecar::eval::generation::{self, GenerationEvalOptions, Sampler};
+    use infini_sidecar::mix::LambdaRule;
+
+    let f = fixture();
+    let docs: Vec<EvalDocument> = (0..40)
+        .map(|i| f.index.get_document(i * 37).unwrap())
+        .filter(|d| d.token_ids.len() > 200)
+        .take(3)
+        .enumerate()
+        .map(|(i, d)| EvalDocument {
+            index: i,
+            domain: "indexed".into(),
+            path: String::new(),
+            tokens: d.token_ids,
+        })
+        .collect();
+    assert_eq!(docs.len(), 3);
+    let params = MixingParams::new(
+        String::new(),
+        String::new(),
+        String::new(),
+        (0.4, 0.05),
+        None,
+        Default::default(),
+    );
+    let opts = GenerationEvalOptions {
+        prompts_per_domain: 3,
+        prompt_tokens: 32,
+        new_tokens: 24,
+        ..GenerationEvalOptions::default()
+    };
+    let samplers = [Sampler::Neural, Sampler::Mixed(LambdaRule::Fixed(1.0))];
+    let rows = generation::run(model(), &f.index, &params, &docs, &samplers, &opts).unwrap();
+    let again = generation::run(model(), &f.index, &params, &docs, &samplers, &opts).unwrap();
+    assert_eq!(
+        serde_json::to_string(&rows).unwrap(),
+        serde_json::to_string(&again).unwrap()
+    );
+    let (neural, copying) = (&rows[0], &rows[1]);
+    assert_eq!(
+        (neural.sampler.as_str(), neural.mean_lambda),
+        ("neural", 0.0)
+    );
+    assert!((copying.mean_lambda - mix::LAMBDA_MAX).abs() < 1e-12);
+    assert!(copying.verbatim_share > 0.6, "{copying:?}");
+    assert!(
+        neural.verbatim_share + 0.3 < copying.verbatim_share,
+        "{neural:?} vs {copying:?}"
+    );
+    // The mask itself against brute force on a copied continuation: every 16-token window of the
+    // first prompt's document occurs in the index, so its own text is covered wherever it is long
+    // enough.
+    let doc = &docs[0].tokens[..60];
+    let mask = generation::verbatim_mask(&f.index, doc, 20, 16).unwrap();
+    assert!(mask.iter().all(|&c| c), "{mask:?}");
 }

@@ -165,6 +165,7 @@ async fn python_examples_agree_with_the_tonic_client() {
                 neural: Some(mix_request::Neural::TopKLogprobs(top_k)),
                 lambda: Some(mix_request::Lambda::FixedLambda(0.5)),
                 top_k: 8,
+                sequence_id: String::new(),
             })
             .await
             .unwrap()

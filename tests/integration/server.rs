@@ -9,7 +9,8 @@ use infini_sidecar::index::docs::SearchOptions;
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::mix::features::GateFeatures;
 use infini_sidecar::mix::{
-    self, MixingParams, NeuralDistribution, SparseDistribution, NUM_FEATURES,
+    self, LambdaRule, MixingParams, NeuralDistribution, SequenceTrust, SparseDistribution,
+    NUM_FEATURES,
 };
 use infini_sidecar::server::pb::{self, draft_request, mix_request, session_request};
 use tonic::Code;
@@ -147,6 +148,7 @@ async fn every_rpc_answers_as_the_library_does() {
             })),
             lambda: Some(mix_request::Lambda::FixedLambda(0.3)),
             top_k: 5,
+            sequence_id: String::new(),
         }))
         .await
         .unwrap()
@@ -176,6 +178,7 @@ async fn every_rpc_answers_as_the_library_does() {
         neural,
         lambda,
         top_k,
+        sequence_id: String::new(),
     };
     let fixed = Some(mix_request::Lambda::FixedLambda(0.3));
     for (req, what) in [
@@ -349,5 +352,115 @@ async fn every_rpc_answers_as_the_library_does() {
 
     let still = client.info(authed(pb::InfoRequest {})).await.unwrap();
     assert_eq!(still.into_inner().index_tokens, index.total_tokens());
+    let _ = stop.send(());
+}
+
+/// The adaptive λ, by a session and by `Mix` calls naming a sequence: each λ is the library's
+/// posterior mean after exactly the tokens before it (replayed here from the same ∞-gram and neural
+/// probabilities), both paths agree, taking tokens back restores λ bit for bit, and a call with no
+/// sequence keeps λ1/λ2 as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adaptive_lambda_follows_each_sequence() {
+    let dir = tempfile::tempdir().unwrap();
+    let index_dir = build_index(dir.path());
+    let cfg = config(dir.path(), index_dir, true);
+    let path = dir.path().join("mixing.json");
+    let mut params = MixingParams::load(&path).unwrap();
+    params.default_rule = LambdaRule::Adaptive;
+    params.save(&path).unwrap();
+    let Running {
+        mut client, stop, ..
+    } = start(cfg).await;
+    let info = client.info(authed(pb::InfoRequest {})).await.unwrap();
+    assert_eq!(info.into_inner().default_rule, "adaptive");
+    let index = Index::open(&dir.path().join("index"), &OpenOptions::default()).unwrap();
+    let doc = index.get_document(3).unwrap().token_ids;
+    let tokens = &doc[..60];
+    let logits: Vec<f32> = (0..index.vocab_size() as usize)
+        .map(|i| ((i * 7919) % 1000) as f32 / 200.0)
+        .collect();
+    let neural = NeuralDistribution::from_logits(&logits).unwrap();
+    let gate = params.gate.as_ref().unwrap();
+
+    let (tx, mut replies) = open_session(&mut client).await;
+    step(
+        &tx,
+        &mut replies,
+        session_request::Step::Start(pb::SessionStart {
+            context: tokens[..20].to_vec(),
+            ..Default::default()
+        }),
+    )
+    .await;
+    let session_mix = || {
+        session_request::Step::Mix(pb::SessionMix {
+            neural: Some(pb::session_mix::Neural::Logits(pb::NeuralLogits {
+                logits: logits.clone(),
+            })),
+            lambda: None,
+            top_k: 5,
+        })
+    };
+    let mix_call = |end: usize, sequence_id: &str| {
+        authed(pb::MixRequest {
+            context: tokens[..end].to_vec(),
+            neural: Some(mix_request::Neural::Logits(pb::NeuralLogits {
+                logits: logits.clone(),
+            })),
+            lambda: None,
+            top_k: 5,
+            sequence_id: sequence_id.into(),
+        })
+    };
+    let mut trust = SequenceTrust::new(&params.adaptive);
+    let mut lambdas = Vec::new();
+    for i in 20..tokens.len() {
+        let reply = step(&tx, &mut replies, session_mix()).await;
+        let Some(pb::session_response::Result::Mix(m)) = reply.result else {
+            panic!("no mix in {reply:?}");
+        };
+        let features: GateFeatures = m.gate_features.clone().try_into().unwrap();
+        let base = gate.predict(&[features]).unwrap()[0];
+        assert_eq!(m.lambda, trust.lambda(base), "token {i}");
+        let by_id = client.mix(mix_call(i, "a")).await.unwrap().into_inner();
+        assert_eq!(by_id.lambda, m.lambda, "token {i}");
+        lambdas.push(m.lambda);
+        let infgram = index.infgram_ntd(&tokens[..i], None).unwrap();
+        let p_inf = SparseDistribution::from_ntd(&infgram.ntd).prob(tokens[i]);
+        trust.observe(base, p_inf, neural.prob(tokens[i]));
+        let append = session_request::Step::Append(pb::SessionAppend {
+            tokens: vec![tokens[i]],
+        });
+        step(&tx, &mut replies, append).await;
+    }
+    assert_eq!(trust.observed(), 40);
+    assert!(
+        lambdas.iter().any(|l| (l - lambdas[0]).abs() > 1e-3),
+        "λ never moved: {lambdas:?}"
+    );
+    // Taken back to 30 tokens: λ there again, by both paths; a sequence id of its own starts afresh.
+    let truncate = session_request::Step::Truncate(pb::SessionTruncate { length: 30 });
+    step(&tx, &mut replies, truncate).await;
+    let reply = step(&tx, &mut replies, session_mix()).await;
+    let Some(pb::session_response::Result::Mix(m)) = reply.result else {
+        panic!("no mix in {reply:?}");
+    };
+    assert_eq!(m.lambda.to_bits(), lambdas[10].to_bits());
+    let again = client.mix(mix_call(30, "a")).await.unwrap().into_inner();
+    assert_eq!(again.lambda.to_bits(), lambdas[10].to_bits());
+    let fresh = client.mix(mix_call(30, "b")).await.unwrap().into_inner();
+    let features: GateFeatures = fresh.gate_features.clone().try_into().unwrap();
+    let prior = SequenceTrust::new(&params.adaptive);
+    assert_eq!(
+        fresh.lambda,
+        prior.lambda(gate.predict(&[features]).unwrap()[0])
+    );
+    // No sequence, no λ named: λ1/λ2 as before.
+    let stateless = client.mix(mix_call(30, "")).await.unwrap().into_inner();
+    assert_eq!(stateless.lambda, if stateless.sparse { 0.4 } else { 0.05 });
+    let long_id = "x".repeat(300);
+    let err = client.mix(mix_call(30, &long_id)).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    drop(tx);
     let _ = stop.send(());
 }

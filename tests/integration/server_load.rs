@@ -88,6 +88,7 @@ async fn mixer(mut client: SidecarClient<Channel>, doc: Vec<u32>, until: Instant
             neural: Some(mix_request::Neural::TopKLogprobs(top_64(i))),
             lambda: Some(mix_request::Lambda::Split(true)),
             top_k: 16,
+            sequence_id: String::new(),
         };
         timed(&mut tally, client.mix(request)).await;
         i += 1;

@@ -53,6 +53,7 @@ fn top_k_request(context: &[u32], lambda: Option<mix_request::Lambda>) -> pb::Mi
         neural: Some(mix_request::Neural::TopKLogprobs(caller_top_k())),
         lambda,
         top_k: 8,
+        sequence_id: String::new(),
     }
 }
 
@@ -225,6 +226,7 @@ async fn score_sessions_and_own_model_match_the_library() {
             neural: Some(mix_request::Neural::OwnModel(true)),
             lambda: Some(mix_request::Lambda::FixedLambda(0.3)),
             top_k: 8,
+            sequence_id: String::new(),
         })
         .await
         .unwrap()

@@ -1,0 +1,125 @@
+//! The adaptive λ of a live sequence (a session, or the `Mix` calls of one sequence id), where tokens
+//! arrive one step after their distribution was mixed and drafts are taken back.
+//!
+//! A mixing step leaves its two distributions pending; when the token at that position arrives, the
+//! posterior learns how each hypothesis would have scored it. Taking tokens back rolls the posterior
+//! back too, so λ at a position depends only on the tokens before it, never on rejected drafts.
+
+use super::adaptive::{AdaptiveOptions, SequenceTrust};
+use super::distribution::{NeuralDistribution, SparseDistribution};
+
+/// A mixing step whose token has not arrived yet.
+#[derive(Debug, Clone)]
+struct Pending {
+    /// Length of the context it mixed after: the position of the token it awaits.
+    position: usize,
+    /// The base rule's λ there.
+    base: f64,
+    infgram: SparseDistribution,
+    neural: NeuralDistribution,
+}
+
+#[derive(Debug, Clone)]
+pub struct AdaptiveSequence {
+    prior: SequenceTrust,
+    /// (position of the observed token + 1, the posterior after it), in increasing position.
+    history: Vec<(usize, SequenceTrust)>,
+    pending: Option<Pending>,
+}
+
+impl AdaptiveSequence {
+    pub fn new(options: &AdaptiveOptions) -> Self {
+        Self {
+            prior: SequenceTrust::new(options),
+            history: Vec::new(),
+            pending: None,
+        }
+    }
+
+    /// The posterior over the tokens observed so far.
+    pub fn trust(&self) -> &SequenceTrust {
+        self.history.last().map_or(&self.prior, |(_, t)| t)
+    }
+
+    /// λ of the token at `position` (the context's length), whose base rule says `base`.
+    pub fn lambda_at(&mut self, position: usize, base: f64) -> f64 {
+        self.truncate(position);
+        self.trust().lambda(base)
+    }
+
+    /// The distributions mixed at `position` wait there for the token.
+    pub fn await_token(
+        &mut self,
+        position: usize,
+        base: f64,
+        infgram: SparseDistribution,
+        neural: NeuralDistribution,
+    ) {
+        self.truncate(position);
+        self.pending = Some(Pending {
+            position,
+            base,
+            infgram,
+            neural,
+        });
+    }
+
+    /// The token at `position` is known: the posterior learns from it if a step awaited it.
+    pub fn observe(&mut self, position: usize, token: u32) {
+        let Some(p) = self.pending.take_if(|p| p.position == position) else {
+            return;
+        };
+        let mut trust = self.trust().clone();
+        trust.observe(p.base, p.infgram.prob(token), p.neural.prob(token));
+        self.history.push((position + 1, trust));
+    }
+
+    /// The sequence was cut to `length` tokens: what was learnt from later tokens is forgotten.
+    pub fn truncate(&mut self, length: usize) {
+        while self.history.last().is_some_and(|(end, _)| *end > length) {
+            self.history.pop();
+        }
+        if self.pending.as_ref().is_some_and(|p| p.position > length) {
+            self.pending = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(seq: &mut AdaptiveSequence, position: usize) -> f64 {
+        let infgram = SparseDistribution::new(vec![(1, 0.9), (2, 0.1)]);
+        let neural = NeuralDistribution::from_logits(&[0.0, 0.0, 1.0, 0.5]).unwrap();
+        let lambda = seq.lambda_at(position, 0.5);
+        seq.await_token(position, 0.5, infgram, neural);
+        lambda
+    }
+
+    /// Tokens the ∞-gram predicted raise λ; taking them back restores λ exactly; a token that no
+    /// step awaited teaches nothing.
+    #[test]
+    fn learns_rolls_back_and_ignores_unawaited_tokens() {
+        let mut seq = AdaptiveSequence::new(&AdaptiveOptions::default());
+        let first = step(&mut seq, 3);
+        seq.observe(3, 1);
+        let second = step(&mut seq, 4);
+        assert!(second > first);
+        seq.observe(4, 1);
+        let third = step(&mut seq, 5);
+        assert!(third > second);
+        seq.truncate(4);
+        assert_eq!(step(&mut seq, 4).to_bits(), second.to_bits());
+        seq.truncate(3);
+        assert_eq!(step(&mut seq, 3).to_bits(), first.to_bits());
+        seq.observe(7, 1);
+        assert_eq!(seq.trust().observed(), 0);
+        seq.observe(3, 2);
+        assert_eq!(seq.trust().observed(), 1);
+        assert!(
+            step(&mut seq, 4) < first,
+            "a token the model predicted lowers λ"
+        );
+    }
+}
