@@ -71,6 +71,7 @@ fn mix_request(context: &[u32], neural: mix_request::Neural) -> pb::MixRequest {
         lambda: Some(mix_request::Lambda::Split(true)),
         top_k: 16,
         sequence_id: String::new(),
+        max_match: 0,
     }
 }
 
@@ -125,6 +126,7 @@ async fn session_steps(
         neural: Some(session_mix::Neural::TopKLogprobs(top_64())),
         lambda: Some(session_mix::Lambda::Split(true)),
         top_k: 16,
+        max_match: 0,
     });
     let tx = &tx;
     // Each measured call borrows the reply stream in turn.

@@ -286,29 +286,43 @@ pub struct GenerateArgs {
     out_dir: Option<PathBuf>,
 }
 
-fn sampler(name: &str) -> Result<Sampler> {
-    Ok(match name {
-        "neural" => Sampler::Neural,
-        "split" => Sampler::Mixed(LambdaRule::Split),
-        "domain_split" => Sampler::Mixed(LambdaRule::DomainSplit),
-        "gate" => Sampler::Mixed(LambdaRule::Gate),
-        "adaptive" => Sampler::Mixed(LambdaRule::Adaptive),
-        other => bail!("unknown sampler {other:?}: neural, split, domain_split, gate or adaptive"),
-    })
+/// `neural`, or a rule (split, gate, adaptive) with `@N` for the copy guard at N tokens.
+fn sampler(spec: &str, params: &MixingParams) -> Result<Sampler> {
+    let (name, max_match) = match spec.split_once('@') {
+        Some((name, n)) => (
+            name,
+            Some(
+                n.parse::<usize>()
+                    .with_context(|| format!("the guard of sampler {spec:?}"))?,
+            ),
+        ),
+        None => (spec, None),
+    };
+    let rule = match name {
+        "neural" if max_match.is_none() => return Ok(Sampler::Neural),
+        "split" => LambdaRule::Split,
+        "gate" if params.gate.is_some() => LambdaRule::Gate,
+        "gate" => bail!("sampler {spec:?}: the mixing file has no gate"),
+        "adaptive" => LambdaRule::Adaptive,
+        _ => bail!(
+            "unknown sampler {spec:?}: neural, or split, gate or adaptive with an optional @N"
+        ),
+    };
+    Ok(Sampler::Mixed { rule, max_match })
 }
 
 fn run_generate(args: GenerateArgs) -> Result<()> {
-    let samplers = args
-        .samplers
-        .iter()
-        .map(|s| sampler(s))
-        .collect::<Result<Vec<_>>>()?;
     if !(args.temperature > 0.0 && args.top_p > 0.0 && args.top_p <= 1.0) {
         bail!("--temperature must be above 0 and --top-p inside (0, 1]");
     }
+    let params = MixingParams::load(&args.mixing)?;
+    let samplers = args
+        .samplers
+        .iter()
+        .map(|s| sampler(s, &params))
+        .collect::<Result<Vec<_>>>()?;
     let (model, index) = open_pairing(&args.pairing)?;
     let pairing = Pairing::new(&model, &index)?;
-    let params = MixingParams::load(&args.mixing)?;
     params.check_tokenizer(&pairing.fingerprint())?;
     let opts = GenerationEvalOptions {
         prompts_per_domain: args.prompts_per_domain,

@@ -12,7 +12,7 @@ use super::report::{build_report, PplReport};
 use super::{EvalError, Result};
 use crate::index::Index;
 use crate::mix::fit::{fit_gate, fit_split, perplexity, split_lambdas, TokenEvidence};
-use crate::mix::params::FitRecord;
+use crate::mix::params::{FitRecord, DEFAULT_DECODE_MAX_MATCH};
 use crate::mix::{DomainLambdas, GateOptions, LambdaRule, MixingParams};
 use crate::model::{Model, WindowOptions};
 
@@ -140,6 +140,7 @@ pub fn fit(
     );
     params.by_domain = by_domain;
     params.default_rule = LambdaRule::Adaptive;
+    params.decode_max_match = Some(DEFAULT_DECODE_MAX_MATCH);
     Ok(params)
 }
 

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::documents::EvalDocument;
 use super::{EvalError, Result};
-use crate::evidence;
+use crate::evidence::{self, DecodeStep};
 use crate::index::suffix::SuffixMatch;
 use crate::index::Index;
 use crate::mix::distribution::mix_full;
@@ -51,18 +51,30 @@ impl Default for GenerationEvalOptions {
     }
 }
 
-/// What is sampled from: the model alone, or a mixture under a rule of the mixing file.
+/// What is sampled from: the model alone, or a mixture under a rule of the mixing file, with or
+/// without the copy guard (`max_match`, see [`evidence::guard_copying`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Sampler {
     Neural,
-    Mixed(LambdaRule),
+    Mixed {
+        rule: LambdaRule,
+        max_match: Option<usize>,
+    },
 }
 
 impl Sampler {
-    pub fn name(self) -> &'static str {
+    /// `neural`, the rule's name, and `@N` for a guard at N tokens.
+    pub fn name(self) -> String {
         match self {
-            Self::Neural => "neural",
-            Self::Mixed(rule) => rule.name(),
+            Self::Neural => "neural".into(),
+            Self::Mixed {
+                rule,
+                max_match: None,
+            } => rule.name().into(),
+            Self::Mixed {
+                rule,
+                max_match: Some(n),
+            } => format!("{}@{n}", rule.name()),
         }
     }
 }
@@ -159,16 +171,20 @@ fn sample(
                 let probs: Vec<f64> = (0..vocab as u32).map(|t| neural.prob(t)).collect();
                 (probs, 0.0, None)
             }
-            Sampler::Mixed(rule) => {
+            Sampler::Mixed { rule, max_match } => {
                 let infgram = suffix.infgram_ntd(index, None)?;
+                let decode = DecodeStep {
+                    context: &context,
+                    infgram: &infgram,
+                    neural: &neural,
+                };
                 let step = evidence::step_lambda(
                     index,
                     Some(params),
                     rule,
-                    &context,
-                    &infgram,
-                    &neural,
+                    &decode,
                     Some(&mut adaptive),
+                    max_match,
                 )?;
                 let sparse = SparseDistribution::from_ntd(&infgram.ntd);
                 let probs = mix_full(&sparse, &neural, step.lambda);
@@ -181,7 +197,14 @@ fn sample(
             .map_err(candle)?;
         out.neural_logprobs.push(neural.prob(token).ln());
         out.lambdas.push(lambda);
-        if let (Sampler::Mixed(LambdaRule::Adaptive), Some((base, sparse))) = (sampler, step) {
+        let adaptive_rule = matches!(
+            sampler,
+            Sampler::Mixed {
+                rule: LambdaRule::Adaptive,
+                ..
+            }
+        );
+        if let (true, Some((base, sparse))) = (adaptive_rule, step) {
             adaptive.await_token(context.len(), base, sparse, neural);
             adaptive.observe(context.len(), token);
         }
@@ -289,7 +312,7 @@ pub fn run(
             let texts: Vec<&[u32]> = samples.iter().map(|(s, _)| s.tokens.as_slice()).collect();
             rows.push(GenerationRow {
                 domain: domain.to_string(),
-                sampler: sampler.name().to_string(),
+                sampler: sampler.name(),
                 prompts: samples.len(),
                 tokens,
                 verbatim_share: copied as f64 / tokens.max(1) as f64,

@@ -93,6 +93,12 @@ pub fn mix_tokens(
         .iter()
         .zip(bases)
         .map(|(r, base)| {
+            debug_assert!(
+                sequence
+                    .as_ref()
+                    .is_none_or(|(doc, t)| *doc != r.doc || t.observed() + 1 == r.position),
+                "records of a document must come in position order, from its second token"
+            );
             let mixer = match &mut sequence {
                 Some((doc, mixer)) if *doc == r.doc => mixer,
                 _ => &mut sequence.insert((r.doc, SequenceTrust::new(&p.adaptive))).1,
@@ -114,19 +120,32 @@ pub struct StepLambda {
     pub features: Option<GateFeatures>,
 }
 
-/// λ after `context` under `rule`, whose ∞-gram view is `infgram` and the model's `neural`. Under
-/// [`LambdaRule::Adaptive`] `sequence` gives the sequence's posterior; without one, the prior's λ.
-/// A caller that follows the sequence then leaves the step's distributions with
-/// [`AdaptiveSequence::await_token`].
+/// What a decoding step knows before its token: the context, the ∞-gram's and the model's views.
+#[derive(Clone, Copy)]
+pub struct DecodeStep<'a> {
+    pub context: &'a [u32],
+    pub infgram: &'a InfgramNtdResult,
+    pub neural: &'a NeuralDistribution,
+}
+
+/// λ of a decoding step after `context` under `rule`, whose ∞-gram view is `infgram` and the
+/// model's `neural`. Under [`LambdaRule::Adaptive`] `sequence` gives the sequence's posterior;
+/// without one, the prior's λ. A rule of the file is then guarded against copying (`max_match`, see
+/// [`guard_copying`]); a fixed λ is taken as asked. A caller that follows the sequence leaves the
+/// step's distributions with [`AdaptiveSequence::await_token`].
 pub fn step_lambda(
     index: &Index,
     params: Option<&MixingParams>,
     rule: LambdaRule,
-    context: &[u32],
-    infgram: &InfgramNtdResult,
-    neural: &NeuralDistribution,
+    step: &DecodeStep,
     sequence: Option<&mut AdaptiveSequence>,
+    max_match: Option<usize>,
 ) -> Result<StepLambda, MixError> {
+    let DecodeStep {
+        context,
+        infgram,
+        neural,
+    } = *step;
     let base_rule = match (rule, params) {
         (LambdaRule::Adaptive, Some(p)) => p.adaptive_base(),
         _ => rule,
@@ -151,11 +170,24 @@ pub fn step_lambda(
         (LambdaRule::Adaptive, Some(p), None) => SequenceTrust::new(&p.adaptive).lambda(base),
         _ => base,
     };
+    let lambda = match rule {
+        LambdaRule::Fixed(_) => lambda,
+        _ => guard_copying(lambda, infgram.suffix_len, max_match),
+    };
     Ok(StepLambda {
         lambda,
         base,
         features,
     })
+}
+
+/// λ of a decoding step once the copy guard has been applied: the smallest usable λ when the
+/// context's match (`suffix_len` tokens) has reached `max_match`.
+pub fn guard_copying(lambda: f64, suffix_len: usize, max_match: Option<usize>) -> f64 {
+    match max_match {
+        Some(max) if suffix_len >= max => LAMBDA_MIN,
+        _ => lambda,
+    }
 }
 
 /// Perplexity of mixed tokens: exp of the mean NLL (1 for none).
@@ -169,7 +201,6 @@ pub fn perplexity(tokens: &[MixedToken]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mix::params::FitRecord;
     use crate::mix::NUM_FEATURES;
 
     fn record(infgram_prob: f64, neural_prob: f64, sparse: bool) -> TokenRecord {
@@ -187,14 +218,7 @@ mod tests {
     }
 
     fn params() -> MixingParams {
-        let mut p = MixingParams::new(
-            "m".into(),
-            "i".into(),
-            "t".into(),
-            (0.4, 0.05),
-            None,
-            FitRecord::default(),
-        );
+        let mut p = crate::mix::params::split_only((0.4, 0.05));
         p.by_domain.insert(
             "code".into(),
             crate::mix::DomainLambdas {

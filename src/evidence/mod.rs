@@ -7,7 +7,8 @@ mod mixing;
 mod records;
 
 pub use mixing::{
-    lambdas, mix_tokens, perplexity, step_lambda, usable_lambda, MixedToken, StepLambda,
+    guard_copying, lambdas, mix_tokens, perplexity, step_lambda, usable_lambda, DecodeStep,
+    MixedToken, StepLambda,
 };
 pub use records::{document_records, DocumentRecords, TokenRecord, RECORD_FORMAT};
 

@@ -20,6 +20,8 @@ use super::{mixed_prob, LAMBDA_MAX, LAMBDA_MIN};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AdaptiveOptions {
     /// Offsets b added to logit(λ) of the base rule, one hypothesis each (0 is the rule as fitted).
+    /// The default has none above 0: λ never exceeds the fitted rule's, so a decoder that feeds back
+    /// tokens it sampled from the mixture cannot talk λ up past what the rule was fitted to.
     pub offsets: Vec<f64>,
     /// Prior weight of the model alone; the offsets share the rest equally.
     pub prior_neural: f64,
@@ -28,7 +30,7 @@ pub struct AdaptiveOptions {
 impl Default for AdaptiveOptions {
     fn default() -> Self {
         Self {
-            offsets: vec![-4.0, -2.0, -1.0, 0.0, 1.0],
+            offsets: vec![-4.0, -2.0, -1.0, 0.0],
             prior_neural: 0.3,
         }
     }
@@ -138,6 +140,11 @@ impl SequenceTrust {
         let norm = max + updated.iter().map(|w| (w - max).exp()).sum::<f64>().ln();
         self.log_weights = updated.into_iter().map(|w| w - norm).collect();
         self.observed += 1;
+    }
+
+    /// Memory held.
+    pub fn heap_bytes(&self) -> usize {
+        (self.offsets.len() + self.log_weights.len()) * 8 + 2 * std::mem::size_of::<Vec<f64>>()
     }
 
     /// Posterior weight of the model alone.

@@ -23,6 +23,11 @@ impl SparseDistribution {
     }
 
     /// (token, probability), by token.
+    /// Memory held, for callers that keep distributions around.
+    pub fn heap_bytes(&self) -> usize {
+        self.entries.len() * std::mem::size_of::<(u32, f64)>()
+    }
+
     pub fn entries(&self) -> &[(u32, f64)] {
         &self.entries
     }
@@ -125,6 +130,14 @@ impl NeuralDistribution {
             rest_mass,
             vocab_size,
         }))
+    }
+
+    /// Memory held, for callers that keep distributions around.
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            Self::Full { logprobs } => logprobs.len() * 4,
+            Self::TopK(t) => t.entries.len() * 8,
+        }
     }
 
     pub fn vocab_size(&self) -> usize {

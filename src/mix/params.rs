@@ -43,8 +43,8 @@ impl LambdaRule {
     }
 }
 
-fn split_rule() -> LambdaRule {
-    LambdaRule::Split
+fn domain_split_rule() -> LambdaRule {
+    LambdaRule::DomainSplit
 }
 
 /// λ1/λ2 fitted on one domain's validation tokens.
@@ -85,10 +85,20 @@ pub struct MixingParams {
     /// The hypotheses of [`LambdaRule::Adaptive`].
     #[serde(default)]
     pub adaptive: AdaptiveOptions,
-    /// The rule used where a caller names none (files from before it: λ1/λ2).
-    #[serde(default = "split_rule")]
+    /// The rule used where a caller names none (files from before it: the domain's λ1/λ2).
+    #[serde(default = "domain_split_rule")]
     pub default_rule: LambdaRule,
+    /// Decoding only (sessions, `Mix`, `eval generate`): the ∞-gram gets no weight once the context's
+    /// longest match in the reference data reaches this many tokens, so it never extends a verbatim
+    /// copy (the founding blog post's "regurgitating"). Scoring is never guarded. None: off.
+    #[serde(default)]
+    pub decode_max_match: Option<usize>,
 }
+
+/// The guard of decoding that [`eval fit`](crate::eval::experiment::fit) writes: spans of 16 tokens
+/// copied from the reference data are what `eval generate` counts, and the ∞-gram stops pushing
+/// half-way there.
+pub const DEFAULT_DECODE_MAX_MATCH: usize = 8;
 
 impl MixingParams {
     pub fn new(
@@ -111,15 +121,16 @@ impl MixingParams {
             gate,
             fitted_on,
             adaptive: AdaptiveOptions::default(),
-            default_rule: LambdaRule::Split,
+            default_rule: LambdaRule::DomainSplit,
+            decode_max_match: None,
         }
     }
 
-    /// The per-token rule the adaptive λ moves: the gate when there is one, else λ1/λ2.
+    /// The per-token rule the adaptive λ moves: the gate when there is one, else the domain's λ1/λ2.
     pub fn adaptive_base(&self) -> LambdaRule {
         match self.gate {
             Some(_) => LambdaRule::Gate,
-            None => LambdaRule::Split,
+            None => LambdaRule::DomainSplit,
         }
     }
 
@@ -161,11 +172,21 @@ impl MixingParams {
             .adaptive
             .validate()
             .map_err(|e| MixError::Format(format!("{}: {e}", path.display())))?;
-        if matches!(params.default_rule, LambdaRule::Gate) && params.gate.is_none() {
-            return Err(MixError::Format(format!(
-                "{}: the default rule is the gate, and the file has none",
-                path.display()
-            )));
+        match params.default_rule {
+            LambdaRule::Gate if params.gate.is_none() => {
+                return Err(MixError::Format(format!(
+                    "{}: the default rule is the gate, and the file has none",
+                    path.display()
+                )))
+            }
+            LambdaRule::Fixed(_) => {
+                return Err(MixError::Format(format!(
+                    "{}: the default rule must be one of the file's (split, domain_split, gate, \
+                     adaptive); a fixed λ is for callers to ask",
+                    path.display()
+                )))
+            }
+            _ => {}
         }
         // A gate over other features would index past its input (smartcore panics there).
         if let Some(g) = &params.gate {
@@ -198,5 +219,57 @@ impl MixingParams {
             Some(d) => (d.lambda_sparse, d.lambda_dense),
             None => (self.lambda_sparse, self.lambda_dense),
         }
+    }
+}
+
+/// A file with λ1/λ2 = `split` and nothing else, for unit tests.
+#[cfg(test)]
+pub(crate) fn split_only(split: (f64, f64)) -> MixingParams {
+    MixingParams::new(
+        "m".into(),
+        "i".into(),
+        "t".into(),
+        split,
+        None,
+        FitRecord::default(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn saved(edit: impl FnOnce(&mut serde_json::Value)) -> Result<MixingParams, MixError> {
+        let params = split_only((0.4, 0.05));
+        let mut json = serde_json::to_value(&params).unwrap();
+        edit(&mut json);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mixing.json");
+        std::fs::write(&path, json.to_string()).unwrap();
+        MixingParams::load(&path)
+    }
+
+    /// A file from before the adaptive λ keeps its old default (the domain's λ1/λ2) and has no
+    /// guard; a default the file cannot serve, or broken hypotheses, are refused at load.
+    #[test]
+    fn defaults_and_refusals() {
+        let old = saved(|j| {
+            let o = j.as_object_mut().unwrap();
+            o.remove("default_rule");
+            o.remove("adaptive");
+            o.remove("decode_max_match");
+        })
+        .unwrap();
+        assert_eq!(old.default_rule, LambdaRule::DomainSplit);
+        assert_eq!(old.adaptive, AdaptiveOptions::default());
+        assert_eq!(old.decode_max_match, None);
+        let refused = |edit: fn(&mut serde_json::Value)| saved(edit).unwrap_err().to_string();
+        assert!(refused(|j| j["default_rule"] = "gate".into()).contains("has none"));
+        assert!(
+            refused(|j| j["default_rule"] = serde_json::json!({"fixed": 0.5}))
+                .contains("default rule")
+        );
+        assert!(refused(|j| j["adaptive"]["prior_neural"] = 1.5.into()).contains("prior"));
+        assert!(refused(|j| j["adaptive"]["offsets"] = serde_json::json!([])).contains("offsets"));
     }
 }

@@ -4,6 +4,8 @@
 //! A mixing step leaves its two distributions pending; when the token at that position arrives, the
 //! posterior learns how each hypothesis would have scored it. Taking tokens back rolls the posterior
 //! back too, so λ at a position depends only on the tokens before it, never on rejected drafts.
+//! Only the token a step was mixed for teaches: a client that appends several tokens at once (an
+//! accepted draft) teaches the first of them.
 
 use super::adaptive::{AdaptiveOptions, SequenceTrust};
 use super::distribution::{NeuralDistribution, SparseDistribution};
@@ -19,32 +21,51 @@ struct Pending {
     neural: NeuralDistribution,
 }
 
+/// An observed token, as the posterior learnt from it.
+#[derive(Debug, Clone, Copy)]
+struct Observation {
+    position: usize,
+    base: f64,
+    p_infgram: f64,
+    p_neural: f64,
+}
+
+/// The posterior is saved every this many observations; taking tokens back restores the last save
+/// before the cut and replays the observations after it, which gives the very same floats.
+const CHECKPOINT_EVERY: usize = 256;
+
 #[derive(Debug, Clone)]
 pub struct AdaptiveSequence {
+    trust: SequenceTrust,
+    /// Every observation, in increasing position (24 bytes each).
+    history: Vec<Observation>,
     prior: SequenceTrust,
-    /// (position of the observed token + 1, the posterior after it), in increasing position.
-    history: Vec<(usize, SequenceTrust)>,
+    /// (observations before it, the posterior then), one per [`CHECKPOINT_EVERY`].
+    checkpoints: Vec<(usize, SequenceTrust)>,
     pending: Option<Pending>,
 }
 
 impl AdaptiveSequence {
     pub fn new(options: &AdaptiveOptions) -> Self {
+        let prior = SequenceTrust::new(options);
         Self {
-            prior: SequenceTrust::new(options),
+            trust: prior.clone(),
             history: Vec::new(),
+            prior,
+            checkpoints: Vec::new(),
             pending: None,
         }
     }
 
     /// The posterior over the tokens observed so far.
     pub fn trust(&self) -> &SequenceTrust {
-        self.history.last().map_or(&self.prior, |(_, t)| t)
+        &self.trust
     }
 
     /// λ of the token at `position` (the context's length), whose base rule says `base`.
     pub fn lambda_at(&mut self, position: usize, base: f64) -> f64 {
         self.truncate(position);
-        self.trust().lambda(base)
+        self.trust.lambda(base)
     }
 
     /// The distributions mixed at `position` wait there for the token.
@@ -69,19 +90,52 @@ impl AdaptiveSequence {
         let Some(p) = self.pending.take_if(|p| p.position == position) else {
             return;
         };
-        let mut trust = self.trust().clone();
-        trust.observe(p.base, p.infgram.prob(token), p.neural.prob(token));
-        self.history.push((position + 1, trust));
+        let seen = Observation {
+            position,
+            base: p.base,
+            p_infgram: p.infgram.prob(token),
+            p_neural: p.neural.prob(token),
+        };
+        self.trust.observe(seen.base, seen.p_infgram, seen.p_neural);
+        self.history.push(seen);
+        if self.history.len().is_multiple_of(CHECKPOINT_EVERY) {
+            self.checkpoints
+                .push((self.history.len(), self.trust.clone()));
+        }
     }
 
     /// The sequence was cut to `length` tokens: what was learnt from later tokens is forgotten.
     pub fn truncate(&mut self, length: usize) {
-        while self.history.last().is_some_and(|(end, _)| *end > length) {
-            self.history.pop();
-        }
         if self.pending.as_ref().is_some_and(|p| p.position > length) {
             self.pending = None;
         }
+        let keep = self.history.partition_point(|o| o.position < length);
+        if keep == self.history.len() {
+            return;
+        }
+        self.history.truncate(keep);
+        while self.checkpoints.last().is_some_and(|(n, _)| *n > keep) {
+            self.checkpoints.pop();
+        }
+        let (from, saved) = self
+            .checkpoints
+            .last()
+            .map_or((0, &self.prior), |(n, t)| (*n, t));
+        self.trust = saved.clone();
+        for o in &self.history[from..] {
+            self.trust.observe(o.base, o.p_infgram, o.p_neural);
+        }
+    }
+
+    /// Memory held: the history, the saved posteriors and the pending distributions.
+    pub fn heap_bytes(&self) -> usize {
+        let pending = self
+            .pending
+            .as_ref()
+            .map_or(0, |p| p.infgram.heap_bytes() + p.neural.heap_bytes());
+        self.history.len() * std::mem::size_of::<Observation>()
+            + (self.checkpoints.len() + 2) * self.trust.heap_bytes()
+            + pending
     }
 }
 

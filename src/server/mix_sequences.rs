@@ -1,7 +1,11 @@
 //! The sequences of `Mix` calls that name a `sequence_id`: each call sends the whole context, so the
 //! sidecar keeps the last one to see which token followed the previous step (the adaptive λ learns
-//! from it) and where drafts were taken back. Bounded in number and in tokens kept; the least
+//! from it) and where drafts were taken back. Bounded in number and in bytes kept; the least
 //! recently used sequence goes first, and a forgotten one starts again from the prior.
+//!
+//! Ids are shared by every caller of the sidecar (as one bearer token is): callers pick unique
+//! ones (a UUID per sequence). Calls with one id are meant to come in order; two at once each see
+//! the sequence as it was, and the last to finish is kept.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -13,9 +17,27 @@ use crate::mix::AdaptiveSequence;
 
 /// Sequences kept at once: each holds its last neural distribution (a vocabulary of floats).
 const MAX_SEQUENCES: usize = 256;
-/// Context tokens kept over all sequences.
-const MAX_TOKENS: usize = 16 << 20;
+/// Bytes kept over all sequences: contexts, pending distributions, posterior history.
+const MAX_BYTES: usize = 256 << 20;
 const MAX_ID_BYTES: usize = 256;
+
+impl MixSequence {
+    /// What keeping it costs, in bytes.
+    fn cost(&self) -> usize {
+        self.context.len() * 4 + self.adaptive.heap_bytes()
+    }
+}
+
+/// Refuses an id too long to keep, before any work is done for the call.
+pub(super) fn check_sequence_id(id: &str) -> Result<(), Status> {
+    if id.len() > MAX_ID_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "sequence_id has {} bytes, over {MAX_ID_BYTES}",
+            id.len()
+        )));
+    }
+    Ok(())
+}
 
 pub(super) struct MixSequence {
     context: Vec<u32>,
@@ -31,7 +53,7 @@ pub(super) struct MixSequences {
 #[derive(Default)]
 struct Table {
     sequences: HashMap<String, MixSequence>,
-    tokens: usize,
+    bytes: usize,
     clock: u64,
 }
 
@@ -45,12 +67,6 @@ impl MixSequences {
     /// Taken out of the table while the call mixes (a concurrent call with the same id starts
     /// afresh; a sequence's calls are meant to come in order).
     pub(super) fn take(&self, id: &str, context: &[u32], s: &State) -> Result<MixSequence, Status> {
-        if id.len() > MAX_ID_BYTES {
-            return Err(Status::invalid_argument(format!(
-                "sequence_id has {} bytes, over {MAX_ID_BYTES}",
-                id.len()
-            )));
-        }
         let params = s
             .mixing
             .as_ref()
@@ -59,7 +75,7 @@ impl MixSequences {
             let mut table = self.table();
             let taken = table.sequences.remove(id);
             if let Some(t) = &taken {
-                table.tokens -= t.context.len();
+                table.bytes -= t.cost();
             }
             taken
         };
@@ -87,10 +103,13 @@ impl MixSequences {
         let mut table = self.table();
         table.clock += 1;
         seq.last_used = table.clock;
-        table.tokens += seq.context.len();
-        table.sequences.insert(id, seq);
+        table.bytes += seq.cost();
+        if let Some(replaced) = table.sequences.insert(id, seq) {
+            // A concurrent call with the same id put its own first.
+            table.bytes -= replaced.cost();
+        }
         while table.sequences.len() > MAX_SEQUENCES
-            || (table.tokens > MAX_TOKENS && table.sequences.len() > 1)
+            || (table.bytes > MAX_BYTES && table.sequences.len() > 1)
         {
             let Some(oldest) = table
                 .sequences
@@ -101,7 +120,7 @@ impl MixSequences {
                 break;
             };
             if let Some(gone) = table.sequences.remove(&oldest) {
-                table.tokens -= gone.context.len();
+                table.bytes -= gone.cost();
             }
         }
     }

@@ -5,8 +5,9 @@
 use tonic::Status;
 
 use super::kv_budget::KvReservation;
+use super::mix_sequences::check_sequence_id;
 use super::{mix_status, model_status, pb, State};
-use crate::evidence;
+use crate::evidence::{self, DecodeStep};
 use crate::index::query::InfgramNtdResult;
 use crate::mix::features::feature_names;
 use crate::mix::{self, AdaptiveSequence, LambdaRule, NeuralDistribution, SparseDistribution};
@@ -130,6 +131,14 @@ pub(super) fn neural_distribution(
     }
 }
 
+/// What a mixing request asks beyond its inputs.
+#[derive(Clone, Copy)]
+pub(super) struct MixOptions {
+    pub top_k: usize,
+    /// The request's `max_match` (0: the mixing file's guard).
+    pub max_match: u32,
+}
+
 /// The mixed distribution after `context`, whose ∞-gram view is `infgram`. Under the adaptive rule
 /// `sequence` (when the caller follows one) gives λ and keeps the distributions for the next token.
 pub(super) fn mixed(
@@ -139,18 +148,27 @@ pub(super) fn mixed(
     neural: NeuralDistribution,
     rule: LambdaRule,
     mut sequence: Option<&mut AdaptiveSequence>,
-    top_k: usize,
+    options: MixOptions,
 ) -> Result<pb::MixResponse, Status> {
+    let decode = DecodeStep {
+        context,
+        infgram,
+        neural: &neural,
+    };
+    let max_match = match options.max_match {
+        0 => s.mixing.as_ref().and_then(|p| p.decode_max_match),
+        n => Some(n as usize),
+    };
     let step = evidence::step_lambda(
         &s.index,
         s.mixing.as_ref(),
         rule,
-        context,
-        infgram,
-        &neural,
+        &decode,
         sequence.as_deref_mut(),
+        max_match,
     )
     .map_err(mix_status)?;
+    let top_k = options.top_k;
     let (lambda, features) = (step.lambda, step.features);
     let sparse = SparseDistribution::from_ntd(&infgram.ntd);
     let mixed = mix::mix(&sparse, &neural, lambda, top_k);
@@ -181,7 +199,11 @@ pub(super) fn mixed(
 /// The unary `Mix`: the ∞-gram looked up afresh, the own model run over the whole context.
 pub(super) fn mix(s: &State, r: pb::MixRequest) -> Result<pb::MixResponse, Status> {
     s.check_len("the context", r.context.len())?;
-    let top_k = s.check_top_k(r.top_k)?;
+    let options = MixOptions {
+        top_k: s.check_top_k(r.top_k)?,
+        max_match: r.max_match,
+    };
+    check_sequence_id(&r.sequence_id)?;
     let follows_sequence = !r.sequence_id.is_empty();
     let rule = LambdaChoice::resolve(r.lambda.map(Into::into), s, follows_sequence)?;
     let infgram = s
@@ -204,7 +226,7 @@ pub(super) fn mix(s: &State, r: pb::MixRequest) -> Result<pb::MixResponse, Statu
             .map_err(|e| Status::internal(e.to_string()))
     })?;
     if !follows_sequence || rule != LambdaRule::Adaptive {
-        return mixed(s, &r.context, &infgram, neural, rule, None, top_k);
+        return mixed(s, &r.context, &infgram, neural, rule, None, options);
     }
     let mut sequence = s.mix_sequences.take(&r.sequence_id, &r.context, s)?;
     let response = mixed(
@@ -214,7 +236,7 @@ pub(super) fn mix(s: &State, r: pb::MixRequest) -> Result<pb::MixResponse, Statu
         neural,
         rule,
         Some(&mut sequence.adaptive),
-        top_k,
+        options,
     );
     s.mix_sequences.put(r.sequence_id, sequence);
     response

@@ -13,7 +13,7 @@ use tonic::{Status, Streaming};
 
 use super::kv_budget::KvReservation;
 use super::metrics::Metrics;
-use super::mixing::{mixed, neural_distribution, LambdaChoice};
+use super::mixing::{mixed, neural_distribution, LambdaChoice, MixOptions};
 use super::{closing_status, drafting, index_status, model_status, on_pool, pb, State};
 use crate::draft::{DraftOptions, DraftTree, Sequence};
 use crate::mix::{AdaptiveSequence, LambdaRule};
@@ -154,7 +154,10 @@ impl Session {
             neural,
             rule,
             adaptive,
-            top_k,
+            MixOptions {
+                top_k,
+                max_match: m.max_match,
+            },
         )
     }
 

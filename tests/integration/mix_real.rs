@@ -445,7 +445,13 @@ fn generation_copies_only_as_much_as_lambda_lets_it() {
         new_tokens: 24,
         ..GenerationEvalOptions::default()
     };
-    let samplers = [Sampler::Neural, Sampler::Mixed(LambdaRule::Fixed(1.0))];
+    let samplers = [
+        Sampler::Neural,
+        Sampler::Mixed {
+            rule: LambdaRule::Fixed(1.0),
+            max_match: None,
+        },
+    ];
     let rows = generation::run(model(), &f.index, &params, &docs, &samplers, &opts).unwrap();
     let again = generation::run(model(), &f.index, &params, &docs, &samplers, &opts).unwrap();
     assert_eq!(

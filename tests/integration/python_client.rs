@@ -166,6 +166,7 @@ async fn python_examples_agree_with_the_tonic_client() {
                 lambda: Some(mix_request::Lambda::FixedLambda(0.5)),
                 top_k: 8,
                 sequence_id: String::new(),
+                max_match: 0,
             })
             .await
             .unwrap()

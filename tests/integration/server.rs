@@ -149,6 +149,7 @@ async fn every_rpc_answers_as_the_library_does() {
             lambda: Some(mix_request::Lambda::FixedLambda(0.3)),
             top_k: 5,
             sequence_id: String::new(),
+            max_match: 0,
         }))
         .await
         .unwrap()
@@ -179,6 +180,7 @@ async fn every_rpc_answers_as_the_library_does() {
         lambda,
         top_k,
         sequence_id: String::new(),
+        max_match: 0,
     };
     let fixed = Some(mix_request::Lambda::FixedLambda(0.3));
     for (req, what) in [
@@ -399,6 +401,7 @@ async fn adaptive_lambda_follows_each_sequence() {
             })),
             lambda: None,
             top_k: 5,
+            max_match: 0,
         })
     };
     let mix_call = |end: usize, sequence_id: &str| {
@@ -410,6 +413,7 @@ async fn adaptive_lambda_follows_each_sequence() {
             lambda: None,
             top_k: 5,
             sequence_id: sequence_id.into(),
+            max_match: 0,
         })
     };
     let mut trust = SequenceTrust::new(&params.adaptive);
@@ -458,6 +462,27 @@ async fn adaptive_lambda_follows_each_sequence() {
     // No sequence, no λ named: λ1/λ2 as before.
     let stateless = client.mix(mix_call(30, "")).await.unwrap().into_inner();
     assert_eq!(stateless.lambda, if stateless.sparse { 0.4 } else { 0.05 });
+    // The copy guard: at a match of at least `max_match` tokens the file's rules give the ∞-gram
+    // nothing; a fixed λ is taken as asked.
+    let guarded = |lambda| {
+        let mut request = mix_call(30, "");
+        request.get_mut().max_match = 1;
+        request.get_mut().lambda = Some(lambda);
+        request
+    };
+    let split = client
+        .mix(guarded(mix_request::Lambda::Split(true)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(split.suffix_len >= 1);
+    assert_eq!(split.lambda, mix::LAMBDA_MIN);
+    let fixed = client
+        .mix(guarded(mix_request::Lambda::FixedLambda(0.3)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(fixed.lambda, 0.3);
     let long_id = "x".repeat(300);
     let err = client.mix(mix_call(30, &long_id)).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);

@@ -89,6 +89,7 @@ async fn mixer(mut client: SidecarClient<Channel>, doc: Vec<u32>, until: Instant
             lambda: Some(mix_request::Lambda::Split(true)),
             top_k: 16,
             sequence_id: String::new(),
+            max_match: 0,
         };
         timed(&mut tally, client.mix(request)).await;
         i += 1;
@@ -121,6 +122,7 @@ async fn session_stepper(
                     neural: Some(session_mix::Neural::TopKLogprobs(top_64(i))),
                     lambda: Some(session_mix::Lambda::Split(true)),
                     top_k: 16,
+                    max_match: 0,
                 }),
             ]
         }));

@@ -54,6 +54,7 @@ fn top_k_request(context: &[u32], lambda: Option<mix_request::Lambda>) -> pb::Mi
         lambda,
         top_k: 8,
         sequence_id: String::new(),
+        max_match: 0,
     }
 }
 
@@ -103,6 +104,7 @@ fn session_mix(neural: session_mix::Neural) -> session_request::Step {
         neural: Some(neural),
         lambda: Some(session_mix::Lambda::FixedLambda(0.3)),
         top_k: 8,
+        max_match: 0,
     })
 }
 
@@ -227,6 +229,7 @@ async fn score_sessions_and_own_model_match_the_library() {
             lambda: Some(mix_request::Lambda::FixedLambda(0.3)),
             top_k: 8,
             sequence_id: String::new(),
+            max_match: 0,
         })
         .await
         .unwrap()
@@ -295,6 +298,7 @@ async fn score_sessions_and_own_model_match_the_library() {
         neural: Some(session_mix::Neural::TopKLogprobs(caller_top_k())),
         lambda: Some(session_mix::Lambda::Split(true)),
         top_k: 8,
+        max_match: 0,
     });
     let in_session = mix_of(step(&tx, &mut replies, split_mix.clone()).await);
     let unary = client
@@ -362,6 +366,7 @@ async fn score_sessions_and_own_model_match_the_library() {
                 neural: Some(session_mix::Neural::TopKLogprobs(caller_top_k())),
                 lambda: None,
                 top_k: 0,
+                max_match: 0,
             }),
             Code::InvalidArgument,
         ),
