@@ -164,7 +164,10 @@ pub fn step_lambda(
         None,
         &[infgram.sparse],
         &[features.unwrap_or([0.0; NUM_FEATURES])],
-    )?[0];
+    )?
+    .first()
+    .copied()
+    .ok_or_else(|| MixError::Invalid("no λ for the step".into()))?;
     let lambda = match (rule, params, sequence) {
         (LambdaRule::Adaptive, _, Some(seq)) => seq.lambda_at(context.len(), base),
         (LambdaRule::Adaptive, Some(p), None) => SequenceTrust::new(&p.adaptive).lambda(base),

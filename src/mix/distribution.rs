@@ -22,12 +22,12 @@ impl SparseDistribution {
         Self { entries }
     }
 
-    /// (token, probability), by token.
     /// Memory held, for callers that keep distributions around.
     pub fn heap_bytes(&self) -> usize {
         self.entries.len() * std::mem::size_of::<(u32, f64)>()
     }
 
+    /// (token, probability), by token.
     pub fn entries(&self) -> &[(u32, f64)] {
         &self.entries
     }

@@ -168,10 +168,8 @@ pub(super) fn mixed(
         max_match,
     )
     .map_err(mix_status)?;
-    let top_k = options.top_k;
-    let (lambda, features) = (step.lambda, step.features);
     let sparse = SparseDistribution::from_ntd(&infgram.ntd);
-    let mixed = mix::mix(&sparse, &neural, lambda, top_k);
+    let mixed = mix::mix(&sparse, &neural, step.lambda, options.top_k);
     let response = pb::MixResponse {
         top: mixed
             .top
@@ -183,12 +181,12 @@ pub(super) fn mixed(
             })
             .collect(),
         rest_mass: mixed.rest_mass,
-        lambda,
+        lambda: step.lambda,
         suffix_len: infgram.suffix_len as u32,
         prompt_cnt: infgram.ntd.prompt_cnt,
         sparse: infgram.sparse,
-        gate_feature_names: features.map(|_| feature_names()).unwrap_or_default(),
-        gate_features: features.map(|f| f.to_vec()).unwrap_or_default(),
+        gate_feature_names: step.features.map(|_| feature_names()).unwrap_or_default(),
+        gate_features: step.features.map(|f| f.to_vec()).unwrap_or_default(),
     };
     if let (LambdaRule::Adaptive, Some(seq)) = (rule, sequence) {
         seq.await_token(context.len(), step.base, sparse, neural);
