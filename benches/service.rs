@@ -2,8 +2,13 @@
 //! `scripts/run-default.sh`): `Mix` latency and throughput with caller top-64 log-probs and with a
 //! full 49,152-float vector, in-process (the handler called directly) and over gRPC on loopback, and
 //! the cost of a `Session` step (append one token, mix) at context 40 and 4,000 against resending
-//! the context in a unary `Mix`. Writes `eval/results/service.json`; eval/SERVICE.md discusses it.
+//! the context in a unary `Mix`, and a `Batch` engine step at batch 1 to 128 (each sequence a real
+//! document: one token appended, then a top-64 mix or a chain draft), split into a fixed and a
+//! per-sequence part. Writes `eval/results/service.json`; eval/SERVICE.md discusses it.
 
+mod common;
+
+use std::cell::Cell;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -13,6 +18,7 @@ use infini_sidecar::server::pb::sidecar_client::SidecarClient;
 use infini_sidecar::server::pb::sidecar_server::Sidecar;
 use infini_sidecar::server::pb::{self, mix_request, session_mix, session_request};
 use infini_sidecar::server::SidecarService;
+use infini_sidecar::tokenizer::Tokenizer;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -153,13 +159,148 @@ async fn session_steps(
     .await
 }
 
+/// What each sequence asks for in a measured batch step.
+#[derive(Clone, Copy)]
+enum BatchWork {
+    /// A top-64 mix by the mixing file's default rule.
+    Mix,
+    /// A top-64 mix with λ1/λ2.
+    MixSplit,
+    /// A chain draft of up to 8 tokens (all sources).
+    Draft,
+}
+
+impl BatchWork {
+    fn name(self) -> &'static str {
+        match self {
+            BatchWork::Mix => "mix_default_rule",
+            BatchWork::MixSplit => "mix_split",
+            BatchWork::Draft => "draft_chain",
+        }
+    }
+
+    fn part(self, id: u64, token: u32) -> pb::SequenceStep {
+        let mix = |lambda| pb::SessionMix {
+            neural: Some(session_mix::Neural::TopKLogprobs(top_64())),
+            lambda,
+            top_k: 16,
+            max_match: 0,
+        };
+        let mut part = pb::SequenceStep {
+            id,
+            append: vec![token],
+            ..Default::default()
+        };
+        match self {
+            BatchWork::Mix => part.mix = Some(mix(None)),
+            BatchWork::MixSplit => part.mix = Some(mix(Some(session_mix::Lambda::Split(true)))),
+            BatchWork::Draft => part.draft = Some(pb::DraftOptions::default()),
+        }
+        part
+    }
+}
+
+/// `Batch` steps of `batch` sequences (documents of `docs`, started after 64 tokens), each step
+/// appending every sequence's next token and asking for `work`.
+async fn batch_steps(
+    client: &mut SidecarClient<Channel>,
+    docs: &[Vec<u32>],
+    batch: usize,
+    work: BatchWork,
+    steps: usize,
+) -> serde_json::Value {
+    let (tx, rx) = mpsc::channel(2);
+    let mut replies = client
+        .batch(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let start = (0..batch)
+        .map(|b| pb::SequenceStep {
+            id: b as u64,
+            start: Some(pb::SessionStart {
+                context: docs[b][..64].to_vec(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .collect();
+    tx.send(pb::BatchStep { sequences: start }).await.unwrap();
+    replies.message().await.unwrap().unwrap();
+    let next = Cell::new(0);
+    let replies = tokio::sync::Mutex::new(&mut replies);
+    let tx = &tx;
+    measure(steps, |_| {
+        let t = next.replace(next.get() + 1);
+        let sequences = (0..batch)
+            .map(|b| {
+                let doc = &docs[b];
+                work.part(b as u64, doc[64 + t % (doc.len() - 64)])
+            })
+            .collect();
+        let replies = &replies;
+        async move {
+            tx.send(pb::BatchStep { sequences }).await.unwrap();
+            let answer = replies.lock().await.message().await.unwrap().unwrap();
+            assert_eq!(answer.sequences.len(), batch);
+            assert!(answer.sequences.iter().all(|s| s.error.is_none()));
+        }
+    })
+    .await
+}
+
+/// Mean step time (µs) at each batch size fitted as fixed + per-sequence × batch (least squares).
+fn fixed_and_per_sequence(points: &[(usize, f64)]) -> (f64, f64) {
+    let n = points.len() as f64;
+    let mean_x = points.iter().map(|p| p.0 as f64).sum::<f64>() / n;
+    let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let cov: f64 = points
+        .iter()
+        .map(|p| (p.0 as f64 - mean_x) * (p.1 - mean_y))
+        .sum();
+    let var: f64 = points.iter().map(|p| (p.0 as f64 - mean_x).powi(2)).sum();
+    let slope = cov / var;
+    (mean_y - slope * mean_x, slope)
+}
+
+async fn batch_report(
+    client: &mut SidecarClient<Channel>,
+    tokenizer: &Tokenizer,
+) -> serde_json::Value {
+    let docs = common::test_documents(&assets(), tokenizer, 64 + 200, 128);
+    let mut report = serde_json::Map::new();
+    for work in [BatchWork::Mix, BatchWork::MixSplit, BatchWork::Draft] {
+        let mut points = Vec::new();
+        let mut sizes = serde_json::Map::new();
+        for batch in [1, 8, 32, 64, 128] {
+            let steps = (4_000 / batch).clamp(60, 600);
+            let m = batch_steps(client, &docs, batch, work, steps).await;
+            let mean = 1e6 / m["per_second"].as_f64().unwrap();
+            println!("Batch {} at {batch}: {m}, mean {mean:.0} µs", work.name());
+            points.push((batch, mean));
+            sizes.insert(
+                batch.to_string(),
+                json!({"step": m, "mean_us": mean, "per_sequence_us": mean / batch as f64}),
+            );
+        }
+        let (fixed, per_sequence) = fixed_and_per_sequence(&points);
+        println!(
+            "Batch {}: fixed {fixed:.0} µs + {per_sequence:.1} µs a sequence",
+            work.name()
+        );
+        report.insert(
+            work.name().into(),
+            json!({"sizes": sizes, "fixed_us": fixed, "per_sequence_us": per_sequence}),
+        );
+    }
+    serde_json::Value::Object(report)
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let config = config();
     let service = SidecarService::open(&config).unwrap();
-    let tokenizer =
-        infini_sidecar::tokenizer::Tokenizer::from_file(&config.index.join("tokenizer.json"))
-            .unwrap();
+    let tokenizer = Tokenizer::from_file(&config.index.join("tokenizer.json")).unwrap();
     let ids = long_context(&tokenizer);
     let (context_4000, next) = (&ids[..4_000], &ids[4_000..5_000]);
     let context_40 = &context_4000[4_000 - 40..];
@@ -275,6 +416,12 @@ async fn main() {
         report.insert(format!("session_step_context_{name}"), step);
         report.insert(format!("resend_context_{name}"), resend);
     }
+    let mut c = client.clone();
+    report.insert("batch".into(), batch_report(&mut c, &tokenizer).await);
+    report.insert(
+        "cpu".into(),
+        json!(infini_sidecar::cpu::CpuInfo::detect().summary()),
+    );
     let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("eval/results/service.json");
     std::fs::write(&out, serde_json::to_string_pretty(&report).unwrap()).unwrap();
     println!("wrote {}", out.display());

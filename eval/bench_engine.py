@@ -42,7 +42,7 @@ def heldout_tokens(heldout, tokenizer, tmp):
     idx = os.path.join(tmp, "heldout")
     subprocess.run([sidecar(), "index", "build", "--input", heldout, "--tokenizer", tokenizer, "--out", idx],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    info = json.loads(subprocess.run([sidecar(), "index", "info", "--index", idx], check=True, capture_output=True).stdout)
+    info = json.loads(subprocess.run([sidecar(), "index", "info", "--json", "--index", idx], check=True, capture_output=True).stdout)
     qs = "".join(json.dumps({"op": "get_doc", "doc_ix": d}) + "\n" for d in range(info["documents"]))
     out = subprocess.run([sidecar(), "query", "--index", idx], input=qs.encode(), check=True, capture_output=True).stdout
     return [json.loads(l)["token_ids"] for l in out.decode().splitlines()], info
@@ -128,7 +128,7 @@ def main():
 
 
 def against_reference(args):
-    info = json.loads(subprocess.run([sidecar(), "index", "info", "--index", args.index], check=True, capture_output=True).stdout)
+    info = json.loads(subprocess.run([sidecar(), "index", "info", "--json", "--index", args.index], check=True, capture_output=True).stdout)
     with tempfile.TemporaryDirectory() as tmp:
         docs, _ = heldout_tokens(args.heldout, args.tokenizer, tmp)
         queries = make_queries(docs)

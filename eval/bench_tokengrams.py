@@ -93,7 +93,7 @@ def compare(name, sidecar, tg_python, tokens, vocab, eos, work):
     """One corpus: builds both indexes of `tokens`, then times and checks every query."""
     ours_dir, their_table = os.path.join(work, name + "-ours"), os.path.join(work, name + "-tokengrams.idx")
     wall, cpu, report = timed([sidecar, "index", "build", "--from-tokens", tokens, "--token-width", "16",
-                               "--eos-id", str(eos), "--vocab-size", str(vocab), "--memory-gib", "16", "--out", ours_dir, "--force"])
+                               "--eos-id", str(eos), "--vocab-size", str(vocab), "--memory-gib", "16", "--out", ours_dir, "--force", "--json"])
     report = json.loads(report)
     n_tokens = os.path.getsize(tokens) // 2
     table = os.path.getsize(os.path.join(ours_dir, "table.0")) if os.path.exists(os.path.join(ours_dir, "table.0")) else 0
@@ -150,7 +150,7 @@ def cpu_name():
 
 
 def main(args, sidecar):
-    info = json.loads(subprocess.run([sidecar, "index", "info", "--index", args.index], check=True,
+    info = json.loads(subprocess.run([sidecar, "index", "info", "--json", "--index", args.index], check=True,
                                      capture_output=True).stdout)
     if info["token_width"] != 2 or info["shards"] != 1:
         sys.exit("the tokengrams comparison needs a one-shard u16 index (MemmapIndex reads one u16 file)")

@@ -22,7 +22,7 @@ OUT=eval/results/mixing
 WORK="$CACHE/mixing-$TOKENS-$DOC_TOKENS"   # per-domain token records: an interrupted run resumes from here
 mkdir -p "$OUT"
 "$BIN" eval fit --model "$SMOLLM2_GGUF" --index "$DEFAULT_INDEX" --input "$A/validation.jsonl" \
-  --max-tokens "$TOKENS" --max-doc-tokens "$DOC_TOKENS" --work-dir "$WORK/validation" --out "$OUT/mixing.json" > "$OUT/fit.json"
+  --max-tokens "$TOKENS" --max-doc-tokens "$DOC_TOKENS" --work-dir "$WORK/validation" --out "$OUT/mixing.json" --json > "$OUT/fit.json"
 "$BIN" eval ppl --model "$SMOLLM2_GGUF" --index "$DEFAULT_INDEX" --mixing "$OUT/mixing.json" \
   --input "$A/test.jsonl" --max-tokens "$TOKENS" --max-doc-tokens "$DOC_TOKENS" --work-dir "$WORK/test" --out-dir "$OUT"
 PLOT_PYTHON="$CACHE/venv-plot/bin/python"

@@ -30,7 +30,7 @@ for d in "${DOMAINS[@]}"; do
   mkdir -p "$OUT/lodo/$d" "$WORK/lodo/$d"
   # The mixing file (its forest is 1 MB) stays in the cache; its summary is kept.
   "$BIN" eval fit "${COMMON[@]}" --input "$A/minipile/validation.jsonl" --exclude-domain "$d" \
-    --work-dir "$WORK/validation" --out "$WORK/lodo/$d/mixing.json" > "$OUT/lodo/$d/fit.json"
+    --work-dir "$WORK/validation" --out "$WORK/lodo/$d/mixing.json" --json > "$OUT/lodo/$d/fit.json"
   "$BIN" eval ppl "${COMMON[@]}" --mixing "$WORK/lodo/$d/mixing.json" --input "$A/minipile/test.jsonl" \
     "${others[@]}" --work-dir "$WORK/test" --out-dir "$OUT/lodo/$d"
 done

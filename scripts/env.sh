@@ -1,5 +1,6 @@
 # Shared settings of the project's scripts: one cache outside the clone for cargo's target dir, the
 # fetched assets and the reference engine's virtual environment, so repeat runs are fast.
+SIDECAR_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${INFINI_SIDECAR_CACHE:-$HOME/.cache/infini-sidecar}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/target}"
 export INFINI_SIDECAR_ASSETS="${INFINI_SIDECAR_ASSETS:-$CACHE/assets}"
@@ -10,16 +11,6 @@ DEFAULT_INDEX="$INFINI_SIDECAR_ASSETS/index-minipile-train-decon-smollm2"
 SMOLLM2_GGUF="$INFINI_SIDECAR_ASSETS/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # The reference engine, for the peer tests and benchmarks.
-# Python for the gRPC client examples (examples/python) and their test.
-CLIENT_VENV="$CACHE/venv-client"
-export SIDECAR_PYTHON="${SIDECAR_PYTHON:-$CLIENT_VENV/bin/python}"
-ensure_client_python() {
-  if ! "$SIDECAR_PYTHON" -c 'import grpc, grpc_tools' 2>/dev/null; then
-    python3 -m venv "$CLIENT_VENV"
-    "$CLIENT_VENV/bin/python" -m pip install -q grpcio==1.85.1 grpcio-tools==1.85.1
-  fi
-}
-
 ensure_reference_engine() {
   if ! "$INFINI_GRAM_PYTHON" -c 'import infini_gram.engine' 2>/dev/null; then
     python3 -m venv "$REFERENCE_VENV"
@@ -71,11 +62,27 @@ ensure_suffix_decoding() {
   rm -rf "$work"
 }
 
-# llama.cpp (llama-cpp-python built from source), the peer of `eval/bench_model.py`, at one feature
-# level per virtual environment: `native` (everything the CPU has except AMX, whose ggml kernels crash
-# where the kernel grants no tile state) or `avx2` (AVX2, FMA and F16C only: the level of most cloud
-# CPUs, to set beside our AVX2 flavour). Prints the environment's Python.
+# A short fingerprint of this CPU (its model name and feature flags). Native builds are cached under
+# it, so a cache carried to another CPU builds afresh instead of failing on an instruction it lacks.
+cpu_fingerprint() {
+  { grep -m1 '^model name' /proc/cpuinfo; grep -m1 -E '^(flags|Features)' /proc/cpuinfo; } 2>/dev/null |
+    sha256sum | cut -c1-8
+}
+
+# llama.cpp (llama-cpp-python built from source), the peer of `eval/bench_model.py` and the engine of
+# the client package's llama.cpp integration, at one feature level per virtual environment: `native`
+# (everything the CPU has except AMX, whose ggml kernels crash where the kernel grants no tile state)
+# or `avx2` (AVX2, FMA and F16C only: the level of most cloud CPUs, to set beside our AVX2 flavour).
+# llamafile's sgemm is off: with it a pass of several rows computes other sums than single-row passes,
+# so verifying a draft could pick another token than plain decoding would. pip's wheel cache is
+# bypassed, as it would hand one level's wheel to the other. Prints the environment's Python.
 LLAMA_CPP_VERSION=0.3.36
+llama_cpp_venv() {
+  case "$1" in
+    native) echo "$CACHE/venv-llama-cpp-$LLAMA_CPP_VERSION-native-$(cpu_fingerprint)" ;;
+    *) echo "$CACHE/venv-llama-cpp-$LLAMA_CPP_VERSION-$1" ;;
+  esac
+}
 ensure_llama_cpp() {
   local level="$1" flags
   case "$level" in
@@ -85,12 +92,50 @@ ensure_llama_cpp() {
 -DGGML_AVX_VNNI=OFF -DGGML_BMI2=OFF" ;;
     *) echo "ensure_llama_cpp: level native or avx2, not '$level'" >&2; return 2 ;;
   esac
-  local venv="$CACHE/venv-llama-cpp-$LLAMA_CPP_VERSION-$level"
+  local venv
+  venv="$(llama_cpp_venv "$level")"
   if ! "$venv/bin/python" -c 'import llama_cpp' 2>/dev/null; then
     python3 -m venv "$venv"
-    CMAKE_ARGS="$flags -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAVA_BUILD=OFF" \
-      "$venv/bin/python" -m pip install -q --no-binary llama-cpp-python \
+    CMAKE_ARGS="$flags -DGGML_LLAMAFILE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+-DLLAVA_BUILD=OFF" "$venv/bin/python" -m pip install -q --no-cache-dir --no-binary llama-cpp-python \
       "llama-cpp-python==$LLAMA_CPP_VERSION" >&2
   fi
   echo "$venv/bin/python"
+}
+
+# Python for the client package (clients/python) and its integrations: the native llama.cpp
+# environment with grpcio, grpcio-tools (the package generates its stubs when built) and lm-eval
+# (its core, without torch). The package is reinstalled from this checkout each time (seconds), so it
+# always matches the proto and the sources.
+export SIDECAR_PYTHON="${SIDECAR_PYTHON:-$(llama_cpp_venv native)/bin/python}"
+ensure_client_python() {
+  SIDECAR_PYTHON="$(ensure_llama_cpp native)"
+  export SIDECAR_PYTHON
+  if ! "$SIDECAR_PYTHON" -c 'import grpc, grpc_tools, lm_eval, setuptools' 2>/dev/null; then
+    "$SIDECAR_PYTHON" -m pip install -q grpcio==1.85.1 grpcio-tools==1.85.1 lm-eval==0.4.13 \
+      setuptools wheel
+  fi
+  "$SIDECAR_PYTHON" -m pip install -q --no-build-isolation --no-deps --force-reinstall "$SIDECAR_REPO/clients/python"
+}
+
+# Starts the release sidecar on the default index and mixing file in the background, on 127.0.0.1:PORT
+# (without its own model unless WITH_MODEL=1, and without metrics), and waits until it answers; it is
+# stopped when the calling script exits. Needs ensure_client_python and a release build.
+start_sidecar() {
+  local port="$1" config
+  config="$(mktemp)"
+  local drop='^(model|metrics_bind) ='
+  [ "${WITH_MODEL:-0}" = 1 ] && drop='^metrics_bind ='
+  grep -v -E "$drop" "$SIDECAR_REPO/configs/default.toml" | sed "s|\.\./eval|$SIDECAR_REPO/eval|" >"$config"
+  echo "bind = \"127.0.0.1:$port\"" >>"$config"
+  "$CARGO_TARGET_DIR/release/infini-sidecar" serve --config "$config" &
+  SIDECAR_PID=$!
+  trap 'kill "$SIDECAR_PID" 2>/dev/null || true; rm -f "'"$config"'"' EXIT
+  for _ in $(seq 300); do
+    "$SIDECAR_PYTHON" -c "from infini_sidecar import Sidecar; Sidecar('127.0.0.1:$port', timeout=1).info()" \
+      2>/dev/null && return 0
+    sleep 1
+  done
+  echo "start_sidecar: no answer on port $port" >&2
+  return 1
 }

@@ -10,13 +10,16 @@ python3 scripts/fetch_assets.py
 cargo build --release --quiet
 BIN="$CARGO_TARGET_DIR/release/infini-sidecar"
 if [ ! -f "$DEFAULT_INDEX/sidecar-index.json" ]; then
+  echo "== building the index (once)"
   "$BIN" index build --input "$INFINI_SIDECAR_ASSETS/minipile/train.jsonl" --tokenizer "$SMOLLM2_GGUF" \
     --out "$DEFAULT_INDEX" --memory-gib 4 \
     --decontaminate "$INFINI_SIDECAR_ASSETS/minipile/test.jsonl" "$INFINI_SIDECAR_ASSETS/minipile/validation.jsonl"
 fi
+echo "== the index"
 "$BIN" index info --index "$DEFAULT_INDEX"
 prompt=$("$BIN" tokenize --tokenizer "$SMOLLM2_GGUF" --text "The kernel uses a")
-echo "queries for the prompt \"The kernel uses a\" = $prompt:"
+echo
+echo "== queries for the prompt \"The kernel uses a\" = $prompt (JSON lines, cut to 400 characters):"
 printf '%s\n' \
   "{\"qid\":\"count\",\"op\":\"count\",\"ids\":$prompt}" \
   "{\"qid\":\"infgram\",\"op\":\"infgram_ntd\",\"prompt\":$prompt}" \
@@ -25,9 +28,18 @@ printf '%s\n' \
 
 WORK="$CACHE/run-default"
 mkdir -p "$WORK"
+echo
+echo "== mixing fitted on validation text"
 "$BIN" eval fit --model "$SMOLLM2_GGUF" --index "$DEFAULT_INDEX" \
   --input "$INFINI_SIDECAR_ASSETS/minipile/validation.jsonl" --max-tokens 400 \
   --work-dir "$WORK/validation" --out "$WORK/mixing.json"
+echo
+echo "== perplexity on test text"
 "$BIN" eval ppl --model "$SMOLLM2_GGUF" --index "$DEFAULT_INDEX" --mixing "$WORK/mixing.json" \
   --input "$INFINI_SIDECAR_ASSETS/minipile/test.jsonl" --max-tokens 400 \
   --work-dir "$WORK/test" --out-dir "$WORK/report"
+echo
+echo "== the JSON (--json prints a command's report as JSON instead of its summary):"
+echo "  the index's manifest     $DEFAULT_INDEX/sidecar-index.json"
+echo "  the mixing file          $WORK/mixing.json"
+echo "  the perplexity report    $WORK/report/report.json (every column: $WORK/report/report.md)"

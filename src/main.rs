@@ -2,6 +2,7 @@
 
 mod cli {
     pub mod eval;
+    pub mod text;
 }
 
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -26,6 +27,8 @@ use infini_sidecar::model::{
 use infini_sidecar::protocol;
 use infini_sidecar::server::{self, config::ServeConfig};
 use infini_sidecar::tokenizer::Tokenizer;
+
+use cli::text;
 
 #[derive(Parser)]
 #[command(
@@ -69,15 +72,15 @@ enum Command {
 enum IndexCommand {
     /// Build an index from text (plain files, JSON lines, .gz) or from a pre-tokenized file.
     Build(BuildArgs),
-    /// Print what an index holds (JSON).
-    Info(OpenArgs),
+    /// Print what an index holds (a summary; JSON with --json).
+    Info(InfoArgs),
     /// Check every file's checksum against the manifest and every document offset.
     Verify(OpenArgs),
 }
 
 #[derive(Subcommand)]
 enum ModelCommand {
-    /// Perplexity of a text or Pile-style JSON-lines file with the sliding-window protocol (JSON out).
+    /// Perplexity of a text or Pile-style JSON-lines file with the sliding-window protocol.
     Score(ScoreArgs),
     /// Continue a prompt (greedy unless a temperature is given).
     Generate(GenerateArgs),
@@ -119,8 +122,11 @@ struct ScoreArgs {
     /// Leave the per-document list out of the JSON.
     #[arg(long)]
     summary: bool,
+    /// Also write the JSON report to this file ("-": no file).
     #[arg(long, default_value = "-")]
     output: String,
+    #[command(flatten)]
+    format: text::Format,
 }
 
 #[derive(Args)]
@@ -138,6 +144,8 @@ struct GenerateArgs {
     top_p: Option<f64>,
     #[arg(long, default_value_t = 299792458)]
     seed: u64,
+    #[command(flatten)]
+    format: text::Format,
 }
 
 fn load_model(args: &ModelArgs) -> Result<Model> {
@@ -167,11 +175,16 @@ fn run_score(args: ScoreArgs) -> Result<()> {
     if args.summary {
         report.documents.clear();
     }
+    if args.output == "-" {
+        return args.format.print(&report, || text::score_report(&report));
+    }
     let mut out = open_writer(&args.output)?;
     serde_json::to_writer_pretty(&mut out, &report)?;
     writeln!(out)?;
     out.flush()?;
-    Ok(())
+    args.format.print(&report, || {
+        text::score_report(&report) + &text::wrote(&[Path::new(&args.output)])
+    })
 }
 
 fn run_generate(args: GenerateArgs) -> Result<()> {
@@ -186,15 +199,23 @@ fn run_generate(args: GenerateArgs) -> Result<()> {
     };
     let generation = model.transformer().generate(&prompt, &opts)?;
     let text = model.decode(&generation.tokens)?;
+    let cpu = infini_sidecar::cpu::CpuInfo::detect();
     let out = serde_json::json!({
         "prompt": args.prompt,
         "text": text,
         "generation": generation,
         "kernel_flavour": model.kernel_name(),
-        "cpu": infini_sidecar::cpu::CpuInfo::detect(),
+        "cpu": cpu,
     });
-    println!("{}", serde_json::to_string_pretty(&out)?);
-    Ok(())
+    args.format.print(&out, || {
+        text::generation(
+            &args.prompt,
+            &text,
+            &generation,
+            model.kernel_name(),
+            &cpu.summary(),
+        )
+    })
 }
 
 #[derive(Args)]
@@ -249,6 +270,8 @@ struct BuildArgs {
     /// Drop a document when at least this share of its n-grams occurs in the evaluation text.
     #[arg(long, default_value_t = decontam::DEFAULT_THRESHOLD)]
     decontaminate_threshold: f64,
+    #[command(flatten)]
+    format: text::Format,
 }
 
 #[derive(Args)]
@@ -264,6 +287,14 @@ struct OpenArgs {
     /// For indexes without our manifest: the vocabulary size.
     #[arg(long)]
     vocab_size: Option<u64>,
+}
+
+#[derive(Args)]
+struct InfoArgs {
+    #[command(flatten)]
+    open: OpenArgs,
+    #[command(flatten)]
+    format: text::Format,
 }
 
 #[derive(Args)]
@@ -352,28 +383,7 @@ fn run_build(args: BuildArgs) -> Result<()> {
             build(docs, &opts)?
         }
     };
-    tracing::info!(
-        "built {}: {} shards, {} documents, {} tokens, {:.2} bytes/token on disk, peak {:.0} MiB ({:.2} bytes/token), {:.1} s",
-        report.out,
-        report.shards,
-        report.documents,
-        report.tokens,
-        report.bytes_per_token,
-        report.peak_rss_bytes as f64 / (1 << 20) as f64,
-        report.peak_bytes_per_token,
-        report.seconds_total
-    );
-    if let Some(d) = &report.decontamination {
-        tracing::info!(
-            "decontamination: dropped {} documents ({} tokens) with ≥{:.0}% of their {}-grams in the evaluation text",
-            d.documents_dropped,
-            d.tokens_dropped,
-            d.threshold * 100.0,
-            d.ngram
-        );
-    }
-    println!("{}", serde_json::to_string_pretty(&report)?);
-    Ok(())
+    args.format.print(&report, || text::build_report(&report))
 }
 
 fn run_serve(path: &Path) -> Result<()> {
@@ -475,9 +485,9 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Index(IndexCommand::Build(args)) => run_build(args),
         Command::Index(IndexCommand::Info(args)) => {
-            let index = Index::open(&args.index, &open_options(&args)?)?;
-            println!("{}", serde_json::to_string_pretty(&index.info())?);
-            Ok(())
+            let index = Index::open(&args.open.index, &open_options(&args.open)?)?;
+            let info = index.info();
+            args.format.print(&info, || text::index_info(&info))
         }
         Command::Index(IndexCommand::Verify(args)) => {
             let opts = OpenOptions {

@@ -4,7 +4,7 @@
 //! The input's first byte picks the RPC (`% RPCS`; with its top bit set the request carries a
 //! deadline that has passed). `AddDocuments` writes into a live index with a small budget, so the
 //! other RPCs that take a namespace draft from what earlier inputs added. For unary RPCs and `Score` the rest is the request's protobuf
-//! encoding; for `Session` it is a series of messages, each `len: u16` (little-endian) and `len`
+//! encoding; for the streams (`Session`, `Batch`) it is a series of messages, each `len: u16` (little-endian) and `len`
 //! bytes, framed as gRPC frames and decoded by tonic's own decoder as a client's stream would be.
 //! Besides not panicking, no call may answer INTERNAL: the index is sound, so any failure is the
 //! request's and must say so.
@@ -28,7 +28,7 @@ use tonic::{Code, Request, Status};
 use super::tiny;
 
 /// RPCs in the order the selector byte picks them (new ones go last, so kept inputs keep their RPC).
-const RPCS: [&str; 11] = [
+const RPCS: [&str; 12] = [
     "Info",
     "Tokenize",
     "Detokenize",
@@ -40,6 +40,7 @@ const RPCS: [&str; 11] = [
     "Score",
     "Session",
     "AddDocuments",
+    "Batch",
 ];
 const PAST_DEADLINE: u8 = 0x80;
 
@@ -171,36 +172,69 @@ impl Fixture {
                     Err(status) => check(rpc, Err(status)),
                 }
             }
-            _ => {
-                let frames = EncodeBody::new_client(
-                    RawFrames,
-                    tokio_stream::iter(split_frames(body).into_iter().map(Ok)),
-                    None,
-                    None,
-                );
-                let inbound = Streaming::new_request(
-                    tonic_prost::ProstDecoder::<pb::SessionRequest>::default(),
-                    frames,
-                    None,
-                    None,
-                );
-                match s.session(request(inbound, past_deadline)).await {
+            "Session" => {
+                let inbound = request(inbound::<pb::SessionRequest>(body), past_deadline);
+                match s.session(inbound).await {
                     Ok(stream) => {
-                        let mut stream = stream.into_inner();
-                        while let Some(item) = stream.next().await {
-                            let step_error = match item {
-                                Ok(pb::SessionResponse {
-                                    result: Some(pb::session_response::Result::Error(e)),
-                                    ..
-                                }) => Err(Status::new(Code::from(e.code), e.message)),
-                                other => other.map(drop),
-                            };
-                            check(rpc, step_error);
-                        }
+                        drain(rpc, stream.into_inner(), |reply| match reply.result {
+                            Some(pb::session_response::Result::Error(e)) => vec![e],
+                            _ => vec![],
+                        })
+                        .await
                     }
                     Err(status) => check(rpc, Err(status)),
                 }
             }
+            _ => {
+                let inbound = request(inbound::<pb::BatchStep>(body), past_deadline);
+                match s.batch(inbound).await {
+                    Ok(stream) => {
+                        drain(rpc, stream.into_inner(), |reply| {
+                            reply
+                                .sequences
+                                .into_iter()
+                                .filter_map(|r| r.error)
+                                .collect()
+                        })
+                        .await
+                    }
+                    Err(status) => check(rpc, Err(status)),
+                }
+            }
+        }
+    }
+}
+
+/// A stream's body as the service receives it: the input's frames, decoded as `T` one by one.
+fn inbound<T: Message + Default + Send + 'static>(body: &[u8]) -> Streaming<T> {
+    let frames = EncodeBody::new_client(
+        RawFrames,
+        tokio_stream::iter(split_frames(body).into_iter().map(Ok)),
+        None,
+        None,
+    );
+    Streaming::new_request(
+        tonic_prost::ProstDecoder::<T>::default(),
+        frames,
+        None,
+        None,
+    )
+}
+
+/// Reads a stream's answers to the end, checking the stream's status and every refused step.
+async fn drain<T>(
+    rpc: &str,
+    mut stream: impl tokio_stream::Stream<Item = Result<T, Status>> + Unpin,
+    step_errors: impl Fn(T) -> Vec<pb::StepError>,
+) {
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(reply) => {
+                for e in step_errors(reply) {
+                    check(rpc, Err(Status::new(Code::from(e.code), e.message)));
+                }
+            }
+            Err(status) => check(rpc, Err(status)),
         }
     }
 }
@@ -228,7 +262,7 @@ fn check(rpc: &str, outcome: Result<(), Status>) {
     }
 }
 
-/// The `Session` body's messages: `len: u16` and `len` bytes each (fewer at the end).
+/// A stream's messages: `len: u16` and `len` bytes each (fewer at the end).
 fn split_frames(mut body: &[u8]) -> Vec<Vec<u8>> {
     let mut frames = Vec::new();
     while body.len() >= 2 {
@@ -251,6 +285,17 @@ impl Encoder for RawFrames {
         dst.put_slice(&item);
         Ok(())
     }
+}
+
+/// A stream's input: the selector byte, then each message framed as `len: u16` and its bytes.
+fn frames(rpc: &str, messages: impl IntoIterator<Item = impl Message>) -> Vec<u8> {
+    let mut body = vec![RPCS.iter().position(|&r| r == rpc).unwrap() as u8];
+    for message in messages {
+        let bytes = message.encode_to_vec();
+        body.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
+        body.extend_from_slice(&bytes);
+    }
+    body
 }
 
 /// Inputs for one RPC: the selector byte and the encoded request.
@@ -295,12 +340,58 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         Step::Truncate(pb::SessionTruncate { length: 1 }),
         Step::Start(pb::SessionStart::default()),
     ];
-    let mut session_body = vec![RPCS.iter().position(|&r| r == "Session").unwrap() as u8];
-    for step in session {
-        let bytes = pb::SessionRequest { step: Some(step) }.encode_to_vec();
-        session_body.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
-        session_body.extend_from_slice(&bytes);
-    }
+    let session_body = frames(
+        "Session",
+        session
+            .into_iter()
+            .map(|step| pb::SessionRequest { step: Some(step) }),
+    );
+    // A batch: two sequences join, one mixes and drafts, one is named twice, one leaves.
+    let batch_step = |sequences| pb::BatchStep { sequences };
+    let batch_body = frames(
+        "Batch",
+        [
+            batch_step(vec![
+                pb::SequenceStep {
+                    id: 1,
+                    start: Some(pb::SessionStart {
+                        context: vec![259, 97],
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                pb::SequenceStep {
+                    id: 2,
+                    start: Some(pb::SessionStart::default()),
+                    append: vec![98],
+                    ..Default::default()
+                },
+            ]),
+            batch_step(vec![
+                pb::SequenceStep {
+                    id: 1,
+                    keep: Some(1),
+                    append: vec![97, 98],
+                    mix: Some(pb::SessionMix {
+                        neural: Some(pb::session_mix::Neural::TopKLogprobs(top_k.clone())),
+                        top_k: 3,
+                        ..Default::default()
+                    }),
+                    draft: Some(draft_options),
+                    ..Default::default()
+                },
+                pb::SequenceStep {
+                    id: 2,
+                    finish: true,
+                    ..Default::default()
+                },
+                pb::SequenceStep {
+                    id: 2,
+                    ..Default::default()
+                },
+            ]),
+        ],
+    );
     let mut past_deadline = seed("Count", &pb::CountRequest { ids: vec![259] });
     past_deadline[0] |= PAST_DEADLINE;
     vec![
@@ -472,6 +563,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             ),
         ),
         ("session", session_body),
+        ("batch", batch_body),
         ("past-deadline", past_deadline),
     ]
 }

@@ -18,13 +18,15 @@ use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::mix::{GateOptions, LambdaRule, MixingParams};
 use infini_sidecar::model::{Model, WindowOptions};
 
+use crate::cli::text;
 use crate::{load_model, open_writer, ModelArgs};
 
 #[derive(Subcommand)]
 pub enum EvalCommand {
     /// Fit λ1/λ2 and the random-forest gate on validation text; writes a mixing file.
     Fit(FitArgs),
-    /// Neural vs mixed perplexity per domain (JSON and Markdown), per-token output on request.
+    /// Neural vs mixed perplexity per domain (a summary; JSON and Markdown files), per-token output
+    /// on request.
     Ppl(PplArgs),
     /// Speculative greedy decoding with ∞-gram drafts vs plain greedy decoding, per domain and draft
     /// source: acceptance, drafter cost, speed-up.
@@ -132,6 +134,8 @@ pub struct FitArgs {
     gate_max_depth: u16,
     #[arg(long, default_value_t = GateOptions::default().min_samples_leaf)]
     gate_min_samples_leaf: usize,
+    #[command(flatten)]
+    format: text::Format,
 }
 
 #[derive(Args)]
@@ -141,12 +145,14 @@ pub struct PplArgs {
     /// The mixing file written by `eval fit`.
     #[arg(long)]
     mixing: PathBuf,
-    /// Folder for report.json and report.md (default: print the JSON).
+    /// Folder for report.json and report.md.
     #[arg(long)]
     out_dir: Option<PathBuf>,
     /// Also write every token's neural, ∞-gram and mixed log-probs (JSON lines) here.
     #[arg(long)]
     per_token: Option<PathBuf>,
+    #[command(flatten)]
+    format: text::Format,
 }
 
 /// Model, index and inputs of an evaluation, checked to belong together.
@@ -183,30 +189,31 @@ fn run_fit(args: FitArgs) -> Result<()> {
     let params = experiment::fit(&Pairing::new(&model, &index)?, &inputs, gate)?;
     params.save(&args.out)?;
     let summary = FitSummary::new(&args.out, &params)?;
-    println!("{}", serde_json::to_string_pretty(&summary)?);
-    Ok(())
+    args.format.print(&summary, || {
+        text::fit_summary(&summary, &params) + &text::wrote(&[&args.out])
+    })
 }
 
 fn run_ppl(args: PplArgs) -> Result<()> {
     let (model, index, inputs) = eval_setup(&args.eval)?;
     let params = MixingParams::load(&args.mixing)?;
     let (report, domains) = experiment::ppl(&Pairing::new(&model, &index)?, &inputs, &params)?;
+    let mut written = Vec::new();
     if let Some(path) = &args.per_token {
         write_per_token(
             &mut open_writer(&path.display().to_string())?,
             &domains,
             &params,
         )?;
+        written.push(path.clone());
     }
-    match &args.out_dir {
-        Some(dir) => {
-            let md = eval_report::markdown(&report);
-            write_results(dir, "report", &report, &md)?;
-            print!("{md}");
-        }
-        None => println!("{}", serde_json::to_string_pretty(&report)?),
+    if let Some(dir) = &args.out_dir {
+        let md = eval_report::markdown(&report);
+        written.extend(write_results(dir, "report", &report, &md)?);
     }
-    Ok(())
+    args.format.print(&report, || {
+        text::ppl_report(&report) + &text::wrote(&written)
+    })
 }
 
 fn run_spec(args: SpecArgs) -> Result<()> {
@@ -237,21 +244,28 @@ fn run_spec(args: SpecArgs) -> Result<()> {
     };
     let rows = eval_spec::run(&model, &index, &docs, &opts)?;
     let md = eval_spec::markdown(&rows);
-    if let Some(dir) = &args.out_dir {
-        write_results(dir, "spec", &rows, &md)?;
-    }
-    print!("{md}");
+    let written = match &args.out_dir {
+        Some(dir) => write_results(dir, "spec", &rows, &md)?,
+        None => Vec::new(),
+    };
+    print!("{md}{}", text::wrote(&written));
     Ok(())
 }
 
-/// `NAME.json` and `NAME.md` of an evaluation in `dir`, created if need be.
-fn write_results(dir: &Path, name: &str, json: &impl serde::Serialize, md: &str) -> Result<()> {
+/// `NAME.json` and `NAME.md` of an evaluation in `dir`, created if need be; their paths.
+fn write_results(
+    dir: &Path,
+    name: &str,
+    json: &impl serde::Serialize,
+    md: &str,
+) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let path = dir.join(format!("{name}.json"));
-    std::fs::write(&path, serde_json::to_string_pretty(json)?)
-        .with_context(|| format!("writing {}", path.display()))?;
-    let path = dir.join(format!("{name}.md"));
-    std::fs::write(&path, md).with_context(|| format!("writing {}", path.display()))
+    let json_path = dir.join(format!("{name}.json"));
+    std::fs::write(&json_path, serde_json::to_string_pretty(json)?)
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    let md_path = dir.join(format!("{name}.md"));
+    std::fs::write(&md_path, md).with_context(|| format!("writing {}", md_path.display()))?;
+    Ok(vec![json_path, md_path])
 }
 
 #[derive(Args)]
@@ -336,10 +350,11 @@ fn run_generate(args: GenerateArgs) -> Result<()> {
     let docs = load_documents(&args.pairing.inputs, &model, TokenBudget::All, None)?;
     let rows = generation::run(&model, &index, &params, &docs, &samplers, &opts)?;
     let md = generation::markdown(&rows);
-    if let Some(dir) = &args.out_dir {
-        write_results(dir, "generate", &rows, &md)?;
-    }
-    print!("{md}");
+    let written = match &args.out_dir {
+        Some(dir) => write_results(dir, "generate", &rows, &md)?,
+        None => Vec::new(),
+    };
+    print!("{md}{}", text::wrote(&written));
     Ok(())
 }
 
@@ -429,11 +444,15 @@ fn run_workload(args: WorkloadArgs) -> Result<()> {
             .extend(suffix_decoding(python, &replay_json)?);
     }
     let md = workload::markdown(&report);
+    let mut written = Vec::new();
     if let Some(dir) = &args.out_dir {
         report.replay.clear();
-        write_results(dir, "workload", &report, &md)?;
-        std::fs::write(dir.join("replay.json"), &replay_json)?;
+        written = write_results(dir, "workload", &report, &md)?;
+        let replay = dir.join("replay.json");
+        std::fs::write(&replay, &replay_json)
+            .with_context(|| format!("writing {}", replay.display()))?;
+        written.push(replay);
     }
-    print!("{md}");
+    print!("{md}{}", text::wrote(&written));
     Ok(())
 }

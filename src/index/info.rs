@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::index::format::TokenizerRecord;
+use crate::index::format::{DecontaminationRecord, TokenizerRecord};
 use crate::index::Index;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -22,10 +22,33 @@ pub struct IndexInfo {
     pub manifest: bool,
     /// Prompts with build-time next-token counts, over all shards (0 without next-token tables).
     pub next_token_table_prompts: u64,
+    /// Reference documents the build dropped for overlapping evaluation data, when it was asked to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decontamination: Option<DecontaminationRecord>,
+    /// The same figures shard by shard: shards are built and searched one by one, so an uneven
+    /// split shows here.
+    pub by_shard: Vec<ShardInfo>,
+}
+
+/// One shard of [`IndexInfo::by_shard`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShardInfo {
+    pub documents: u64,
+    pub tokens_with_separators: u64,
+    pub next_token_table_prompts: u64,
 }
 
 impl Index {
     pub fn info(&self) -> IndexInfo {
+        let by_shard: Vec<ShardInfo> = self
+            .shards
+            .iter()
+            .map(|s| ShardInfo {
+                documents: s.doc_cnt(),
+                tokens_with_separators: s.tok_cnt(),
+                next_token_table_prompts: s.next_table().map_or(0, |t| t.entries() as u64),
+            })
+            .collect();
         IndexInfo {
             dir: self.dir().display().to_string(),
             shards: self.num_shards(),
@@ -36,12 +59,9 @@ impl Index {
             vocab_size: self.vocab_size(),
             tokenizer: self.manifest().and_then(|m| m.tokenizer.clone()),
             manifest: self.manifest().is_some(),
-            next_token_table_prompts: self
-                .shards
-                .iter()
-                .filter_map(|s| s.next_table())
-                .map(|t| t.entries() as u64)
-                .sum(),
+            next_token_table_prompts: by_shard.iter().map(|s| s.next_token_table_prompts).sum(),
+            decontamination: self.manifest().and_then(|m| m.decontamination.clone()),
+            by_shard,
         }
     }
 }

@@ -3,6 +3,7 @@
 //! decoding sessions. CPU work runs on tokio's blocking pool behind a semaphore, so a full sidecar
 //! answers RESOURCE_EXHAUSTED instead of queueing without bound.
 
+mod batch;
 pub mod config;
 mod drafting;
 mod engine;
@@ -395,6 +396,22 @@ async fn on_pool<T: Send + 'static>(
     answer
 }
 
+/// The next message of a client's stream; `None` once the client ended it (or broke it), or once a
+/// shutdown's drain deadline passed, which the client is told with UNAVAILABLE.
+async fn next_message<T, R>(
+    state: &State,
+    inbound: &mut Streaming<T>,
+    tx: &tokio::sync::mpsc::Sender<Result<R, Status>>,
+) -> Option<T> {
+    tokio::select! {
+        message = inbound.message() => message.ok().flatten(),
+        _ = state.closed() => {
+            let _ = tx.send(Err(closing_status())).await;
+            None
+        }
+    }
+}
+
 type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -523,6 +540,16 @@ impl Sidecar for SidecarService {
         request: Request<Streaming<pb::SessionRequest>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
         let stream = session::start(Arc::clone(&self.state), request.into_inner())?;
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    type BatchStream = ResponseStream<pb::BatchStepResult>;
+
+    async fn batch(
+        &self,
+        request: Request<Streaming<pb::BatchStep>>,
+    ) -> Result<Response<Self::BatchStream>, Status> {
+        let stream = batch::start(Arc::clone(&self.state), request.into_inner());
         Ok(Response::new(Box::pin(stream)))
     }
 }

@@ -14,7 +14,7 @@ use tonic::{Status, Streaming};
 use super::kv_budget::KvReservation;
 use super::metrics::Metrics;
 use super::mixing::{mixed, neural_distribution, LambdaChoice, MixOptions};
-use super::{closing_status, drafting, index_status, model_status, on_pool, pb, State};
+use super::{drafting, index_status, model_status, on_pool, pb, State};
 use crate::draft::{DraftOptions, DraftTree, Sequence};
 use crate::mix::{AdaptiveSequence, LambdaRule};
 use crate::model::KvCache;
@@ -38,7 +38,7 @@ struct NeuralCache {
 }
 
 impl Session {
-    fn new(s: &State, start: pb::SessionStart) -> Result<Self, Status> {
+    pub(super) fn new(s: &State, start: pb::SessionStart) -> Result<Self, Status> {
         s.check_len("the context", start.context.len())?;
         let neural = match start.use_model {
             true => Some(NeuralCache {
@@ -62,7 +62,7 @@ impl Session {
         })
     }
 
-    fn append(&mut self, s: &State, tokens: &[u32]) -> Result<(), Status> {
+    pub(super) fn append(&mut self, s: &State, tokens: &[u32]) -> Result<(), Status> {
         let before = self.seq.tokens().len();
         let after = before + tokens.len();
         s.check_len("the session", after)?;
@@ -85,7 +85,7 @@ impl Session {
         Ok(())
     }
 
-    fn truncate(&mut self, s: &State, length: u64) -> Result<(), Status> {
+    pub(super) fn truncate(&mut self, s: &State, length: u64) -> Result<(), Status> {
         let len = usize::try_from(length)
             .ok()
             .filter(|&l| l <= self.seq.tokens().len())
@@ -131,7 +131,7 @@ impl Session {
         Ok(cache.logits.clone().unwrap_or_default())
     }
 
-    fn mix(&mut self, s: &State, m: pb::SessionMix) -> Result<pb::MixResponse, Status> {
+    pub(super) fn mix(&mut self, s: &State, m: pb::SessionMix) -> Result<pb::MixResponse, Status> {
         let top_k = s.check_top_k(m.top_k)?;
         let rule = LambdaChoice::resolve(m.lambda.map(Into::into), s, true)?;
         let infgram = self
@@ -161,7 +161,16 @@ impl Session {
         )
     }
 
-    fn state(&self, session_id: u64) -> pb::SessionState {
+    pub(super) fn draft(
+        &mut self,
+        s: &State,
+        options: pb::DraftOptions,
+    ) -> Result<pb::DraftResponse, Status> {
+        let opts = drafting::options(Some(options))?;
+        Ok(drafting::response(self.seq.draft(&s.index, &opts)))
+    }
+
+    pub(super) fn state(&self, session_id: u64) -> pb::SessionState {
         pb::SessionState {
             session_id,
             length: self.seq.tokens().len() as u64,
@@ -171,7 +180,7 @@ impl Session {
     }
 }
 
-type Shared = Arc<Mutex<Session>>;
+pub(super) type Shared = Arc<Mutex<Session>>;
 
 /// The open sessions, by id. An id is a capability: 64 random bits, so a client reaches only the
 /// sessions whose ids it was given (its own), never another's by counting.
@@ -182,10 +191,22 @@ pub(super) struct Sessions {
 }
 
 /// A session of a live stream, listed in [`Sessions`] until the stream's task drops it.
-struct OpenSession {
-    id: u64,
-    shared: Shared,
+pub(super) struct OpenSession {
+    pub(super) id: u64,
+    pub(super) shared: Shared,
     state: Arc<State>,
+}
+
+impl OpenSession {
+    /// Lists a new session, or RESOURCE_EXHAUSTED when `max_sessions` are open.
+    pub(super) fn register(state: &Arc<State>, shared: Shared) -> Result<Self, Status> {
+        let id = state.sessions.register(Arc::clone(&shared))?;
+        Ok(Self {
+            id,
+            shared,
+            state: Arc::clone(state),
+        })
+    }
 }
 
 impl Drop for OpenSession {
@@ -194,7 +215,7 @@ impl Drop for OpenSession {
     }
 }
 
-fn lock(session: &Shared) -> MutexGuard<'_, Session> {
+pub(super) fn lock(session: &Shared) -> MutexGuard<'_, Session> {
     // A step that panicked left the session as it was before it (steps validate first).
     session.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -263,17 +284,7 @@ pub(super) fn start(
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
         let mut session: Option<OpenSession> = None;
-        loop {
-            let request = tokio::select! {
-                message = inbound.message() => match message {
-                    Ok(Some(request)) => request,
-                    _ => break,
-                },
-                _ = state.closed() => {
-                    let _ = tx.send(Err(closing_status())).await;
-                    break;
-                }
-            };
+        while let Some(request) = super::next_message(&state, &mut inbound, &tx).await {
             let started = Instant::now();
             let (method, reply) = step(&state, &mut session, request).await;
             let code = match &reply.result {
@@ -313,17 +324,10 @@ async fn step(
     let outcome = match (request.step, session.as_ref()) {
         (Some(Step::Start(start)), None) => {
             match on_pool(state, None, move |st| Session::new(st, start)).await {
-                Ok(new) => {
-                    let shared = Arc::new(Mutex::new(new));
-                    state.sessions.register(Arc::clone(&shared)).map(|id| {
-                        *session = Some(OpenSession {
-                            id,
-                            shared,
-                            state: Arc::clone(state),
-                        });
-                        None
-                    })
-                }
+                Ok(new) => OpenSession::register(state, Arc::new(Mutex::new(new))).map(|open| {
+                    *session = Some(open);
+                    None
+                }),
                 Err(e) => Err(e),
             }
         }
@@ -342,11 +346,7 @@ async fn step(
                     Step::Append(a) => s.append(st, &a.tokens).map(|_| None),
                     Step::Truncate(t) => s.truncate(st, t.length).map(|_| None),
                     Step::Mix(m) => s.mix(st, m).map(|m| Some(Answer::Mix(m))),
-                    Step::Draft(o) => {
-                        let opts = drafting::options(Some(o))?;
-                        let tree = s.seq.draft(&st.index, &opts);
-                        Ok(Some(Answer::Draft(drafting::response(tree))))
-                    }
+                    Step::Draft(o) => s.draft(st, o).map(|d| Some(Answer::Draft(d))),
                     Step::Start(_) => Ok(None),
                 }
             })
@@ -358,10 +358,7 @@ async fn step(
         Ok(Some(Answer::Mix(mix))) => Some(pb::session_response::Result::Mix(mix)),
         Ok(Some(Answer::Draft(draft))) => Some(pb::session_response::Result::Draft(draft)),
         Ok(None) => None,
-        Err(status) => Some(pb::session_response::Result::Error(pb::StepError {
-            code: status.code() as i32,
-            message: status.message().to_string(),
-        })),
+        Err(status) => Some(pb::session_response::Result::Error(step_error(&status))),
     };
     (
         method,
@@ -370,4 +367,12 @@ async fn step(
             result,
         },
     )
+}
+
+/// A refused step's status, as a stream's answer carries it.
+pub(super) fn step_error(status: &Status) -> pb::StepError {
+    pb::StepError {
+        code: status.code() as i32,
+        message: status.message().to_string(),
+    }
 }

@@ -17,6 +17,7 @@ mod open_checks;
 mod python_client;
 mod reference_peer;
 mod server;
+mod server_batch;
 mod server_hardening;
 mod server_load;
 mod server_model;

@@ -351,7 +351,7 @@ fn cli_fit_ppl_and_resume() {
     let index = f.index.dir();
     let mixing = tmp.path().join("mixing.json");
     let fit = eval_cmd("fit", index, &minipile("validation"))
-        .args(["--gate-trees", "4", "--out"])
+        .args(["--json", "--gate-trees", "4", "--out"])
         .arg(&mixing)
         .output()
         .unwrap();

@@ -1,13 +1,16 @@
-//! The Python client of `examples/python` against the real server: its JSON-lines scorer reports
-//! what a tonic client's `Score` gets, and every step of its decoding loop chose the top token of the
-//! unary `Mix` of the same context and distribution.
+//! The Python package `clients/python` (`infini_sidecar`) against the real server: its own test suite
+//! (typed methods and errors, the Batch stream against sessions, the lm_eval adapter against Score),
+//! its examples (the JSON-lines scorer reports what a tonic client's `Score` gets, and every step of
+//! the decoding loop chose the top token of the unary `Mix` of the same context), llama-cpp-python
+//! decoding with sidecar drafts and mixing, and lm-evaluation-harness whose perplexities must equal
+//! `eval ppl`'s on the same documents.
 //!
-//! Needs Python with grpcio and grpcio-tools: `$SIDECAR_PYTHON`, else the venv `scripts/test.sh`
-//! makes at `~/.cache/infini-sidecar/venv-client`.
+//! Needs the Python that `scripts/test.sh` prepares (`ensure_client_python` in scripts/env.sh:
+//! grpcio, llama-cpp-python, lm-eval and this package), or `$SIDECAR_PYTHON`.
 
 use crate::common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::server::{start, with_model, Running};
@@ -18,31 +21,30 @@ use serde_json::Value;
 fn python() -> PathBuf {
     let path = std::env::var_os("SIDECAR_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME"))
-                .join(".cache/infini-sidecar/venv-client/bin/python")
-        });
+        .expect("SIDECAR_PYTHON: the Python of scripts/env.sh's ensure_client_python");
     assert!(
         path.exists(),
-        "{}: no Python with grpcio; run scripts/test.sh or set SIDECAR_PYTHON",
+        "{}: no such Python; run scripts/test.sh or set SIDECAR_PYTHON",
         path.display()
     );
     path
 }
 
-/// Runs an example script; its stdout as JSON values, one per line.
-async fn run_example(script: &str, args: Vec<String>) -> Vec<Value> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("examples/python")
-        .join(script);
+fn package_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/python")
+}
+
+/// Runs the Python package's `args` (a script or `-m module ...`) with the sidecar's address in
+/// SIDECAR_ADDR; its stdout, after checking it succeeded.
+async fn run_python(args: Vec<String>, addr: std::net::SocketAddr) -> String {
     let out = tokio::task::spawn_blocking(move || {
         Command::new(python())
-            .arg(&script)
-            .args(args)
-            .env(
-                "SIDECAR_PY_STUBS",
-                std::env::temp_dir().join("sidecar-py-stubs-test"),
-            )
+            .args(&args)
+            .current_dir(package_dir())
+            .env("SIDECAR_ADDR", addr.to_string())
+            .env("SIDECAR_GGUF", common::smollm2_gguf())
+            .env("HF_DATASETS_OFFLINE", "1")
+            .env("HF_HUB_OFFLINE", "1")
             .output()
             .unwrap()
     })
@@ -50,14 +52,157 @@ async fn run_example(script: &str, args: Vec<String>) -> Vec<Value> {
     .unwrap();
     assert!(
         out.status.success(),
-        "{}",
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8(out.stdout)
-        .unwrap()
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs an example script; its stdout as JSON values, one per line.
+async fn run_example(script: &str, args: Vec<String>, addr: std::net::SocketAddr) -> Vec<Value> {
+    let mut all = vec![format!("examples/{script}")];
+    all.extend(args);
+    run_python(all, addr)
+        .await
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
+}
+
+/// The package's own tests (tests/test_client.py) against a sidecar with the real SmolLM2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_package_tests_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let Running { addr, stop, .. } = start(with_model(dir.path())).await;
+    let args = ["-m", "unittest", "-v", "tests/test_client.py"];
+    run_python(args.iter().map(|a| a.to_string()).collect(), addr).await;
+    let _ = stop.send(());
+}
+
+/// llama-cpp-python (the same SmolLM2 GGUF): greedy decoding with sidecar drafts equals plain
+/// decoding, and the logits processor mixes as asked (tests/test_llama_cpp.py).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_cpp_with_sidecar_drafts_decodes_as_plain_llama_cpp() {
+    let dir = tempfile::tempdir().unwrap();
+    let Running { addr, stop, .. } = start(with_model(dir.path())).await;
+    let args = ["-m", "unittest", "-v", "tests/test_llama_cpp.py"];
+    run_python(args.iter().map(|a| a.to_string()).collect(), addr).await;
+    let _ = stop.send(());
+}
+
+/// `lm_eval --model infini-sidecar` on Pile-style perplexity tasks reports, per domain, exactly the
+/// log-loss `eval ppl` reports on the same documents (bits per byte × bytes × ln 2 = the summed NLL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lm_eval_perplexity_equals_eval_ppl() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = with_model(dir.path());
+    let (index, mixing) = (config.index.clone(), config.mixing.clone().unwrap());
+    let Running { addr, stop, .. } = start(config).await;
+    // Two short documents of two domains.
+    let mut per_domain = std::collections::BTreeMap::<String, Vec<String>>::new();
+    for doc in common::minipile_docs("test", 400) {
+        let meta: Value = serde_json::from_str(doc.metadata.as_deref().unwrap()).unwrap();
+        let domain = meta["metadata"]["meta"]["pile_set_name"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let Content::Text(text) = doc.content else {
+            continue;
+        };
+        let docs = per_domain.entry(domain).or_default();
+        if docs.len() < 2 {
+            docs.push(text.chars().take(500).collect());
+        }
+    }
+    let domains = ["brown", "perl-doc"];
+    let input = dir.path().join("docs.jsonl");
+    let mut lines = Vec::new();
+    for d in domains {
+        for text in &per_domain[d] {
+            lines.push(serde_json::json!({"text": text, "meta": {"pile_set_name": d}}).to_string());
+        }
+    }
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let out = dir.path().join("lm-eval");
+    let args = vec![
+        "-m".to_string(),
+        "infini_sidecar.lm_eval".into(),
+        "run".into(),
+        "--model".into(),
+        "infini-sidecar".into(),
+        "--model_args".into(),
+        format!("addr={addr}"),
+        "mode=mixed".into(),
+        "--tasks".into(),
+        "sidecar_pile_brown".into(),
+        "sidecar_pile_perl_doc".into(),
+        "--metadata".into(),
+        serde_json::json!({"path": input}).to_string(),
+        "--output_path".into(),
+        out.display().to_string(),
+    ];
+    run_python(args, addr).await;
+    let results = find_results(&out);
+    let report_dir = dir.path().join("ppl");
+    let status = Command::new(env!("CARGO_BIN_EXE_infini-sidecar"))
+        .args(["eval", "ppl", "--cpu", "--model"])
+        .arg(common::smollm2_gguf())
+        .arg("--index")
+        .arg(&index)
+        .arg("--mixing")
+        .arg(&mixing)
+        .arg("--input")
+        .arg(&input)
+        .arg("--out-dir")
+        .arg(&report_dir)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(report_dir.join("report.json")).unwrap()).unwrap();
+    for d in domains {
+        let bytes: usize = per_domain[d].iter().map(|t| t.len()).sum();
+        let task = format!("sidecar_pile_{}", d.replace('-', "_"));
+        let bpb = results["results"][&task]["bits_per_byte,none"]
+            .as_f64()
+            .unwrap();
+        let lm_eval_nll = bpb * bytes as f64 * std::f64::consts::LN_2;
+        let domain = report["by_domain"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["domain"] == d)
+            .unwrap();
+        let ppl = domain["default_perplexity"].as_f64().unwrap();
+        let nll = ppl.ln() * domain["tokens_scored"].as_f64().unwrap();
+        assert!(
+            (lm_eval_nll - nll).abs() <= 1e-6 * nll,
+            "{d}: lm_eval {lm_eval_nll} nats, eval ppl {nll}"
+        );
+    }
+    let _ = stop.send(());
+}
+
+/// The results file lm_eval wrote somewhere under `dir`.
+fn find_results(dir: &Path) -> Value {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("results_")
+            {
+                return serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            }
+        }
+    }
+    panic!("no lm_eval results under {}", dir.display());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,6 +240,7 @@ async fn python_examples_agree_with_the_tonic_client() {
             "--fixed-lambda".into(),
             "0.25".into(),
         ],
+        addr,
     )
     .await;
     let request = pb::ScoreRequest {
@@ -141,6 +287,7 @@ async fn python_examples_agree_with_the_tonic_client() {
             "--fixed-lambda".into(),
             "0.5".into(),
         ],
+        addr,
     )
     .await;
     assert_eq!(steps.len(), 7);

@@ -4,7 +4,7 @@ The sidecar keeps the sequence (a Session stream), so each step sends only the n
 client model's top-k log-probs, never the whole context. The "model" here is a bigram model of the
 prompt, standing in for an inference server's logits: replace `client_top_k` with yours.
 
-    python examples/python/decode_loop.py --addr 127.0.0.1:50051 --prompt "The kernel" --steps 20
+    python clients/python/examples/decode_loop.py --addr 127.0.0.1:50051 --prompt "The kernel" --steps 20
 
 Prints one JSON object per step (what was sent, what was chosen) and the decoded text.
 """
@@ -13,7 +13,7 @@ import json
 import math
 from collections import Counter, defaultdict
 
-from sidecar_client import Sidecar
+from infini_sidecar import Sidecar, top_k_logprobs
 
 TOP_K = 8
 
@@ -54,19 +54,19 @@ def main():
     context = sidecar.tokenize(args.prompt)
     model = BigramModel(vocab)
     model.observe(context)
-    lambda_rule = {} if args.fixed_lambda is None else {"fixed_lambda": args.fixed_lambda}
 
     session = sidecar.session()
     session.start(context)
     sequence = list(context)
     for step in range(args.steps):
         tokens, logprobs, rest = model.top_k(sequence[-1])
-        mixed = session.mix_top_k(tokens, logprobs, rest, top_k=TOP_K, **lambda_rule)
+        mixed = session.mix(top_k_logprobs=top_k_logprobs(tokens, logprobs, rest), rule=args.fixed_lambda,
+                            top_k=TOP_K)
         chosen = mixed.top[0].token
         print(json.dumps({"step": step, "length": len(sequence), "tokens": tokens,
                           "logprobs": logprobs, "rest_mass": rest, "chosen": chosen,
                           "lambda": getattr(mixed, "lambda"), "suffix_len": mixed.suffix_len}))
-        state = session.append([chosen]).state
+        state = session.append([chosen])
         assert state.length == len(sequence) + 1
         sequence.append(chosen)
         model.observe(sequence[-2:])

@@ -1,14 +1,14 @@
 """Scores a JSON-lines file ({"text": ..., "domain": ...} per line) with the sidecar's model and index,
 the way an evaluation harness would: neural and mixed log-likelihood per document, then the totals.
 
-    python examples/python/score_jsonl.py --addr 127.0.0.1:50051 --input docs.jsonl [--gate]
+    python clients/python/examples/score_jsonl.py --addr 127.0.0.1:50051 --input docs.jsonl [--gate]
 
 Prints one JSON object per document and one for the totals.
 """
 import argparse
 import json
 
-from sidecar_client import Sidecar
+from infini_sidecar import Sidecar
 
 
 def main():
@@ -28,11 +28,8 @@ def main():
             if line.strip():
                 doc = json.loads(line)
                 documents.append((sidecar.tokenize(doc["text"]), doc.get("domain", "")))
-    if args.fixed_lambda is not None:
-        lambda_rule = {"fixed_lambda": args.fixed_lambda}
-    else:
-        lambda_rule = {"gate": True} if args.gate else {"split": True}
-    for item in sidecar.score(documents, **lambda_rule):
+    rule = args.fixed_lambda if args.fixed_lambda is not None else "gate" if args.gate else "split"
+    for item in sidecar.score(documents, rule=rule):
         if item.HasField("document"):
             d = item.document
             print(json.dumps({"document": d.document, "tokens": d.tokens,

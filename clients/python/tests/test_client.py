@@ -1,0 +1,149 @@
+"""The package against a real sidecar (SIDECAR_ADDR, serving the SmolLM2 model and an index of its
+tokenizer; started by the Rust integration test `python_client`): typed methods, typed errors, the
+Batch stream against sessions, and the lm_eval adapter against the Score RPC."""
+import math
+import os
+import unittest
+
+from infini_sidecar import (API, InvalidArgument, NotFound, Sidecar, lambda_rule, pb,
+                            top_k_logprobs)
+from infini_sidecar.client import draft_options
+
+ADDR = os.environ.get("SIDECAR_ADDR", "127.0.0.1:50051")
+TEXT = ("The kernel uses a spinlock to protect the list of pending timers, and each CPU keeps its own "
+        "list so that the lock is rarely contended.")
+
+
+class ClientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.sidecar = Sidecar(ADDR)
+        cls.ids = cls.sidecar.tokenize(TEXT)
+
+    def test_api_version_and_info(self):
+        self.assertEqual(API, pb.DESCRIPTOR.package)
+        info = self.sidecar.info()
+        self.assertGreater(info.index_tokens, 0)
+        self.assertEqual(self.sidecar.detokenize(self.ids), TEXT)
+
+    def test_engine_queries_agree(self):
+        prompt = self.ids[:3]
+        dist = self.sidecar.next_token_distribution(prompt, infinite=False)
+        self.assertEqual(dist.prompt_cnt, self.sidecar.count(prompt))
+        self.assertEqual(sum(t.cont_cnt for t in dist.dist), dist.prompt_cnt)
+        if dist.dist:
+            best = max(dist.dist, key=lambda t: t.cont_cnt)
+            self.assertEqual(self.sidecar.count(prompt + [best.token]), best.cont_cnt)
+        found = self.sidecar.search_documents([[self.ids[:2]]], maxnum=1)
+        self.assertEqual(found.cnt, self.sidecar.count(self.ids[:2]))
+
+    def test_mix_and_errors(self):
+        neural = top_k_logprobs([11, 12, 13], [-1.0, -2.0, -3.0])
+        mixed = self.sidecar.mix(self.ids, top_k_logprobs=neural, rule=0.25, top_k=5)
+        self.assertAlmostEqual(getattr(mixed, "lambda"), 0.25)
+        self.assertAlmostEqual(sum(t.prob for t in mixed.top) + mixed.rest_mass, 1.0, places=6)
+        with self.assertRaises(InvalidArgument) as refused:
+            self.sidecar.mix(self.ids, top_k_logprobs=neural, top_k=0)
+        self.assertIn("top_k", refused.exception.details)
+        with self.assertRaises(NotFound):
+            self.sidecar.draft(session_id=12345)
+        with self.assertRaises(ValueError):
+            lambda_rule("sometimes")
+
+    def test_session_steps(self):
+        with self.sidecar.session() as session:
+            state = session.start(self.ids[:10])
+            self.assertEqual(state.length, 10)
+            self.assertEqual(session.append(self.ids[10:12]).length, 12)
+            self.assertEqual(session.truncate(11).length, 11)
+            draft = session.draft()
+            self.assertEqual(draft, self.sidecar.draft(session_id=session.session_id))
+            with self.assertRaises(InvalidArgument):
+                session.truncate(99)
+            self.assertEqual(session.append([]).length, 11)
+
+    def test_batch_answers_as_sessions_do(self):
+        """Three sequences in one Batch stream, each step against its own Session."""
+        contexts = [self.ids[:8], self.ids[5:14], self.ids[10:20]]
+        sessions = [self.sidecar.session() for _ in contexts]
+        for s, c in zip(sessions, contexts):
+            s.start(c)
+        neural = top_k_logprobs([11, 12, 13], [-1.0, -2.0, -3.0])
+        with self.sidecar.batch() as batch:
+            mix = batch.mix_request(top_k_logprobs=neural, rule="split", top_k=4)
+            results = batch.step([batch.part(i, start=c, mix=mix, draft=draft_options())
+                                  for i, c in enumerate(contexts)])
+            for step in range(4):
+                for r, s in zip(results, sessions):
+                    self.assertEqual(r.mix, s.mix(top_k_logprobs=neural, rule="split", top_k=4))
+                    self.assertEqual(r.draft, s.draft())
+                token = self.ids[20 + step]
+                for s in sessions:
+                    s.append([token])
+                results = batch.step([batch.part(i, append=[token], mix=mix, draft=draft_options())
+                                      for i in range(len(contexts))])
+            with self.assertRaises(NotFound) as refused:
+                batch.step([batch.part(7, append=[1])])
+            self.assertIn("sequence 7", str(refused.exception))
+        for s in sessions:
+            s.close()
+
+
+class LmEvalAdapterTest(unittest.TestCase):
+    """`SidecarLM` against the Score RPC it is built on, and its greedy generation against a
+    session's own-model mixes."""
+
+    @classmethod
+    def setUpClass(cls):
+        from infini_sidecar.lm_eval import SidecarLM
+        cls.lm = SidecarLM(addr=ADDR, mode="neural")
+        cls.sidecar = Sidecar(ADDR)
+
+    def request(self, *args):
+        class Instance:
+            pass
+        r = Instance()
+        r.args = args
+        return r
+
+    def test_rolling_is_score_of_the_document(self):
+        ids = self.sidecar.tokenize(TEXT)
+        (doc,) = [i.document for i in self.sidecar.score([ids], rule=0.0) if i.HasField("document")]
+        (got,) = self.lm.loglikelihood_rolling([self.request(TEXT)])
+        self.assertAlmostEqual(got, -doc.neural_nll, places=4)
+
+    def test_loglikelihood_and_greedy(self):
+        context, continuation = TEXT[:40], TEXT[40:60]
+        ((logprob, greedy),) = self.lm.loglikelihood([self.request(context, continuation)])
+        ctx, cont = self.sidecar.tokenize(context), self.sidecar.tokenize(continuation)
+        scores = [i.document for i in self.sidecar.score([ctx + cont], per_token=True, rule=0.0)
+                  if i.HasField("document")][0].token_scores
+        self.assertAlmostEqual(logprob, sum(s.neural_logprob for s in scores[-len(cont):]), places=4)
+        # Greedy means every continuation token was the own model's top token.
+        with self.sidecar.session() as s:
+            s.start(ctx, use_model=True)
+            want = True
+            for t in cont:
+                top = s.mix(own_model=True, rule=0.0, top_k=1).top[0].token
+                want = want and top == t
+                s.append([t])
+        self.assertEqual(greedy, want)
+
+    def test_generate_until_is_greedy_decoding(self):
+        (text,) = self.lm.generate_until([self.request(TEXT[:60], {"until": ["\n\n"], "max_gen_toks": 12})])
+        ids = self.sidecar.tokenize(TEXT[:60])
+        out = []
+        with self.sidecar.session() as s:
+            s.start(ids, use_model=True)
+            for _ in range(12):
+                token = s.mix(own_model=True, rule=0.0, top_k=1).top[0].token
+                out.append(token)
+                s.append([token])
+        want = self.sidecar.detokenize(out)
+        want = want[: want.index("\n\n")] if "\n\n" in want else want
+        self.assertEqual(text, want)
+        self.assertTrue(math.isfinite(len(text)))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,214 @@
+//! `Batch`: an inference engine's decoding loop over many sequences, one message per engine step
+//! each way. Every sequence is a [`Session`] (the same steps, the same answers); what this file adds
+//! is the batch's bookkeeping (the caller's ids, joining and leaving) and running a step's parts in
+//! parallel, so a step costs one round trip whatever the batch size.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use rayon::prelude::*;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Status, Streaming};
+
+use super::session::{lock, step_error, OpenSession, Session, Shared};
+use super::{on_pool, pb, State};
+
+/// The sequence a part of a step works on: an open one, one to start, or why there is none.
+type Target = Result<Option<Shared>, Status>;
+
+/// What running one part gave: the session it made (a `start`), the answers or the refusal, and
+/// the sequence's state afterwards (without the sidecar's id, which the caller's side knows).
+struct PartOutcome {
+    created: Option<Shared>,
+    answer: Result<(Option<pb::MixResponse>, Option<pb::DraftResponse>), Status>,
+    state: Option<pb::SessionState>,
+}
+
+/// Serves one `Batch` stream: steps run one at a time, in order, each on the blocking pool with its
+/// parts in parallel. The stream's sequences end with it; at a shutdown's drain deadline it ends
+/// with UNAVAILABLE.
+pub(super) fn start(
+    state: Arc<State>,
+    mut inbound: Streaming<pb::BatchStep>,
+) -> ReceiverStream<Result<pb::BatchStepResult, Status>> {
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut open: HashMap<u64, OpenSession> = HashMap::new();
+        while let Some(request) = super::next_message(&state, &mut inbound, &tx).await {
+            let started = Instant::now();
+            let reply = step(&state, &mut open, request).await;
+            state.metrics.observe("Batch.step", started.elapsed(), None);
+            if tx.send(Ok(reply)).await.is_err() {
+                break;
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// Runs one engine step: finds each part's sequence, runs the parts in parallel, then lists the new
+/// sequences and drops the finished ones.
+async fn step(
+    state: &Arc<State>,
+    open: &mut HashMap<u64, OpenSession>,
+    request: pb::BatchStep,
+) -> pb::BatchStepResult {
+    let mut seen = HashSet::with_capacity(request.sequences.len());
+    let parts: Vec<(pb::SequenceStep, Target)> = request
+        .sequences
+        .into_iter()
+        .map(|part| {
+            let target = target(open, &mut seen, &part);
+            (part, target)
+        })
+        .collect();
+    let ids: Vec<(u64, bool)> = parts.iter().map(|(p, _)| (p.id, p.finish)).collect();
+    let outcomes = on_pool(state, None, move |st| {
+        Ok(parts
+            .into_par_iter()
+            .map(|(part, target)| run_part(st, part, target))
+            .collect::<Vec<_>>())
+    })
+    .await;
+    let sequences = match outcomes {
+        Ok(outcomes) => ids
+            .into_iter()
+            .zip(outcomes)
+            .map(|((id, finish), outcome)| settle(state, open, id, finish, outcome))
+            .collect(),
+        // The step as a whole was refused (the in-flight limit, a shutdown): nothing changed.
+        Err(status) => ids
+            .into_iter()
+            .map(|(id, _)| pb::SequenceResult {
+                id,
+                state: open.get(&id).map(|o| lock(&o.shared).state(o.id)),
+                error: Some(step_error(&status)),
+                ..Default::default()
+            })
+            .collect(),
+    };
+    pb::BatchStepResult { sequences }
+}
+
+/// The sequence `part` names: open, to be started, or refused (twice in a step, started twice,
+/// never started).
+fn target(
+    open: &HashMap<u64, OpenSession>,
+    seen: &mut HashSet<u64>,
+    part: &pb::SequenceStep,
+) -> Target {
+    let id = part.id;
+    if !seen.insert(id) {
+        return Err(Status::invalid_argument(format!(
+            "sequence {id} appears twice in the step"
+        )));
+    }
+    match (&part.start, open.get(&id)) {
+        (Some(_), Some(_)) => Err(Status::failed_precondition(format!(
+            "sequence {id} has started already"
+        ))),
+        (Some(_), None) => Ok(None),
+        (None, Some(o)) => Ok(Some(Arc::clone(&o.shared))),
+        (None, None) => Err(Status::not_found(format!(
+            "no open sequence {id}: the first step of a sequence must `start` it"
+        ))),
+    }
+}
+
+/// Runs one sequence's part of a step, in the documented order, stopping at the first refusal.
+fn run_part(st: &State, mut part: pb::SequenceStep, target: Target) -> PartOutcome {
+    let (shared, new) = match target {
+        Ok(Some(shared)) => (shared, false),
+        Ok(None) => match Session::new(st, part.start.take().unwrap_or_default()) {
+            Ok(session) => (Arc::new(Mutex::new(session)), true),
+            Err(status) => return PartOutcome::refused(status),
+        },
+        Err(status) => return PartOutcome::refused(status),
+    };
+    let (answer, state) = {
+        let mut session = lock(&shared);
+        let answer = apply(st, &mut session, part);
+        (answer, Some(session.state(0)))
+    };
+    PartOutcome {
+        created: new.then_some(shared),
+        answer,
+        state,
+    }
+}
+
+impl PartOutcome {
+    fn refused(status: Status) -> Self {
+        Self {
+            created: None,
+            answer: Err(status),
+            state: None,
+        }
+    }
+}
+
+fn apply(
+    st: &State,
+    session: &mut Session,
+    part: pb::SequenceStep,
+) -> Result<(Option<pb::MixResponse>, Option<pb::DraftResponse>), Status> {
+    if let Some(keep) = part.keep {
+        session.truncate(st, keep)?;
+    }
+    if !part.append.is_empty() {
+        session.append(st, &part.append)?;
+    }
+    let mix = part.mix.map(|m| session.mix(st, m)).transpose()?;
+    let draft = part.draft.map(|d| session.draft(st, d)).transpose()?;
+    Ok((mix, draft))
+}
+
+/// Lists a sequence the part started, drops a finished one, and writes the part's answer.
+fn settle(
+    state: &Arc<State>,
+    open: &mut HashMap<u64, OpenSession>,
+    id: u64,
+    finish: bool,
+    outcome: PartOutcome,
+) -> pb::SequenceResult {
+    let PartOutcome {
+        created,
+        mut answer,
+        state: mut described,
+    } = outcome;
+    let session_id = match (open.get(&id), created) {
+        (Some(o), _) => Some(o.id),
+        (None, Some(shared)) => match OpenSession::register(state, shared) {
+            Ok(registered) => {
+                let session_id = registered.id;
+                open.insert(id, registered);
+                Some(session_id)
+            }
+            Err(status) => {
+                answer = Err(status);
+                described = None;
+                None
+            }
+        },
+        (None, None) => None,
+    };
+    if let (Some(d), Some(session_id)) = (&mut described, session_id) {
+        d.session_id = session_id;
+    }
+    if finish {
+        open.remove(&id);
+    }
+    let (mix, draft, error) = match answer {
+        Ok((mix, draft)) => (mix, draft, None),
+        Err(status) => (None, None, Some(step_error(&status))),
+    };
+    pb::SequenceResult {
+        id,
+        state: described,
+        mix,
+        draft,
+        error,
+    }
+}
