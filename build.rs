@@ -5,7 +5,11 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
-    let descriptors = protox::compile(["sidecar/v1/sidecar.proto"], ["proto"])?;
+    // The public API, and the protocol between routers and shard servers.
+    let descriptors = protox::compile(
+        ["sidecar/v1/sidecar.proto", "sidecar/shard/v1/shard.proto"],
+        ["proto"],
+    )?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(
         out.join("sidecar_v1_descriptor.bin"),

@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::measure;
+
 use std::cell::Cell;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -79,33 +81,6 @@ fn mix_request(context: &[u32], neural: mix_request::Neural) -> pb::MixRequest {
         sequence_id: String::new(),
         max_match: 0,
     }
-}
-
-/// p50/p99 (µs) and calls per second of `n` sequential calls.
-async fn measure<F, Fut>(n: usize, mut call: F) -> serde_json::Value
-where
-    F: FnMut(usize) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    for i in 0..n / 10 {
-        call(i).await;
-    }
-    let mut micros = Vec::with_capacity(n);
-    let start = Instant::now();
-    for i in 0..n {
-        let t = Instant::now();
-        call(i).await;
-        micros.push(t.elapsed().as_secs_f64() * 1e6);
-    }
-    let total = start.elapsed();
-    micros.sort_by(f64::total_cmp);
-    let at = |p: f64| micros[((micros.len() - 1) as f64 * p).round() as usize];
-    json!({
-        "calls": n,
-        "p50_us": at(0.5),
-        "p99_us": at(0.99),
-        "per_second": n as f64 / total.as_secs_f64(),
-    })
 }
 
 async fn session_steps(

@@ -19,6 +19,7 @@ use infini_sidecar::eval::EvalError;
 use infini_sidecar::index::build::{build, BuildOptions, GivenVocabulary};
 use infini_sidecar::index::decontam::{self, Decontaminator};
 use infini_sidecar::index::next_table::NextTableSpec;
+use infini_sidecar::index::split::{self, ShardSetRecord, ShardSplit};
 use infini_sidecar::index::{token_file, Index, IndexError, OpenOptions, TokenWidth};
 use infini_sidecar::interrupt;
 use infini_sidecar::model::{
@@ -270,6 +271,10 @@ struct BuildArgs {
     /// Drop a document when at least this share of its n-grams occurs in the evaluation text.
     #[arg(long, default_value_t = decontam::DEFAULT_THRESHOLD)]
     decontaminate_threshold: f64,
+    /// Build only shard K of a set of N (`K/N`, K from 0): a contiguous run of the input's
+    /// documents, the same in every command of the set, for shard servers behind a router.
+    #[arg(long)]
+    shard: Option<ShardSplit>,
     #[command(flatten)]
     format: text::Format,
 }
@@ -371,17 +376,30 @@ fn run_build(args: BuildArgs) -> Result<()> {
         )
     };
 
-    let report = match &args.from_tokens {
-        Some(path) => {
-            opts.input_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-            build(token_file::documents(path, vocabulary.width)?, &opts)?
+    let files = match &args.from_tokens {
+        Some(_) => Vec::new(),
+        None => corpus::expand_inputs(&args.inputs)?,
+    };
+    let documents = || -> Result<Box<dyn Iterator<Item = _>>> {
+        Ok(match &args.from_tokens {
+            Some(path) => Box::new(token_file::documents(path, vocabulary.width)?),
+            None => {
+                Box::new(corpus::text_documents(files.clone()).map(|d| d.map_err(IndexError::from)))
+            }
+        })
+    };
+    opts.input_bytes = match &args.from_tokens {
+        Some(path) => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+        None => corpus::total_bytes(&files),
+    };
+    let report = match args.shard {
+        Some(split) => {
+            let survey = split::survey(documents()?)?;
+            opts.shard_set = Some(ShardSetRecord::for_build(split, &survey, &opts));
+            opts.input_bytes = 0;
+            build(split.take(&survey, documents()?), &opts)?
         }
-        None => {
-            let files = corpus::expand_inputs(&args.inputs)?;
-            opts.input_bytes = corpus::total_bytes(&files);
-            let docs = corpus::text_documents(files).map(|d| d.map_err(IndexError::from));
-            build(docs, &opts)?
-        }
+        None => build(documents()?, &opts)?,
     };
     args.format.print(&report, || text::build_report(&report))
 }

@@ -1,9 +1,13 @@
-//! What the benchmarks share: real test-split text of the default assets, tokenized.
+//! What the benchmarks share: real test-split text of the default assets, tokenized, and latency
+//! measurement. Each bench uses part of it.
+#![allow(dead_code)]
 
 use std::path::Path;
+use std::time::Instant;
 
 use infini_sidecar::corpus::{expand_inputs, text_documents, Content};
 use infini_sidecar::tokenizer::Tokenizer;
+use serde_json::json;
 
 /// The first `count` mini-Pile test documents longer than `min_tokens`, tokenized; `assets` is the
 /// folder holding `minipile/`.
@@ -22,4 +26,31 @@ pub fn test_documents(
         .filter(|ids| ids.len() > min_tokens)
         .take(count)
         .collect()
+}
+
+/// p50/p99 (µs) and calls per second of `n` sequential calls.
+pub async fn measure<F, Fut>(n: usize, mut call: F) -> serde_json::Value
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for i in 0..n / 10 {
+        call(i).await;
+    }
+    let mut micros = Vec::with_capacity(n);
+    let start = Instant::now();
+    for i in 0..n {
+        let t = Instant::now();
+        call(i).await;
+        micros.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let total = start.elapsed();
+    micros.sort_by(f64::total_cmp);
+    let at = |p: f64| micros[((micros.len() - 1) as f64 * p).round() as usize];
+    json!({
+        "calls": n,
+        "p50_us": at(0.5),
+        "p99_us": at(0.99),
+        "per_second": n as f64 / total.as_secs_f64(),
+    })
 }

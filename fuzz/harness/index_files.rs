@@ -184,6 +184,7 @@ impl Fixture {
         }
         let documents = records.iter().map(|r| r.documents).sum::<u64>();
         let manifest = Manifest {
+            shard_set: None,
             format: FORMAT_NAME.into(),
             format_version: FORMAT_VERSION,
             token_width: layout.width,

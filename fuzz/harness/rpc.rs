@@ -1,5 +1,6 @@
-//! Target `rpc`: every RPC of the service, called in-process through the generated `Sidecar` trait
-//! as the server would call it, over a tiny index with the tiny tokenizer, a mixing file and no model.
+//! Target `rpc`: every RPC of the service and of the shard protocol, called in-process through the
+//! generated `Sidecar` and `Shard` traits as the server would call them, over a tiny index with the
+//! tiny tokenizer, a mixing file and no model.
 //!
 //! The input's first byte picks the RPC (`% RPCS`; with its top bit set the request carries a
 //! deadline that has passed). `AddDocuments` writes into a live index with a small budget, so the
@@ -18,6 +19,7 @@ use infini_sidecar::mix::{Gate, GateOptions, MixingParams, NUM_FEATURES};
 use infini_sidecar::server::config::{LiveSection, ServeConfig};
 use infini_sidecar::server::pb::sidecar_server::Sidecar;
 use infini_sidecar::server::pb::{self, session_request::Step};
+use infini_sidecar::server::shard_pb::{self as spb, shard_server::Shard};
 use infini_sidecar::server::SidecarService;
 use prost::bytes::BufMut;
 use prost::Message;
@@ -28,7 +30,7 @@ use tonic::{Code, Request, Status};
 use super::tiny;
 
 /// RPCs in the order the selector byte picks them (new ones go last, so kept inputs keep their RPC).
-const RPCS: [&str; 12] = [
+const RPCS: [&str; 16] = [
     "Info",
     "Tokenize",
     "Detokenize",
@@ -41,6 +43,11 @@ const RPCS: [&str; 12] = [
     "Session",
     "AddDocuments",
     "Batch",
+    // sidecar.shard.v1, which routers call on shard servers.
+    "Shard/Count",
+    "Shard/Continuations",
+    "Shard/ScoreTokens",
+    "Shard/SearchDocuments",
 ];
 const PAST_DEADLINE: u8 = 0x80;
 
@@ -91,6 +98,7 @@ impl Fixture {
             shard_tokens: 96,
         };
         let config = ServeConfig {
+            cluster: Default::default(),
             bind: "127.0.0.1:0".parse().unwrap(),
             index: tiny::build_index(dir, "rpc-index", &spec),
             mixing: Some(write_mixing(dir, tokenizer.fingerprint())),
@@ -138,15 +146,38 @@ impl Fixture {
                 };
                 check(
                     rpc,
-                    self.service
-                        .$method(request(message, past_deadline))
-                        .await
-                        .map(drop),
+                    <SidecarService as Sidecar>::$method(
+                        &self.service,
+                        request(message, past_deadline),
+                    )
+                    .await
+                    .map(drop),
+                );
+            }};
+        }
+        /// [`unary`] for the shard protocol's RPCs.
+        macro_rules! shard {
+            ($method:ident, $request:ty) => {{
+                let Ok(message) = <$request>::decode(body) else {
+                    return;
+                };
+                check(
+                    rpc,
+                    <SidecarService as Shard>::$method(
+                        &self.service,
+                        request(message, past_deadline),
+                    )
+                    .await
+                    .map(drop),
                 );
             }};
         }
         let s = &self.service;
         match rpc {
+            "Shard/Count" => shard!(count, spb::CountRequest),
+            "Shard/Continuations" => shard!(continuations, spb::ContinuationsRequest),
+            "Shard/ScoreTokens" => shard!(score_tokens, spb::ScoreTokensRequest),
+            "Shard/SearchDocuments" => shard!(search_documents, spb::SearchRequest),
             "Info" => unary!(info, pb::InfoRequest),
             "Tokenize" => unary!(tokenize, pb::TokenizeRequest),
             "Detokenize" => unary!(detokenize, pb::DetokenizeRequest),
@@ -185,7 +216,7 @@ impl Fixture {
                     Err(status) => check(rpc, Err(status)),
                 }
             }
-            _ => {
+            "Batch" => {
                 let inbound = request(inbound::<pb::BatchStep>(body), past_deadline);
                 match s.batch(inbound).await {
                     Ok(stream) => {
@@ -201,6 +232,7 @@ impl Fixture {
                     Err(status) => check(rpc, Err(status)),
                 }
             }
+            other => unreachable!("{other} is not in RPCS"),
         }
     }
 }
@@ -392,9 +424,58 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             ]),
         ],
     );
-    let mut past_deadline = seed("Count", &pb::CountRequest { ids: vec![259] });
+    let mut past_deadline = seed(
+        "Count",
+        &pb::CountRequest {
+            allow_partial: false,
+            ids: vec![259],
+        },
+    );
     past_deadline[0] |= PAST_DEADLINE;
     vec![
+        (
+            "shard-count",
+            seed(
+                "Shard/Count",
+                &spb::CountRequest {
+                    ngrams: vec![spb::NGram { ids: vec![259] }, spb::NGram { ids: vec![] }],
+                },
+            ),
+        ),
+        (
+            "shard-continuations",
+            seed(
+                "Shard/Continuations",
+                &spb::ContinuationsRequest {
+                    prompt: vec![257, 258],
+                    infinite: true,
+                    max_support: 3,
+                },
+            ),
+        ),
+        (
+            "shard-score-tokens",
+            seed(
+                "Shard/ScoreTokens",
+                &spb::ScoreTokensRequest {
+                    ids: vec![259, 97, 256, 261],
+                },
+            ),
+        ),
+        (
+            "shard-search",
+            seed(
+                "Shard/SearchDocuments",
+                &spb::SearchRequest {
+                    cnf: vec![spb::Clause {
+                        ngrams: vec![spb::NGram { ids: vec![259] }],
+                    }],
+                    strides: vec![2],
+                    maxnum: 2,
+                    max_disp_len: 4,
+                },
+            ),
+        ),
         ("info", seed("Info", &pb::InfoRequest {})),
         (
             "tokenize",
@@ -419,6 +500,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             seed(
                 "Count",
                 &pb::CountRequest {
+                    allow_partial: false,
                     ids: vec![259, 260],
                 },
             ),
@@ -428,6 +510,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             seed(
                 "NextTokenDistribution",
                 &pb::NextTokenDistributionRequest {
+                    allow_partial: false,
                     prompt: vec![257, 258],
                     infinite: true,
                     max_support: 3,
@@ -439,6 +522,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             seed(
                 "SearchDocuments",
                 &pb::SearchDocumentsRequest {
+                    allow_partial: false,
                     cnf: vec![
                         pb::Clause {
                             ngrams: vec![

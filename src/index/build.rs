@@ -27,6 +27,7 @@ use crate::index::format::{
 use crate::index::next_table::{self, NextTableSpec};
 use crate::index::sa::{write_table, TokenBuf, MAX_SHARD_TOKENS};
 use crate::index::shard::Shard;
+use crate::index::split::ShardSetRecord;
 use crate::index::{IndexError, Result};
 use crate::progress;
 use crate::tokenizer::Tokenizer;
@@ -52,6 +53,8 @@ pub struct BuildOptions<'a> {
     pub decontaminate: Option<&'a Decontaminator>,
     /// Write each shard's next-token table of frequent short prompts (`next_table`), or not.
     pub next_table: Option<NextTableSpec>,
+    /// Recorded in the manifest when this build is one shard of a set (`split`).
+    pub shard_set: Option<ShardSetRecord>,
 }
 
 impl<'a> BuildOptions<'a> {
@@ -70,6 +73,7 @@ impl<'a> BuildOptions<'a> {
             input_bytes: 0,
             decontaminate: None,
             next_table: Some(NextTableSpec::default()),
+            shard_set: None,
         }
     }
 }
@@ -553,6 +557,7 @@ fn build_into(
         built_by: concat!("infini-sidecar ", env!("CARGO_PKG_VERSION")).into(),
         decontamination: decontamination.clone(),
         next_token_table: opts.next_table,
+        shard_set: opts.shard_set.clone(),
     };
     manifest.write(dir)?;
     let peak = progress::peak_rss_bytes();

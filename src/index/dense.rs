@@ -6,6 +6,7 @@
 
 use serde::Serialize;
 
+use crate::index::query::Spread;
 use crate::index::suffix::SuffixMatch;
 use crate::index::{Index, IndexError, Result};
 
@@ -20,10 +21,41 @@ pub struct TokenScore {
     pub sparse: bool,
 }
 
+/// What one index knows of a position before its token: its own longest matching suffix, and
+/// counts there. Several indexes' evidence merges into a [`TokenScore`] (`cluster::merge`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenEvidence {
+    pub suffix_len: usize,
+    pub prompt_cnt: u64,
+    pub cont_cnt: u64,
+    pub spread: Spread,
+}
+
+impl TokenEvidence {
+    pub fn score(&self) -> TokenScore {
+        TokenScore {
+            prob: self.cont_cnt as f64 / self.prompt_cnt as f64,
+            suffix_len: self.suffix_len,
+            prompt_cnt: self.prompt_cnt,
+            cont_cnt: self.cont_cnt,
+            sparse: self.spread.is_sparse(),
+        }
+    }
+}
+
 impl Index {
     /// Scores every token of `ids` given all tokens before it; stops when interrupted (checked per
     /// token: each costs a few suffix-array searches).
     pub fn score(&self, ids: &[u32]) -> Result<Vec<TokenScore>> {
+        Ok(self
+            .evidence(ids)?
+            .iter()
+            .map(TokenEvidence::score)
+            .collect())
+    }
+
+    /// What [`Index::score`] knows of each token of `ids`, before it is merged into a score.
+    pub fn evidence(&self, ids: &[u32]) -> Result<Vec<TokenEvidence>> {
         self.check_ids(ids)?;
         let eos = self.eos_token_id();
         let mut out = Vec::with_capacity(ids.len());
@@ -33,17 +65,15 @@ impl Index {
                 return Err(IndexError::Interrupted);
             }
             let (suffix_len, prompt_cnt) = (state.suffix_len(), state.prompt_cnt());
-            let sparse = self.is_sparse(state.matches());
+            let spread = self.spread(state.matches());
             // Separators and shard ends also count as eos, beyond the literal token.
             let eos_cnt = (token == eos).then(|| self.cont_count(state.matches(), token));
             let followed = state.advance(self, &ids[..=i]);
-            let cont_cnt = eos_cnt.unwrap_or(followed);
-            out.push(TokenScore {
-                prob: cont_cnt as f64 / prompt_cnt as f64,
+            out.push(TokenEvidence {
                 suffix_len,
                 prompt_cnt,
-                cont_cnt,
-                sparse,
+                cont_cnt: eos_cnt.unwrap_or(followed),
+                spread,
             });
         }
         Ok(out)

@@ -8,6 +8,9 @@ use serde::Serialize;
 use crate::index::query::Matches;
 use crate::index::{Index, IndexError, Result};
 
+/// An AND of clauses, each an OR of n-grams.
+pub type Cnf = Vec<Vec<Vec<u32>>>;
+
 /// Knobs of a document search, with the reference engine's defaults, and the caps that bound its work
 /// before any is done.
 #[derive(Debug, Clone, Copy)]
@@ -66,6 +69,79 @@ pub struct SearchResult {
     pub documents: Vec<Document>,
 }
 
+/// What one index holds of a search visiting every `stride`-th match of each clause.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PartialSearch {
+    /// Documents matching every clause.
+    pub doc_cnt: u64,
+    /// Per clause: its places visited in those documents.
+    pub clause_places: Vec<u64>,
+    /// The first `maxnum` of them, in index order.
+    pub documents: Vec<Document>,
+}
+
+impl PartialSearch {
+    /// The answer, given the clauses' match counts and the strides visited: `cnt` as the
+    /// reference gives it (see [`SearchResult::cnt`]), the rarest clause deciding with several.
+    pub fn result(self, totals: &[u64], strides: &[u64]) -> SearchResult {
+        let cnt = match totals {
+            [only] => *only,
+            _ => {
+                let anchor = (0..totals.len())
+                    .min_by_key(|&c| totals[c])
+                    .unwrap_or_default();
+                self.clause_places[anchor] * strides[anchor]
+            }
+        };
+        SearchResult {
+            cnt,
+            doc_cnt: self.doc_cnt,
+            approx: strides.iter().any(|&s| s > 1),
+            documents: self.documents,
+        }
+    }
+}
+
+/// Refuses a CNF without clauses, with an empty clause or n-gram, or with over `max_clauses`.
+pub fn check_cnf_shape(cnf: &[Vec<Vec<u32>>], max_clauses: usize) -> Result<()> {
+    if cnf.is_empty()
+        || cnf
+            .iter()
+            .any(|clause| clause.is_empty() || clause.iter().any(|ngram| ngram.is_empty()))
+    {
+        return Err(IndexError::Invalid(
+            "a CNF needs at least one clause, each with at least one non-empty n-gram".into(),
+        ));
+    }
+    if cnf.len() > max_clauses {
+        return Err(IndexError::Invalid(format!(
+            "a CNF of {} clauses exceeds the limit of {max_clauses}",
+            cnf.len(),
+        )));
+    }
+    Ok(())
+}
+
+/// Every clause's stride: 1, or what brings its matches to `max_clause_freq`. Refuses a search
+/// that would visit more than `max_places` places.
+pub fn search_strides(totals: &[u64], opts: SearchOptions) -> Result<Vec<u64>> {
+    let places = totals
+        .iter()
+        .map(|&t| t.min(opts.max_clause_freq))
+        .fold(0u64, u64::saturating_add);
+    if places > opts.max_places {
+        return Err(IndexError::Invalid(format!(
+            "this search would visit {places} places (over its clauses, the matches of each up to \
+             max_clause_freq {}), beyond the limit of {}: use rarer n-grams or a lower max_clause_freq",
+            opts.max_clause_freq, opts.max_places
+        )));
+    }
+    Ok(totals
+        .iter()
+        .map(|t| t.div_ceil(opts.max_clause_freq).max(1))
+        .collect())
+}
+
 /// A place in the corpus: shard and byte offset.
 type Place = (usize, u64);
 
@@ -96,92 +172,116 @@ impl Index {
         cnf: &[Vec<Vec<u32>>],
         opts: SearchOptions,
     ) -> Result<SearchResult> {
-        if cnf.is_empty()
-            || cnf
-                .iter()
-                .any(|clause| clause.is_empty() || clause.iter().any(|ngram| ngram.is_empty()))
-        {
-            return Err(IndexError::Invalid(
-                "a CNF needs at least one clause, each with at least one non-empty n-gram".into(),
-            ));
-        }
-        if cnf.len() > opts.max_clauses {
-            return Err(IndexError::Invalid(format!(
-                "a CNF of {} clauses exceeds the limit of {}",
-                cnf.len(),
-                opts.max_clauses
-            )));
-        }
+        self.check_cnf(cnf, opts.max_clauses)?;
         if opts.max_clause_freq == 0 {
             return Err(IndexError::Invalid(
                 "max_clause_freq must be a positive integer".into(),
             ));
         }
+        // Every n-gram is located first: the counts bound the work before any place is visited.
+        let located = self.locate_cnf(cnf);
+        let totals: Vec<u64> = located
+            .iter()
+            .map(|clause| clause.iter().map(Matches::count).sum())
+            .collect();
+        let strides = search_strides(&totals, opts)?;
+        let found = self.visit_cnf(&located, &strides, opts.maxnum, opts.max_disp_len)?;
+        Ok(found.result(&totals, &strides))
+    }
+
+    /// What this index holds of a search whose strides were chosen from the counts of several
+    /// indexes (a shard server's part of a router's search). The work is bounded as in
+    /// [`Index::search_docs_cnf`]: the places the strides visit may not exceed `max_places`.
+    pub fn search_strided(
+        &self,
+        cnf: &[Vec<Vec<u32>>],
+        strides: &[u64],
+        opts: SearchOptions,
+    ) -> Result<PartialSearch> {
+        self.check_cnf(cnf, opts.max_clauses)?;
+        if strides.len() != cnf.len() || strides.contains(&0) {
+            return Err(IndexError::Invalid(
+                "a strided search needs one positive stride per clause".into(),
+            ));
+        }
+        let located = self.locate_cnf(cnf);
+        let places = located
+            .iter()
+            .zip(strides)
+            .map(|(clause, &stride)| {
+                clause
+                    .iter()
+                    .map(Matches::count)
+                    .sum::<u64>()
+                    .div_ceil(stride)
+            })
+            .fold(0u64, u64::saturating_add);
+        if places > opts.max_places {
+            return Err(IndexError::Invalid(format!(
+                "this search would visit {places} places here, beyond the limit of {}",
+                opts.max_places
+            )));
+        }
+        self.visit_cnf(&located, strides, opts.maxnum, opts.max_disp_len)
+    }
+
+    fn check_cnf(&self, cnf: &[Vec<Vec<u32>>], max_clauses: usize) -> Result<()> {
+        check_cnf_shape(cnf, max_clauses)?;
         for ngram in cnf.iter().flatten() {
             self.check_ids(ngram)?;
         }
-        // Every n-gram is located first: the counts bound the work before any place is visited.
-        let located: Vec<Vec<Matches>> = cnf
-            .iter()
+        Ok(())
+    }
+
+    fn locate_cnf(&self, cnf: &[Vec<Vec<u32>>]) -> Vec<Vec<Matches>> {
+        cnf.iter()
             .map(|clause| {
                 clause
                     .iter()
                     .map(|ngram| self.locate(self.encode(ngram), None))
                     .collect()
             })
-            .collect();
-        let totals: Vec<u64> = located
+            .collect()
+    }
+
+    /// The documents matching every clause, visiting every `strides[c]`-th match of clause c.
+    fn visit_cnf(
+        &self,
+        located: &[Vec<Matches>],
+        strides: &[u64],
+        maxnum: usize,
+        max_disp_len: usize,
+    ) -> Result<PartialSearch> {
+        let clauses = located
             .iter()
-            .map(|clause| clause.iter().map(Matches::count).sum())
-            .collect();
-        let places = totals
-            .iter()
-            .map(|&t| t.min(opts.max_clause_freq))
-            .fold(0u64, u64::saturating_add);
-        if places > opts.max_places {
-            return Err(IndexError::Invalid(format!(
-                "this search would visit {places} places (over its clauses, the matches of each up to \
-                 max_clause_freq {}), beyond the limit of {}: use rarer n-grams or a lower max_clause_freq",
-                opts.max_clause_freq, opts.max_places
-            )));
-        }
-        let mut approx = false;
-        let mut clauses: Vec<(ClauseDocs, u64)> = Vec::with_capacity(cnf.len());
-        for (matches, &total) in located.iter().zip(&totals) {
-            let stride = total.div_ceil(opts.max_clause_freq).max(1);
-            let docs = self.clause_documents(matches, stride)?;
-            approx |= stride > 1;
-            clauses.push((docs, stride));
-        }
-        let anchor = (0..clauses.len())
-            .min_by_key(|&c| totals[c])
-            .unwrap_or_default();
-        let ((first, _), rest) = clauses
+            .zip(strides)
+            .map(|(matches, &stride)| self.clause_documents(matches, stride))
+            .collect::<Result<Vec<ClauseDocs>>>()?;
+        let (first, rest) = clauses
             .split_first()
             .ok_or_else(|| IndexError::Invalid("empty CNF".into()))?;
         let matching: Vec<(&DocKey, &Seen)> = first
             .iter()
-            .filter(|(doc, _)| rest.iter().all(|(c, _)| c.contains_key(doc)))
+            .filter(|(doc, _)| rest.iter().all(|c| c.contains_key(doc)))
             .collect();
-        let cnt = if clauses.len() == 1 {
-            totals[0]
-        } else {
-            let (anchor_docs, stride) = &clauses[anchor];
-            matching
-                .iter()
-                .filter_map(|(doc, _)| anchor_docs.get(doc))
-                .map(|seen| seen.places * stride)
-                .sum()
-        };
+        let clause_places = clauses
+            .iter()
+            .map(|c| {
+                matching
+                    .iter()
+                    .filter_map(|(doc, _)| c.get(doc))
+                    .map(|seen| seen.places)
+                    .sum()
+            })
+            .collect();
         let documents = matching
             .iter()
-            .take(opts.maxnum)
-            .map(|&(&(s, d), seen)| self.document(s, d, seen.first, opts.max_disp_len))
+            .take(maxnum)
+            .map(|&(&(s, d), seen)| self.document(s, d, seen.first, max_disp_len))
             .collect();
-        Ok(SearchResult {
-            cnt,
+        Ok(PartialSearch {
             doc_cnt: matching.len() as u64,
-            approx,
+            clause_places,
             documents,
         })
     }

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::index::next_table::NextTableSpec;
+use crate::index::split::ShardSetRecord;
 use crate::index::IndexError;
 
 /// Name of our manifest. The reference engine finds its files by substring match on the path, so the
@@ -271,6 +272,9 @@ pub struct Manifest {
     /// What the shards' next-token tables hold, when the build made them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_token_table: Option<NextTableSpec>,
+    /// Which shard of which set this index is, when it was built as one (`--shard K/N`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_set: Option<ShardSetRecord>,
 }
 
 /// What a build's decontamination ([`crate::index::decontam`]) dropped, recorded in the manifest.

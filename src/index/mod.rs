@@ -10,10 +10,13 @@ pub mod format;
 pub mod info;
 pub mod next_table;
 pub mod next_tokens;
+pub mod partial;
 pub mod query;
 pub mod reader;
 pub mod sa;
+pub mod sampling;
 pub mod shard;
+pub mod split;
 pub mod suffix;
 pub mod token_file;
 

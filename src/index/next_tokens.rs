@@ -38,6 +38,20 @@ pub fn collect_runs(
         runs.extend(counts.map(|(token, n)| (token as NextKey, n as u64)));
         return Ok(());
     }
+    ordered_runs(shard, range, query_bytes, runs)
+}
+
+/// The runs of `range` in rank order (divide and conquer, never the table, whose counts are in
+/// token order).
+pub fn ordered_runs(
+    shard: &Shard,
+    range: RankRange,
+    query_bytes: usize,
+    runs: &mut Vec<(NextKey, u64)>,
+) -> Result<()> {
+    if range.is_empty() {
+        return Ok(());
+    }
     let key = |rank| shard.next_key(rank, query_bytes);
     let mut stack = vec![(range.lo, range.hi, key(range.lo), key(range.hi - 1))];
     let (mut reads, mut checked) = (2u64, 0u64);

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::index::next_tokens;
+use crate::index::sampling;
 use crate::index::shard::{NextKey, RankRange, Shard};
 use crate::index::{Index, IndexError, Result};
 
@@ -68,12 +69,45 @@ pub struct InfgramNtdResult {
     pub sparse: bool,
 }
 
-/// What follows the matches of a prompt in one shard, found with O(1) reads (paper App. A).
+/// Rejects ids outside a vocabulary of `vocab_size` and queries beyond `MAX_QUERY_TOKENS`.
+pub fn check_vocabulary(ids: &[u32], vocab_size: u64) -> Result<()> {
+    if ids.len() > MAX_QUERY_TOKENS {
+        return Err(IndexError::Invalid(format!(
+            "query of {} tokens exceeds the limit of {MAX_QUERY_TOKENS}",
+            ids.len()
+        )));
+    }
+    if let Some(bad) = ids.iter().find(|&&id| id as u64 >= vocab_size) {
+        return Err(IndexError::Invalid(format!(
+            "token id {bad} is outside the vocabulary (size {vocab_size})"
+        )));
+    }
+    Ok(())
+}
+
+/// Which tokens follow the matches of a prompt: none (no match), a single one, or several; found
+/// with O(1) reads per shard (paper App. A), and merged over shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Continuations {
+pub enum Spread {
     None,
     Single(u32),
     Several,
+}
+
+impl Spread {
+    /// What follows the matches of two sets of shards together.
+    pub fn merge(self, other: Spread) -> Spread {
+        match (self, other) {
+            (Spread::None, x) | (x, Spread::None) => x,
+            (Spread::Single(a), Spread::Single(b)) if a == b => Spread::Single(a),
+            _ => Spread::Several,
+        }
+    }
+
+    /// The ∞-gram distribution has one possible next token.
+    pub fn is_sparse(self) -> bool {
+        matches!(self, Spread::Single(_))
+    }
 }
 
 /// Per-shard ranges of one query, with the query's byte encoding.
@@ -91,19 +125,7 @@ impl Matches {
 impl Index {
     /// Rejects ids the vocabulary does not have and queries beyond `MAX_QUERY_TOKENS`.
     pub fn check_ids(&self, ids: &[u32]) -> Result<()> {
-        if ids.len() > MAX_QUERY_TOKENS {
-            return Err(IndexError::Invalid(format!(
-                "query of {} tokens exceeds the limit of {MAX_QUERY_TOKENS}",
-                ids.len()
-            )));
-        }
-        if let Some(bad) = ids.iter().find(|&&id| id as u64 >= self.vocab_size()) {
-            return Err(IndexError::Invalid(format!(
-                "token id {bad} is outside the vocabulary (size {})",
-                self.vocab_size()
-            )));
-        }
-        Ok(())
+        check_vocabulary(ids, self.vocab_size())
     }
 
     pub(crate) fn encode(&self, ids: &[u32]) -> Vec<u8> {
@@ -194,7 +216,7 @@ impl Index {
         total
     }
 
-    fn token_of(&self, key: NextKey) -> u32 {
+    pub(crate) fn token_of(&self, key: NextKey) -> u32 {
         next_tokens::token_of_key(key, self.width().separator(), self.eos_token_id())
     }
 
@@ -221,14 +243,10 @@ impl Index {
             match max_support {
                 Some(cap) if approx => {
                     // Samples spread evenly over the range; each shard gets its share of the budget.
-                    let samples = ((cap as u128 * range.len() as u128).div_ceil(prompt_cnt as u128)
-                        as u64)
-                        .clamp(1, range.len());
-                    for i in 0..samples {
-                        let rank =
-                            range.lo + (i as u128 * range.len() as u128 / samples as u128) as u64;
+                    let share = sampling::share(cap, range.len(), prompt_cnt);
+                    for offset in sampling::offsets(range.len(), cap, share) {
                         *dist
-                            .entry(self.token_of(shard.next_key(rank, qlen)))
+                            .entry(self.token_of(shard.next_key(range.lo + offset, qlen)))
                             .or_insert(0) += 1;
                     }
                 }
@@ -257,23 +275,24 @@ impl Index {
 
     /// Sparse flag of the prompt's matches: exactly one possible next token over all shards.
     pub(crate) fn is_sparse(&self, prompt: &Matches) -> bool {
-        let mut single = None;
-        for (shard, range) in self.shards.iter().zip(&prompt.ranges) {
-            match self.continuations(shard, *range, prompt) {
-                Continuations::None => {}
-                Continuations::Several => return false,
-                Continuations::Single(t) => match single {
-                    Some(s) if s != t => return false,
-                    _ => single = Some(t),
-                },
-            }
-        }
-        single.is_some()
+        self.spread(prompt).is_sparse()
     }
 
-    fn continuations(&self, shard: &Shard, range: RankRange, prompt: &Matches) -> Continuations {
+    /// What follows the prompt's matches over all shards.
+    pub(crate) fn spread(&self, prompt: &Matches) -> Spread {
+        let mut spread = Spread::None;
+        for (shard, range) in self.shards.iter().zip(&prompt.ranges) {
+            spread = spread.merge(self.continuations(shard, *range, prompt));
+            if spread == Spread::Several {
+                break;
+            }
+        }
+        spread
+    }
+
+    fn continuations(&self, shard: &Shard, range: RankRange, prompt: &Matches) -> Spread {
         if range.is_empty() {
-            return Continuations::None;
+            return Spread::None;
         }
         let qlen = prompt.bytes.len();
         let (first, last) = (
@@ -281,11 +300,11 @@ impl Index {
             shard.next_key(range.hi - 1, qlen),
         );
         if first == last {
-            return Continuations::Single(self.token_of(first));
+            return Spread::Single(self.token_of(first));
         }
         let eos = self.eos_token_id();
         if self.token_of(first) != eos || self.token_of(last) != eos {
-            return Continuations::Several;
+            return Spread::Several;
         }
         // The ends disagree in raw value but both mean eos (end of shard, eos id, separator): the range is
         // all eos only if those three account for every match.
@@ -299,9 +318,9 @@ impl Index {
             + if sep != eos { sub(sep) } else { 0 }
             + u64::from(qlen > 0 && shard.ends_with(&prompt.bytes));
         if eos_like == range.len() {
-            Continuations::Single(eos)
+            Spread::Single(eos)
         } else {
-            Continuations::Several
+            Spread::Several
         }
     }
 

@@ -142,6 +142,32 @@ impl Index {
         })
     }
 
+    /// One index over the shards of several, in order (the shards of a set): what a single
+    /// sidecar over all of them would answer. They must agree on what a token id means.
+    pub fn join(parts: Vec<Index>) -> Result<Self> {
+        let mut parts = parts.into_iter();
+        let mut joined = parts
+            .next()
+            .ok_or_else(|| IndexError::Invalid("no index to join".into()))?;
+        let fingerprint = |i: &Index| i.tokenizer.as_ref().map(|t| t.fingerprint().to_string());
+        for part in parts {
+            let same = part.width == joined.width
+                && part.eos_token_id == joined.eos_token_id
+                && part.vocab_size == joined.vocab_size
+                && fingerprint(&part) == fingerprint(&joined);
+            if !same {
+                return Err(IndexError::Mismatch(format!(
+                    "{} and {} differ in token width, eos, vocabulary or tokenizer",
+                    joined.dir.display(),
+                    part.dir.display()
+                )));
+            }
+            joined.shards.extend(part.shards);
+        }
+        joined.manifest = None;
+        Ok(joined)
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

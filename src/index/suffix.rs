@@ -5,6 +5,7 @@
 //! Dense scoring, decoding sessions and the drafter stand on it.
 
 use crate::index::query::{InfgramNtdResult, Matches};
+use crate::index::sampling;
 use crate::index::shard::{NextKey, END};
 use crate::index::{Index, Result};
 
@@ -195,10 +196,11 @@ impl Index {
             if range.is_empty() {
                 continue;
             }
-            let share = (samples as u128 * range.len() as u128).div_ceil(total as u128) as u64;
-            let share = share.clamp(1, range.len());
-            for i in 0..share {
-                let rank = range.lo + (i as u128 * range.len() as u128 / share as u128) as u64;
+            let cap = samples as u64;
+            for offset in
+                sampling::offsets(range.len(), cap, sampling::share(cap, range.len(), total))
+            {
+                let rank = range.lo + offset;
                 let continuation: Vec<u32> = (0..depth)
                     .map(|j| shard.next_key(rank, qlen + j * width))
                     .take_while(|&key| !stop(key))

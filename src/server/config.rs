@@ -14,7 +14,8 @@ pub struct ServeConfig {
     /// Loopback by default: anything else should set `auth_token_env`.
     #[serde(default = "default_bind")]
     pub bind: SocketAddr,
-    /// The reference index (built by `index build`).
+    /// The reference index (built by `index build`); none for a router.
+    #[serde(default)]
     pub index: PathBuf,
     /// The mixing file of `eval fit` (λ1/λ2 for `Mix` with `split`).
     pub mixing: Option<PathBuf>,
@@ -34,6 +35,73 @@ pub struct ServeConfig {
     pub limits: Limits,
     #[serde(default)]
     pub live: LiveSection,
+    #[serde(default)]
+    pub cluster: ClusterSection,
+}
+
+/// What this process is in a deployment of several.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// A sidecar over its own index (the default).
+    #[default]
+    Single,
+    /// A sidecar over one shard of a set that also serves `sidecar.shard.v1` to routers.
+    Shard,
+    /// No index: serves `sidecar.v1` by fanning out to shard servers and merging their answers.
+    Router,
+}
+
+/// `[cluster]`: the role, and for a router where its shard servers are.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSection {
+    pub role: Role,
+    /// Router: shard servers' `host:port`s. Replicas of a shard are found by describing each.
+    pub shards: Vec<String>,
+    /// Router: a `host:port` whose name resolves to every shard server (a Kubernetes headless
+    /// Service), resolved again at every refresh.
+    pub shard_service: Option<String>,
+    /// Router: most milliseconds a call to one shard may take (less when the caller's deadline is
+    /// nearer); then the shard's next replica is tried.
+    pub shard_timeout_ms: u64,
+    /// Router: seconds between two checks of every shard server (readiness, replicas come and go).
+    pub refresh_secs: u64,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        Self {
+            role: Role::Single,
+            shards: Vec::new(),
+            shard_service: None,
+            shard_timeout_ms: 2_000,
+            refresh_secs: 5,
+        }
+    }
+}
+
+impl ClusterSection {
+    fn check(&self) -> Result<(), ConfigError> {
+        let router = self.role == Role::Router;
+        let has_shards = !self.shards.is_empty() || self.shard_service.is_some();
+        if router && !has_shards {
+            return Err(ConfigError::Invalid(
+                "a router needs cluster.shards or cluster.shard_service".into(),
+            ));
+        }
+        if !router && has_shards {
+            return Err(ConfigError::Invalid(
+                "cluster.shards and cluster.shard_service are for role = \"router\"".into(),
+            ));
+        }
+        if self.shard_timeout_ms == 0 || self.refresh_secs == 0 {
+            return Err(ConfigError::Invalid(
+                "cluster.shard_timeout_ms and cluster.refresh_secs must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// `[live]`: the live index that sessions with a namespace draft from and learn into.
@@ -194,7 +262,9 @@ impl ServeConfig {
         let text = std::fs::read_to_string(path).map_err(|e| read_error(e.to_string()))?;
         let mut config: Self = toml::from_str(&text).map_err(|e| read_error(e.to_string()))?;
         let base = path.parent().unwrap_or(Path::new("."));
-        config.index = resolve(base, &config.index);
+        if !config.index.as_os_str().is_empty() {
+            config.index = resolve(base, &config.index);
+        }
         config.mixing = config.mixing.map(|m| resolve(base, &m));
         config.model = config.model.map(|m| resolve(base, &m));
         config.live.data_dir = config.live.data_dir.map(|d| resolve(base, &d));
@@ -205,6 +275,20 @@ impl ServeConfig {
     /// The checks of [`ServeConfig::load`], for a config built in code.
     pub fn check(&self) -> Result<(), ConfigError> {
         self.limits.check()?;
+        self.cluster.check()?;
+        let router = self.cluster.role == Role::Router;
+        if router != self.index.as_os_str().is_empty() {
+            return Err(ConfigError::Invalid(match router {
+                true => "a router holds no index: leave `index` out".into(),
+                false => "`index` is missing: the folder of an `index build`".into(),
+            }));
+        }
+        if router && (self.model.is_some() || self.mixing.is_some()) {
+            return Err(ConfigError::Invalid(
+                "a router serves the engine's queries only for now: leave `model` and `mixing` out"
+                    .into(),
+            ));
+        }
         if let Some(cpu) = &self.cpu {
             cpu.parse::<FlavourRequest>()
                 .map_err(|e| ConfigError::Invalid(format!("cpu: {e}")))?;

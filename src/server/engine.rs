@@ -4,8 +4,9 @@ use std::collections::BTreeMap;
 
 use tonic::Status;
 
-use super::{index_status, pb, State};
-use crate::index::docs::SearchOptions;
+use super::config::Limits;
+use super::{check_len, index_status, pb, State};
+use crate::index::docs::{Cnf, SearchOptions, SearchResult};
 
 pub(super) fn info(s: &State) -> pb::InfoResponse {
     let (lambda_sparse, lambda_dense, gate) = match &s.mixing {
@@ -70,7 +71,10 @@ pub(super) fn count(s: &State, r: pb::CountRequest) -> Result<pb::CountResponse,
     let ids = r.ids;
     s.check_len("the n-gram", ids.len())?;
     let count = s.index.count(&ids).map_err(index_status)?;
-    Ok(pb::CountResponse { count })
+    Ok(pb::CountResponse {
+        count,
+        partial: None,
+    })
 }
 
 pub(super) fn next_token_distribution(
@@ -99,6 +103,7 @@ pub(super) fn next_token_distribution(
         approx: ntd.approx,
         suffix_len: suffix_len as u32,
         sparse,
+        partial: None,
     })
 }
 
@@ -111,47 +116,63 @@ pub(super) fn search_documents(
     s: &State,
     r: pb::SearchDocumentsRequest,
 ) -> Result<pb::SearchDocumentsResponse, Status> {
-    let cnf: Vec<Vec<Vec<u32>>> = r
+    let (cnf, opts) = search_request(&s.limits, r)?;
+    let found = s.index.search_docs_cnf(&cnf, opts).map_err(index_status)?;
+    Ok(search_response(found, None))
+}
+
+/// A search's CNF and options, checked against the limits before any work: an answer that could
+/// not be sent is refused up front.
+pub(super) fn search_request(
+    limits: &Limits,
+    r: pb::SearchDocumentsRequest,
+) -> Result<(Cnf, SearchOptions), Status> {
+    let cnf: Cnf = r
         .cnf
         .into_iter()
         .map(|c| c.ngrams.into_iter().map(|g| g.ids).collect())
         .collect();
     let tokens: usize = cnf.iter().flatten().map(Vec::len).sum();
-    s.check_len("the CNF", tokens)?;
+    check_len(limits, "the CNF", tokens)?;
     let defaults = SearchOptions::default();
     let or_default = |v: u64, d: u64| if v == 0 { d } else { v };
     let maxnum = or_default(r.maxnum.into(), defaults.maxnum as u64) as usize;
-    if maxnum > s.limits.max_top_k {
+    if maxnum > limits.max_top_k {
         return Err(Status::invalid_argument(format!(
             "maxnum must be at most {}",
-            s.limits.max_top_k
+            limits.max_top_k
         )));
     }
     let opts = SearchOptions {
         maxnum,
         max_disp_len: or_default(r.max_disp_len.into(), defaults.max_disp_len as u64) as usize,
         max_clause_freq: or_default(r.max_clause_freq, defaults.max_clause_freq),
-        max_clauses: s.limits.max_cnf_clauses,
-        max_places: s.limits.max_search_places,
+        max_clauses: limits.max_cnf_clauses,
+        max_places: limits.max_search_places,
     };
-    if opts.max_clause_freq > s.limits.max_clause_freq {
+    if opts.max_clause_freq > limits.max_clause_freq {
         return Err(Status::invalid_argument(format!(
             "max_clause_freq must be at most {}",
-            s.limits.max_clause_freq
+            limits.max_clause_freq
         )));
     }
-    // Known before any work: an answer that could not be sent is refused up front.
     let worst_case = (opts.maxnum as u64)
         .saturating_mul(opts.max_disp_len as u64)
         .saturating_mul(BYTES_PER_SHOWN_TOKEN);
-    if worst_case > s.limits.max_message_bytes as u64 {
+    if worst_case > limits.max_message_bytes as u64 {
         return Err(Status::resource_exhausted(format!(
             "maxnum × max_disp_len = {} × {} tokens could take {worst_case} bytes, more than the message limit of {}: ask for fewer or shorter documents",
-            opts.maxnum, opts.max_disp_len, s.limits.max_message_bytes
+            opts.maxnum, opts.max_disp_len, limits.max_message_bytes
         )));
     }
-    let found = s.index.search_docs_cnf(&cnf, opts).map_err(index_status)?;
-    Ok(pb::SearchDocumentsResponse {
+    Ok((cnf, opts))
+}
+
+pub(super) fn search_response(
+    found: SearchResult,
+    partial: Option<pb::Partial>,
+) -> pb::SearchDocumentsResponse {
+    pb::SearchDocumentsResponse {
         cnt: found.cnt,
         doc_cnt: found.doc_cnt,
         approx: found.approx,
@@ -168,7 +189,8 @@ pub(super) fn search_documents(
                 text: d.text.unwrap_or_default(),
             })
             .collect(),
-    })
+        partial,
+    }
 }
 
 pub(super) fn token_probs(dist: &BTreeMap<u32, u64>) -> Vec<pb::TokenProb> {

@@ -13,9 +13,11 @@ pub mod metrics;
 mod mix_sequences;
 mod mixing;
 mod observe;
+mod router;
 mod score;
 mod serve;
 mod session;
+mod shard;
 
 pub use serve::serve;
 
@@ -79,6 +81,11 @@ pub mod pb {
     /// For gRPC reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         tonic::include_file_descriptor_set!("sidecar_v1_descriptor");
+}
+
+/// The generated code of the protocol between routers and shard servers.
+pub mod shard_pb {
+    tonic::include_proto!("sidecar.shard.v1");
 }
 
 use pb::sidecar_server::Sidecar;
@@ -203,6 +210,17 @@ fn deadline_of<T>(request: &Request<T>) -> Option<Instant> {
     Some(Instant::now() + timeout)
 }
 
+/// Refuses a request part longer than `max_context_tokens`.
+fn check_len(limits: &Limits, what: &str, len: usize) -> Result<(), Status> {
+    if len > limits.max_context_tokens {
+        return Err(Status::invalid_argument(format!(
+            "{what} has {len} tokens, more than the limit of {}",
+            limits.max_context_tokens
+        )));
+    }
+    Ok(())
+}
+
 impl State {
     /// A permit to do CPU work, or RESOURCE_EXHAUSTED when `max_in_flight` requests already run.
     fn permit(&self) -> Result<WorkPermit, Status> {
@@ -217,13 +235,7 @@ impl State {
     }
 
     fn check_len(&self, what: &str, len: usize) -> Result<(), Status> {
-        if len > self.limits.max_context_tokens {
-            return Err(Status::invalid_argument(format!(
-                "{what} has {len} tokens, more than the limit of {}",
-                self.limits.max_context_tokens
-            )));
-        }
-        Ok(())
+        check_len(&self.limits, what, len)
     }
 
     fn check_top_k(&self, top_k: u32) -> Result<usize, Status> {

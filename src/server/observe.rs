@@ -31,6 +31,11 @@ const METHODS: &[&str] = &[
     "Score",
     "Session",
     "AddDocuments",
+    "Batch",
+    // sidecar.shard.v1, on shard servers.
+    "Describe",
+    "Continuations",
+    "ScoreTokens",
 ];
 
 fn method_of(path: &str) -> &'static str {

@@ -6,14 +6,20 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::server::Router;
 use tonic::transport::Server;
 use tonic::{Request, Status};
+use tonic_health::server::HealthReporter;
 
-use super::config::{ConfigError, ServeConfig};
-use super::listen::{incoming, AcceptLimits};
+use super::config::{ConfigError, Limits, Role, ServeConfig};
+use super::listen::{incoming, AcceptLimits, Connection};
 use super::metrics::{serve_metrics, Metrics};
 use super::observe::Observed;
 use super::pb::sidecar_server::SidecarServer;
+use super::router::{RouterService, FORMING_REFRESH};
+use super::shard_pb::shard_server::ShardServer;
 use super::{pb, ServeError, SidecarService};
 
 /// Compares two byte strings in time that depends on their lengths only, not on where they differ.
@@ -89,7 +95,8 @@ const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 /// Serves `config` until `shutdown` resolves, then drains: new connections are refused, in-flight
 /// requests finish, and after `limits.drain_secs` the streams still open (sessions, `Score`) and
-/// the work still running are ended with UNAVAILABLE.
+/// the work still running are ended with UNAVAILABLE. A router serves the same API over its shard
+/// servers; a shard server also serves `sidecar.shard.v1` to routers.
 pub async fn serve(
     config: ServeConfig,
     listener: tokio::net::TcpListener,
@@ -103,7 +110,6 @@ pub async fn serve(
     }
     limit_malloc_arenas();
     let metrics = Arc::new(Metrics::default());
-    let service = SidecarService::open_with_metrics(&config, Arc::clone(&metrics))?;
     // Dropped (and the endpoint closed) when serving ends.
     let _metrics_endpoint = match config.metrics_bind {
         Some(addr) => {
@@ -122,22 +128,18 @@ pub async fn serve(
         None => None,
     };
     let limits = config.limits;
-    let sidecar = SidecarServer::new(service.clone())
-        .max_decoding_message_size(limits.max_message_bytes)
-        .max_encoding_message_size(limits.max_message_bytes);
-    let sidecar = Observed::new(
-        tonic::service::interceptor::InterceptedService::new(sidecar, bearer_check(token)),
-        Arc::clone(&metrics),
-    );
     let (health_reporter, health) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<SidecarServer<SidecarService>>()
-        .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|e| ServeError::Setup(format!("reflection: {e}")))?;
-    tracing::info!("serving on {local}");
+    let keepalive = Duration::from_secs(limits.keepalive_secs);
+    let routes = Server::builder()
+        .http2_keepalive_interval(Some(keepalive))
+        .http2_keepalive_timeout(Some(keepalive))
+        .add_service(health)
+        .add_service(reflection);
+    let auth = bearer_check(token.clone());
     let connections = incoming(
         listener,
         AcceptLimits {
@@ -146,22 +148,94 @@ pub async fn serve(
         },
         metrics.connections.clone(),
     );
+    tracing::info!(role = ?config.cluster.role, "role");
+    tracing::info!("serving on {local}");
+    if config.cluster.role == Role::Router {
+        let router = RouterService::new(&config, token).map_err(ServeError::Setup)?;
+        let sidecar = SidecarServer::new(router.clone())
+            .max_decoding_message_size(limits.max_message_bytes)
+            .max_encoding_message_size(limits.max_message_bytes);
+        // Ready (the sidecar service SERVING) only while every shard has a replica that answers;
+        // the server itself ("") is SERVING while it runs, for liveness.
+        let _readiness = AbortOnDrop(tokio::spawn(track_readiness(
+            router,
+            health_reporter,
+            Duration::from_secs(config.cluster.refresh_secs),
+        )));
+        let routes = routes.add_service(observed(InterceptedService::new(sidecar, auth), &metrics));
+        return drain(routes, connections, limits, shutdown, || {}).await;
+    }
+    let service = SidecarService::open_with_metrics(&config, Arc::clone(&metrics))?;
+    let sidecar = SidecarServer::new(service.clone())
+        .max_decoding_message_size(limits.max_message_bytes)
+        .max_encoding_message_size(limits.max_message_bytes);
+    health_reporter
+        .set_serving::<SidecarServer<SidecarService>>()
+        .await;
+    let shard = (config.cluster.role == Role::Shard).then(|| {
+        let shard = ShardServer::new(service.clone())
+            .max_decoding_message_size(limits.max_message_bytes)
+            .max_encoding_message_size(usize::MAX);
+        observed(InterceptedService::new(shard, auth.clone()), &metrics)
+    });
+    let routes = routes
+        .add_optional_service(shard)
+        .add_service(observed(InterceptedService::new(sidecar, auth), &metrics));
+    let closing = service.clone();
+    let served = drain(routes, connections, limits, shutdown, move || {
+        closing.close_streams()
+    })
+    .await;
+    // The live index stops here, not when the last holder of the state lets go (the process may
+    // exit first): its compactor finishes the build under way and the tails become runs.
+    let _ = tokio::task::spawn_blocking(move || service.close_live()).await;
+    served
+}
+
+/// `service` with its calls recorded in the metrics.
+fn observed<S>(service: S, metrics: &Arc<Metrics>) -> Observed<S> {
+    Observed::new(service, Arc::clone(metrics))
+}
+
+/// Describes the shard servers every `every` (twice a second while the set is incomplete) and
+/// keeps the router's readiness to what it found.
+async fn track_readiness(router: RouterService, health: HealthReporter, every: Duration) {
+    loop {
+        let ready = router.refresh().await;
+        match ready {
+            true => health.set_serving::<SidecarServer<RouterService>>().await,
+            false => {
+                health
+                    .set_not_serving::<SidecarServer<RouterService>>()
+                    .await
+            }
+        }
+        let wait = match ready {
+            true => every,
+            false => every.min(FORMING_REFRESH),
+        };
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// Serves `routes` until `shutdown`, then drains: in-flight requests finish; once
+/// `limits.drain_secs` have passed, `close_streams` ends what is still open.
+async fn drain(
+    routes: Router,
+    connections: ReceiverStream<std::io::Result<Connection>>,
+    limits: Limits,
+    shutdown: impl Future<Output = ()>,
+    close_streams: impl FnOnce(),
+) -> Result<(), ServeError> {
     let (draining_tx, mut draining) = tokio::sync::watch::channel(false);
-    let keepalive = Duration::from_secs(limits.keepalive_secs);
-    let server = Server::builder()
-        .http2_keepalive_interval(Some(keepalive))
-        .http2_keepalive_timeout(Some(keepalive))
-        .add_service(health)
-        .add_service(reflection)
-        .add_service(sidecar)
-        .serve_with_incoming_shutdown(connections, async move {
-            shutdown.await;
-            tracing::info!(
-                "shutting down: finishing in-flight requests, closing open streams in {} s",
-                limits.drain_secs
-            );
-            let _ = draining_tx.send(true);
-        });
+    let server = routes.serve_with_incoming_shutdown(connections, async move {
+        shutdown.await;
+        tracing::info!(
+            "shutting down: finishing in-flight requests, closing open streams in {} s",
+            limits.drain_secs
+        );
+        let _ = draining_tx.send(true);
+    });
     tokio::pin!(server);
     let drain_deadline = async {
         if draining.wait_for(|d| *d).await.is_ok() {
@@ -174,11 +248,11 @@ pub async fn serve(
         served = &mut server => Some(served.map_err(ServeError::Transport)),
         _ = drain_deadline => None,
     };
-    let served = match served {
+    match served {
         Some(served) => served,
         None => {
             tracing::info!("drain deadline passed: closing open streams with UNAVAILABLE");
-            service.close_streams();
+            close_streams();
             tokio::select! {
                 served = &mut server => served.map_err(ServeError::Transport),
                 _ = tokio::time::sleep(CLOSE_GRACE) => {
@@ -187,12 +261,7 @@ pub async fn serve(
                 }
             }
         }
-    };
-    // The live index stops here, not when the last holder of the state lets go (the process may
-    // exit first): its compactor finishes the build under way and the tails become runs.
-    let closing = service.clone();
-    let _ = tokio::task::spawn_blocking(move || closing.close_live()).await;
-    served
+    }
 }
 
 #[cfg(test)]

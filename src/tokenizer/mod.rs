@@ -47,6 +47,16 @@ impl Tokenizer {
         }
     }
 
+    /// A tokenizer from `tokenizer.json` text (what [`Tokenizer::to_json`] writes), named `source`:
+    /// how a router gets its shards' tokenizer.
+    pub fn from_json(json: &str, source: &str) -> Result<Self> {
+        let inner: tokenizers::Tokenizer = json
+            .parse()
+            .map_err(|e| TokenizerError::Load(format!("{source}: {e}")))?;
+        let eos = document_end_token(&inner);
+        Self::wrap(inner, Path::new(source), eos)
+    }
+
     /// Rebuilds a byte-level BPE tokenizer from `tokenizer.ggml.*` metadata (GPT-2 style models such as
     /// SmolLM2: vocabulary, merges, control tokens, and the pre-tokenizer the `pre` name stands for).
     pub fn from_gguf(path: &Path) -> Result<Self> {

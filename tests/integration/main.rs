@@ -5,6 +5,8 @@
 mod common;
 
 mod cli;
+mod cluster;
+mod deploy;
 mod draft_real;
 mod engine_vs_brute_force;
 mod flavours_real;

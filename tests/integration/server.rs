@@ -56,6 +56,7 @@ async fn every_rpc_answers_as_the_library_does() {
 
     let count = client
         .count(authed(pb::CountRequest {
+            allow_partial: false,
             ids: ids[..2].to_vec(),
         }))
         .await
@@ -66,6 +67,7 @@ async fn every_rpc_answers_as_the_library_does() {
 
     let ntd = client
         .next_token_distribution(authed(pb::NextTokenDistributionRequest {
+            allow_partial: false,
             prompt: ids.clone(),
             infinite: true,
             max_support: 0,
@@ -84,6 +86,7 @@ async fn every_rpc_answers_as_the_library_does() {
     // Documents: one n-gram, then a CNF (n-gram AND (n-gram OR n-gram)).
     let ngram = |ids: &[u32]| pb::NGram { ids: ids.to_vec() };
     let search = |cnf: Vec<Vec<&[u32]>>| pb::SearchDocumentsRequest {
+        allow_partial: false,
         cnf: cnf
             .into_iter()
             .map(|c| pb::Clause {
@@ -127,6 +130,7 @@ async fn every_rpc_answers_as_the_library_does() {
         assert_eq!(got_docs, want_docs);
     }
     let empty = pb::SearchDocumentsRequest {
+        allow_partial: false,
         cnf: vec![],
         maxnum: 1,
         max_disp_len: 0,
@@ -166,6 +170,7 @@ async fn every_rpc_answers_as_the_library_does() {
 
     // Bad inputs: status codes with messages, the server keeps serving.
     let bad_id = pb::CountRequest {
+        allow_partial: false,
         ids: vec![vocab as u32 + 5],
     };
     assert_eq!(

@@ -33,6 +33,7 @@ fn most_frequent_token(index_dir: &std::path::Path) -> u32 {
 
 fn search(clauses: usize, token: u32, max_clause_freq: u64) -> pb::SearchDocumentsRequest {
     pb::SearchDocumentsRequest {
+        allow_partial: false,
         cnf: (0..clauses)
             .map(|_| pb::Clause {
                 ngrams: vec![pb::NGram { ids: vec![token] }],
@@ -104,7 +105,13 @@ fn one_at_a_time(dir: &std::path::Path) -> (ServeConfig, u32) {
 async fn permit_comes_back(client: &mut SidecarClient<tonic::transport::Channel>) -> Duration {
     let started = Instant::now();
     loop {
-        match client.count(pb::CountRequest { ids: vec![13] }).await {
+        match client
+            .count(pb::CountRequest {
+                allow_partial: false,
+                ids: vec![13],
+            })
+            .await
+        {
             Ok(_) => return started.elapsed(),
             Err(e) => {
                 assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
@@ -358,6 +365,7 @@ async fn oversized_messages_get_resource_exhausted_and_every_call_is_counted() {
     // A request over the limit.
     let err = client
         .count(pb::CountRequest {
+            allow_partial: false,
             ids: vec![1000; 3000],
         })
         .await
@@ -367,6 +375,7 @@ async fn oversized_messages_get_resource_exhausted_and_every_call_is_counted() {
     // seen in the index) does not fit 4 kB.
     let err = client
         .next_token_distribution(pb::NextTokenDistributionRequest {
+            allow_partial: false,
             prompt: vec![],
             infinite: false,
             max_support: 0,
@@ -386,7 +395,10 @@ async fn oversized_messages_get_resource_exhausted_and_every_call_is_counted() {
         let _ = stream.get_mut().message().await;
     }
     // A call cut off by its deadline.
-    let mut request = tonic::Request::new(pb::CountRequest { ids: vec![13] });
+    let mut request = tonic::Request::new(pb::CountRequest {
+        allow_partial: false,
+        ids: vec![13],
+    });
     request.set_timeout(Duration::from_nanos(1));
     let _ = client.count(request).await;
     tokio::time::sleep(Duration::from_millis(300)).await;

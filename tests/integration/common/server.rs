@@ -68,6 +68,7 @@ pub fn config(dir: &Path, index: PathBuf, auth: bool) -> ServeConfig {
     let env = format!("SIDECAR_TEST_TOKEN_{}", std::process::id());
     std::env::set_var(&env, TOKEN);
     ServeConfig {
+        cluster: Default::default(),
         bind: "127.0.0.1:0".parse().unwrap(),
         index,
         mixing: Some(write_mixing(dir)),

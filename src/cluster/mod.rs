@@ -1,0 +1,32 @@
+//! Scale-out: one reference corpus split over shard servers, each a sidecar over its own shard
+//! (`index build --shard K/N`), behind stateless routers that serve the whole `sidecar.v1` API.
+//! This module is the protocol's library side: the shard set a router accepts ([`set`]) and the
+//! merge of the shards' answers ([`merge`]); the gRPC sides are `server::shard` and `server::router`.
+//!
+//! # Why the merged answers are exact
+//!
+//! A shard server answers over its own suffix arrays with [`crate::index::partial`] answers, and
+//! the router merges them into what one index holding every suffix array would answer:
+//! - **Counts add up**: an n-gram's occurrences are the sum of each shard's (documents never span
+//!   shards, and a document end is an eos wherever the shard cuts).
+//! - **∞-gram**: a suffix occurs in the corpus iff it occurs in some shard, and occurrence only
+//!   shrinks as the suffix grows, so the longest suffix found in the corpus is the longest found by
+//!   any shard. Shards that matched less have no occurrence of it and add nothing; the counts and
+//!   distributions of the shards that matched that far add up. Each shard finds its own longest
+//!   suffix, so one round trip is enough. The same holds per position for dense scoring.
+//! - **Sparse**: the ∞-gram distribution has one token iff every shard that matched that far has
+//!   only that token after its matches ([`crate::index::query::Spread`] merges).
+//! - **Subsampled distributions** (`max_support`): a single index gives each suffix array a share
+//!   of the samples in proportion to its matches, and picks them among that suffix array's fine
+//!   samples ([`crate::index::sampling`]), which need no total: a shard sends them, the router
+//!   picks. Exact as long as each shard server's suffix arrays are merged in the same order.
+//! - **Documents**: a document lies in one shard. The router numbers shard k's documents after
+//!   those of shards 0..k, so with a build split by `--shard K/N` (contiguous runs of the input)
+//!   every document keeps its number in a single index over the same input. Searches take two
+//!   round trips: the counts of every clause decide the strides a single index would use.
+//!
+//! Round trips per call: one per shard for count, ntd, ∞-gram and dense scoring; two for a
+//! document search.
+
+pub mod merge;
+pub mod set;

@@ -1,0 +1,411 @@
+//! The router role: the whole `sidecar.v1` API over shard servers, holding no index. Each call
+//! fans out to every shard (`shards`), in one round trip where the protocol allows
+//! (`crate::cluster` says why the merged answers are exact), and answers as a single sidecar over
+//! all the shards would. A shard that does not answer fails the call with UNAVAILABLE naming it,
+//! or, with `allow_partial`, gives the other shards' answer flagged `partial`.
+
+mod shards;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::config::{Limits, ServeConfig};
+use super::engine::{search_request, search_response, token_probs};
+use super::{check_len, deadline_of, pb, shard_pb as spb, ResponseStream};
+use crate::cluster::merge;
+use crate::cpu::CpuInfo;
+use crate::index::docs::{self, PartialSearch};
+use crate::index::partial::{LocalSample, PartialContinuations};
+use crate::index::query::Spread;
+pub(crate) use shards::ShardSet;
+use shards::{request, Answered, Members};
+
+/// The public API of a router.
+#[derive(Clone)]
+pub struct RouterService {
+    shards: Arc<ShardSet>,
+    limits: Limits,
+    in_flight: Arc<Semaphore>,
+    cpu: Arc<CpuInfo>,
+}
+
+fn partial_of(missing: Vec<u32>) -> Option<pb::Partial> {
+    (!missing.is_empty()).then_some(pb::Partial {
+        missing_shards: missing,
+    })
+}
+
+fn spread_of(kind: i32, single: u32) -> Spread {
+    match spb::Spread::try_from(kind) {
+        Ok(spb::Spread::Single) => Spread::Single(single),
+        Ok(spb::Spread::Several) => Spread::Several,
+        _ => Spread::None,
+    }
+}
+
+fn pairs(runs: Vec<spb::TokenRun>) -> Vec<(u32, u64)> {
+    runs.into_iter().map(|r| (r.token, r.count)).collect()
+}
+
+fn continuations_of(a: spb::ContinuationsAnswer) -> PartialContinuations {
+    PartialContinuations {
+        suffix_len: a.suffix_len as usize,
+        prompt_cnt: a.prompt_cnt,
+        dist: pairs(a.dist).into_iter().collect(),
+        samples: a
+            .samples
+            .into_iter()
+            .map(|l| LocalSample {
+                matches: l.matches,
+                runs: pairs(l.runs),
+            })
+            .collect(),
+        spread: spread_of(a.spread, a.single),
+    }
+}
+
+fn search_of(a: spb::SearchAnswer, tokenizer: &crate::tokenizer::Tokenizer) -> PartialSearch {
+    PartialSearch {
+        doc_cnt: a.doc_cnt,
+        clause_places: a.clause_places,
+        documents: a
+            .documents
+            .into_iter()
+            .map(|d| docs::Document {
+                doc_ix: d.doc_ix,
+                doc_len: d.doc_len,
+                disp_len: d.disp_len,
+                needle_offset: d.needle_offset,
+                metadata: Some(d.metadata),
+                text: tokenizer.decode(&d.token_ids).ok(),
+                token_ids: d.token_ids,
+            })
+            .collect(),
+    }
+}
+
+impl RouterService {
+    /// The router of `config` (role `router`); its shard set forms once [`RouterService::refresh`]
+    /// has described the shard servers.
+    pub fn new(config: &ServeConfig, token: Option<String>) -> Result<Self, String> {
+        Ok(Self {
+            shards: Arc::new(ShardSet::new(config.cluster.clone(), token)?),
+            limits: config.limits,
+            in_flight: Arc::new(Semaphore::new(config.limits.max_in_flight)),
+            cpu: Arc::new(CpuInfo::detect()),
+        })
+    }
+
+    /// Describes the shard servers and checks the set again; true when every shard has a replica
+    /// that answers (the router is ready).
+    pub async fn refresh(&self) -> bool {
+        self.shards.refresh().await;
+        self.shards.members().is_ok_and(|m| m.all_healthy())
+    }
+
+    /// The set and an in-flight permit, or the status that refuses the call.
+    fn begin(&self) -> Result<(Arc<Members>, tokio::sync::OwnedSemaphorePermit), Status> {
+        let permit = Arc::clone(&self.in_flight)
+            .try_acquire_owned()
+            .map_err(|_| Status::resource_exhausted("the router is at its in-flight limit"))?;
+        Ok((self.shards.members()?, permit))
+    }
+
+    async fn continuations(
+        &self,
+        members: &Members,
+        deadline: Option<Instant>,
+        ask: spb::ContinuationsRequest,
+        allow_partial: bool,
+    ) -> Result<(Vec<PartialContinuations>, Vec<u32>), Status> {
+        let fanned = self
+            .shards
+            .fan_out(members, deadline, |mut c, t| {
+                let ask = ask.clone();
+                async move { c.continuations(request(ask, t)).await }
+            })
+            .await?;
+        let Answered { parts, missing } = fanned.complete(allow_partial)?;
+        let parts = parts
+            .into_iter()
+            .map(|(_, a)| continuations_of(a))
+            .collect();
+        Ok((parts, missing))
+    }
+
+    /// Every n-gram's count over all shards.
+    async fn counts(
+        &self,
+        members: &Members,
+        deadline: Option<Instant>,
+        ngrams: Vec<Vec<u32>>,
+        allow_partial: bool,
+    ) -> Result<(Vec<u64>, Vec<u32>), Status> {
+        let ask = spb::CountRequest {
+            ngrams: ngrams
+                .iter()
+                .map(|ids| spb::NGram { ids: ids.clone() })
+                .collect(),
+        };
+        let fanned = self
+            .shards
+            .fan_out(members, deadline, |mut c, t| {
+                let ask = ask.clone();
+                async move { c.count(request(ask, t)).await }
+            })
+            .await?;
+        let Answered { parts, missing } = fanned.complete(allow_partial)?;
+        let mut totals = vec![0u64; ngrams.len()];
+        for (_, a) in parts {
+            if a.counts.len() != totals.len() {
+                return Err(Status::internal(
+                    "a shard answered a different number of counts",
+                ));
+            }
+            for (t, c) in totals.iter_mut().zip(a.counts) {
+                *t += c;
+            }
+        }
+        Ok((totals, missing))
+    }
+
+    async fn search(
+        &self,
+        members: &Members,
+        deadline: Option<Instant>,
+        r: pb::SearchDocumentsRequest,
+    ) -> Result<pb::SearchDocumentsResponse, Status> {
+        let allow_partial = r.allow_partial;
+        let (cnf, opts) = search_request(&self.limits, r)?;
+        docs::check_cnf_shape(&cnf, opts.max_clauses).map_err(super::index_status)?;
+        if opts.max_clause_freq == 0 {
+            return Err(Status::invalid_argument(
+                "max_clause_freq must be a positive integer",
+            ));
+        }
+        // First the counts of every n-gram: they decide the strides, as in a single index.
+        let ngrams: Vec<Vec<u32>> = cnf.iter().flatten().cloned().collect();
+        let (counts, mut missing) = self
+            .counts(members, deadline, ngrams, allow_partial)
+            .await?;
+        let mut at = 0;
+        let totals: Vec<u64> = cnf
+            .iter()
+            .map(|clause| {
+                let sum = counts[at..at + clause.len()].iter().sum();
+                at += clause.len();
+                sum
+            })
+            .collect();
+        let strides = docs::search_strides(&totals, opts).map_err(super::index_status)?;
+        let ask = spb::SearchRequest {
+            cnf: cnf
+                .iter()
+                .map(|clause| spb::Clause {
+                    ngrams: clause
+                        .iter()
+                        .map(|g| spb::NGram { ids: g.clone() })
+                        .collect(),
+                })
+                .collect(),
+            strides: strides.clone(),
+            maxnum: opts.maxnum as u32,
+            max_disp_len: opts.max_disp_len as u32,
+        };
+        let fanned = self
+            .shards
+            .fan_out(members, deadline, |mut c, t| {
+                let ask = ask.clone();
+                async move { c.search_documents(request(ask, t)).await }
+            })
+            .await?;
+        let answered = fanned.complete(allow_partial)?;
+        missing.extend(answered.missing);
+        missing.sort_unstable();
+        missing.dedup();
+        let (bases, parts): (Vec<u64>, Vec<PartialSearch>) = answered
+            .parts
+            .into_iter()
+            .filter(|(k, _)| !missing.contains(&(*k as u32)))
+            .map(|(k, a)| (members.doc_bases[k], search_of(a, &members.tokenizer)))
+            .unzip();
+        let found = merge::search(parts, &bases, &totals, &strides, opts.maxnum);
+        Ok(search_response(found, partial_of(missing)))
+    }
+}
+
+/// Calls a router does not serve yet: they need the model or the live index in the router.
+fn not_on_router(what: &str) -> Status {
+    Status::unimplemented(format!(
+        "{what} is not served by a router yet: call a single sidecar (routers serve Info, \
+         Tokenize, Detokenize, Count, NextTokenDistribution and SearchDocuments)"
+    ))
+}
+
+#[tonic::async_trait]
+impl pb::sidecar_server::Sidecar for RouterService {
+    async fn info(
+        &self,
+        _request: Request<pb::InfoRequest>,
+    ) -> Result<Response<pb::InfoResponse>, Status> {
+        let (m, _permit) = self.begin()?;
+        let first = m.layout.first();
+        let ids = || m.layout.shards.iter().map(|(id, _)| id);
+        Ok(Response::new(pb::InfoResponse {
+            version: env!("CARGO_PKG_VERSION").into(),
+            index_dir: format!(
+                "router over {} shard servers (set {})",
+                m.shards(),
+                first.set_id
+            ),
+            index_shards: ids().map(|id| id.local_shards).sum(),
+            index_tokens: ids().map(|id| id.tokens).sum(),
+            index_documents: ids().map(|id| id.documents).sum(),
+            vocab_size: first.vocab_size,
+            eos_token_id: first.eos_token_id,
+            tokenizer_fingerprint: first.tokenizer_fingerprint.clone(),
+            cpu_model: self.cpu.model.clone(),
+            cpu_features: self.cpu.features.iter().map(|f| f.to_string()).collect(),
+            ..Default::default()
+        }))
+    }
+
+    async fn tokenize(
+        &self,
+        request: Request<pb::TokenizeRequest>,
+    ) -> Result<Response<pb::TokenizeResponse>, Status> {
+        let (m, _permit) = self.begin()?;
+        let ids = m
+            .tokenizer
+            .encode(&request.into_inner().text)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        Ok(Response::new(pb::TokenizeResponse { ids }))
+    }
+
+    async fn detokenize(
+        &self,
+        request: Request<pb::DetokenizeRequest>,
+    ) -> Result<Response<pb::DetokenizeResponse>, Status> {
+        let (m, _permit) = self.begin()?;
+        let ids = request.into_inner().ids;
+        let vocab = m.layout.first().vocab_size;
+        crate::index::query::check_vocabulary(&ids, vocab).map_err(super::index_status)?;
+        let text = m
+            .tokenizer
+            .decode(&ids)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        Ok(Response::new(pb::DetokenizeResponse { text }))
+    }
+
+    async fn count(
+        &self,
+        request: Request<pb::CountRequest>,
+    ) -> Result<Response<pb::CountResponse>, Status> {
+        let deadline = deadline_of(&request);
+        let r = request.into_inner();
+        check_len(&self.limits, "the n-gram", r.ids.len())?;
+        let (m, _permit) = self.begin()?;
+        let (counts, missing) = self
+            .counts(&m, deadline, vec![r.ids], r.allow_partial)
+            .await?;
+        Ok(Response::new(pb::CountResponse {
+            count: counts[0],
+            partial: partial_of(missing),
+        }))
+    }
+
+    async fn next_token_distribution(
+        &self,
+        request: Request<pb::NextTokenDistributionRequest>,
+    ) -> Result<Response<pb::NextTokenDistributionResponse>, Status> {
+        let deadline = deadline_of(&request);
+        let r = request.into_inner();
+        check_len(&self.limits, "the prompt", r.prompt.len())?;
+        let (m, _permit) = self.begin()?;
+        let max_support = (r.max_support > 0).then_some(r.max_support);
+        let ask = spb::ContinuationsRequest {
+            prompt: r.prompt,
+            infinite: r.infinite,
+            max_support: r.max_support,
+        };
+        let (parts, missing) = self
+            .continuations(&m, deadline, ask, r.allow_partial)
+            .await?;
+        let merged = merge::continuations(&parts, max_support);
+        // As a single sidecar: the n-gram's sparse flag is read off its distribution.
+        let sparse = match r.infinite {
+            true => merged.sparse,
+            false => merged.ntd.dist.len() == 1,
+        };
+        Ok(Response::new(pb::NextTokenDistributionResponse {
+            prompt_cnt: merged.ntd.prompt_cnt,
+            dist: token_probs(&merged.ntd.dist),
+            approx: merged.ntd.approx,
+            suffix_len: merged.suffix_len as u32,
+            sparse,
+            partial: partial_of(missing),
+        }))
+    }
+
+    async fn search_documents(
+        &self,
+        request: Request<pb::SearchDocumentsRequest>,
+    ) -> Result<Response<pb::SearchDocumentsResponse>, Status> {
+        let deadline = deadline_of(&request);
+        let (m, _permit) = self.begin()?;
+        self.search(&m, deadline, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn mix(&self, _: Request<pb::MixRequest>) -> Result<Response<pb::MixResponse>, Status> {
+        Err(not_on_router("Mix"))
+    }
+
+    async fn draft(
+        &self,
+        _: Request<pb::DraftRequest>,
+    ) -> Result<Response<pb::DraftResponse>, Status> {
+        Err(not_on_router("Draft"))
+    }
+
+    async fn add_documents(
+        &self,
+        _: Request<pb::AddDocumentsRequest>,
+    ) -> Result<Response<pb::AddDocumentsResponse>, Status> {
+        Err(not_on_router("AddDocuments"))
+    }
+
+    type ScoreStream = ResponseStream<pb::ScoreResponse>;
+
+    async fn score(
+        &self,
+        _: Request<pb::ScoreRequest>,
+    ) -> Result<Response<Self::ScoreStream>, Status> {
+        Err(not_on_router("Score"))
+    }
+
+    type SessionStream = ResponseStream<pb::SessionResponse>;
+
+    async fn session(
+        &self,
+        _: Request<Streaming<pb::SessionRequest>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        Err(not_on_router("Session"))
+    }
+
+    type BatchStream = ResponseStream<pb::BatchStepResult>;
+
+    async fn batch(
+        &self,
+        _: Request<Streaming<pb::BatchStep>>,
+    ) -> Result<Response<Self::BatchStream>, Status> {
+        Err(not_on_router("Batch"))
+    }
+}
+
+/// How often a router describes its shards while it has no complete set.
+pub(super) const FORMING_REFRESH: Duration = Duration::from_millis(500);

@@ -1,0 +1,433 @@
+//! The shard servers behind a router: found from the config's addresses and a DNS name that
+//! resolves to many (a Kubernetes headless Service), described, checked to form one set
+//! (`cluster::set`), re-checked every `refresh_secs`; and the fan-out of one call to every shard,
+//! with a deadline per shard taken from the caller's and retries on the shard's other replicas.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
+
+use crate::cluster::set::{assemble, SetLayout, ShardIdentity};
+use crate::server::config::ClusterSection;
+use crate::server::shard_pb as spb;
+use crate::tokenizer::Tokenizer;
+
+/// Adds the deployment's bearer token to every call to a shard server.
+#[derive(Clone)]
+pub(crate) struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(token) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
+        }
+        Ok(request)
+    }
+}
+
+pub(crate) type ShardClient = spb::shard_client::ShardClient<InterceptedService<Channel, Bearer>>;
+
+/// Time kept back from the caller's deadline for merging and answering.
+const MERGE_MARGIN: Duration = Duration::from_millis(2);
+/// Most time a Describe of the refresh may take.
+const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One shard server.
+pub(crate) struct Replica {
+    pub address: String,
+    client: ShardClient,
+    /// Answered its last Describe and its last call.
+    healthy: AtomicBool,
+}
+
+/// The set as last checked: every shard's replicas, its documents' numbering, the tokenizer.
+pub(crate) struct Members {
+    pub layout: SetLayout,
+    pub replicas: Vec<Vec<Arc<Replica>>>,
+    pub doc_bases: Vec<u64>,
+    pub tokenizer: Tokenizer,
+    /// Where each call starts among a shard's replicas (round robin).
+    next: AtomicUsize,
+}
+
+impl Members {
+    pub fn shards(&self) -> u32 {
+        self.replicas.len() as u32
+    }
+
+    /// Every shard has a replica that answered lately.
+    pub fn all_healthy(&self) -> bool {
+        self.replicas
+            .iter()
+            .all(|r| r.iter().any(|x| x.healthy.load(Ordering::Relaxed)))
+    }
+}
+
+/// A call's answers, one per shard: `None` for a shard none of whose replicas answered.
+pub(crate) struct Fanned<T> {
+    pub answers: Vec<Option<T>>,
+    /// The shards missing, with why.
+    pub missing: Vec<(u32, String)>,
+}
+
+impl<T> Fanned<T> {
+    /// The answers of every shard, or UNAVAILABLE naming the shards missing; with
+    /// `allow_partial`, those that answered and the numbers of the missing.
+    pub fn complete(self, allow_partial: bool) -> Result<Answered<T>, Status> {
+        if !self.missing.is_empty() && !allow_partial {
+            let why: Vec<String> = self.missing.iter().map(|(_, why)| why.clone()).collect();
+            return Err(Status::unavailable(why.join("; ")));
+        }
+        let missing = self.missing.iter().map(|(k, _)| *k).collect();
+        let answered = self
+            .answers
+            .into_iter()
+            .enumerate()
+            .filter_map(|(k, a)| a.map(|a| (k, a)))
+            .collect();
+        Ok(Answered {
+            parts: answered,
+            missing,
+        })
+    }
+}
+
+/// What the shards that answered said, each with its shard's number, and which shards are missing.
+pub(crate) struct Answered<T> {
+    pub parts: Vec<(usize, T)>,
+    pub missing: Vec<u32>,
+}
+
+/// The router's view of its shard servers.
+pub(crate) struct ShardSet {
+    config: ClusterSection,
+    bearer: Bearer,
+    /// The checked set, or why there is none yet.
+    members: RwLock<Result<Arc<Members>, String>>,
+    /// Every shard server ever described, by address, with its identity and tokenizer.
+    known: Mutex<HashMap<String, Known>>,
+}
+
+struct Known {
+    replica: Arc<Replica>,
+    identity: Option<(ShardIdentity, String)>,
+}
+
+fn identity_of(d: &spb::ShardDescription) -> ShardIdentity {
+    ShardIdentity {
+        set_id: d.set_id.clone(),
+        shard: d.shard,
+        shards: d.shards,
+        documents: d.documents,
+        tokens: d.tokens,
+        local_shards: d.local_shards,
+        token_width: d.token_width,
+        eos_token_id: d.eos_token_id,
+        vocab_size: d.vocab_size,
+        tokenizer_fingerprint: d.tokenizer_fingerprint.clone(),
+        content_id: d.content_id.clone(),
+    }
+}
+
+/// Whether another replica of the shard may answer where this one did not.
+fn retriable(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::ResourceExhausted
+            | Code::Cancelled
+            | Code::Unknown
+            | Code::Internal
+            | Code::Aborted
+    )
+}
+
+impl ShardSet {
+    pub fn new(config: ClusterSection, token: Option<String>) -> Result<Self, String> {
+        let bearer = match token {
+            Some(t) => Some(
+                format!("Bearer {t}")
+                    .parse()
+                    .map_err(|_| "the bearer token is not a valid header value".to_string())?,
+            ),
+            None => None,
+        };
+        Ok(Self {
+            config,
+            bearer: Bearer(bearer),
+            members: RwLock::new(Err("the router has not described its shards yet".into())),
+            known: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The set, or FAILED_PRECONDITION / UNAVAILABLE saying why there is none.
+    pub fn members(&self) -> Result<Arc<Members>, Status> {
+        match &*self.members.read().unwrap_or_else(|e| e.into_inner()) {
+            Ok(m) => Ok(Arc::clone(m)),
+            Err(why) => Err(Status::unavailable(format!(
+                "the router has no complete shard set: {why}"
+            ))),
+        }
+    }
+
+    fn client(&self, address: &str) -> Result<ShardClient, String> {
+        let uri = match address.contains("://") {
+            true => address.to_string(),
+            false => format!("http://{address}"),
+        };
+        let channel = Endpoint::from_shared(uri)
+            .map_err(|e| format!("{address}: {e}"))?
+            .connect_timeout(Duration::from_millis(self.config.shard_timeout_ms))
+            .tcp_nodelay(true)
+            .connect_lazy();
+        Ok(
+            spb::shard_client::ShardClient::with_interceptor(channel, self.bearer.clone())
+                .max_decoding_message_size(usize::MAX),
+        )
+    }
+
+    /// The addresses to describe: the config's, and what its DNS name resolves to now.
+    async fn addresses(&self) -> Vec<String> {
+        let mut out = self.config.shards.clone();
+        if let Some(name) = &self.config.shard_service {
+            match tokio::net::lookup_host(name.as_str()).await {
+                Ok(found) => {
+                    let mut found: Vec<String> = found.map(|a| a.to_string()).collect();
+                    found.sort();
+                    out.extend(found);
+                }
+                Err(e) => {
+                    tracing::warn!(name = %name, error = %e, "shard_service does not resolve")
+                }
+            }
+        }
+        out.dedup();
+        out
+    }
+
+    /// Describes every shard server, and checks the set again: what the refresh loop runs.
+    pub async fn refresh(&self) {
+        let addresses = self.addresses().await;
+        let replicas: Vec<Arc<Replica>> = {
+            let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+            known.retain(|a, _| addresses.contains(a));
+            addresses
+                .iter()
+                .filter_map(|a| {
+                    if let Some(k) = known.get(a) {
+                        return Some(Arc::clone(&k.replica));
+                    }
+                    match self.client(a) {
+                        Ok(client) => {
+                            let replica = Arc::new(Replica {
+                                address: a.clone(),
+                                client,
+                                healthy: AtomicBool::new(false),
+                            });
+                            known.insert(
+                                a.clone(),
+                                Known {
+                                    replica: Arc::clone(&replica),
+                                    identity: None,
+                                },
+                            );
+                            Some(replica)
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "a shard address is not usable");
+                            None
+                        }
+                    }
+                })
+                .collect()
+        };
+        let described = futures_util::future::join_all(replicas.iter().map(|r| async move {
+            let mut client = r.client.clone();
+            let mut request = Request::new(spb::DescribeRequest {});
+            request.set_timeout(DESCRIBE_TIMEOUT);
+            let answer = tokio::time::timeout(DESCRIBE_TIMEOUT, client.describe(request)).await;
+            match answer {
+                Ok(Ok(d)) => Some(d.into_inner()),
+                _ => None,
+            }
+        }))
+        .await;
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        for (replica, description) in replicas.iter().zip(described) {
+            replica
+                .healthy
+                .store(description.is_some(), Ordering::Relaxed);
+            if let (Some(d), Some(k)) = (description, known.get_mut(&replica.address)) {
+                k.identity = Some((identity_of(&d), d.tokenizer_json));
+            }
+        }
+        let members: Vec<(String, ShardIdentity)> = addresses
+            .iter()
+            .filter_map(|a| {
+                let (id, _) = known.get(a)?.identity.as_ref()?;
+                Some((a.clone(), id.clone()))
+            })
+            .collect();
+        let outcome = assemble(&members)
+            .map_err(|e| e.to_string())
+            .and_then(|layout| self.members_of(layout, &known));
+        drop(known);
+        if let Err(why) = &outcome {
+            tracing::warn!(why = %why, "no complete shard set");
+        }
+        *self.members.write().unwrap_or_else(|e| e.into_inner()) = outcome;
+    }
+
+    fn members_of(
+        &self,
+        layout: SetLayout,
+        known: &HashMap<String, Known>,
+    ) -> Result<Arc<Members>, String> {
+        let replicas: Vec<Vec<Arc<Replica>>> = layout
+            .shards
+            .iter()
+            .map(|(_, addrs)| {
+                addrs
+                    .iter()
+                    .filter_map(|a| known.get(a).map(|k| Arc::clone(&k.replica)))
+                    .collect()
+            })
+            .collect();
+        // Keep the tokenizer of the set already checked when it is the same one.
+        let fingerprint = &layout.first().tokenizer_fingerprint;
+        let current = self
+            .members
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .ok()
+            .filter(|m| m.tokenizer.fingerprint() == fingerprint)
+            .map(|m| m.tokenizer.clone());
+        let tokenizer = match current {
+            Some(t) => t,
+            None => {
+                let (_, json) = known
+                    .get(&layout.shards[0].1[0])
+                    .and_then(|k| k.identity.as_ref())
+                    .ok_or("the first shard has no description")?;
+                let t = Tokenizer::from_json(json, "the shard servers' tokenizer")
+                    .map_err(|e| e.to_string())?;
+                if t.fingerprint() != fingerprint {
+                    return Err(format!(
+                        "the shards' tokenizer rebuilds with fingerprint {}, not their {fingerprint}",
+                        t.fingerprint()
+                    ));
+                }
+                t
+            }
+        };
+        Ok(Arc::new(Members {
+            doc_bases: layout.doc_bases(),
+            layout,
+            replicas,
+            tokenizer,
+            next: AtomicUsize::new(0),
+        }))
+    }
+
+    /// Runs `call` once on every shard (on one of its replicas), all at once. A replica that fails
+    /// with a status another may not have (unavailable, busy, its deadline) is marked unhealthy and
+    /// the next replica is tried while the shard's deadline allows; the caller's own errors
+    /// (a bad argument) come back as they are.
+    pub async fn fan_out<T, F, Fut>(
+        &self,
+        members: &Members,
+        deadline: Option<Instant>,
+        call: F,
+    ) -> Result<Fanned<T>, Status>
+    where
+        F: Fn(ShardClient, Duration) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let start = members.next.fetch_add(1, Ordering::Relaxed);
+        let shard_timeout = Duration::from_millis(self.config.shard_timeout_ms);
+        let n = members.shards();
+        let calls = members.replicas.iter().enumerate().map(|(k, replicas)| {
+            let call = &call;
+            async move {
+                // Healthy replicas first, each call starting at the next one.
+                let mut order: Vec<&Arc<Replica>> = (0..replicas.len())
+                    .map(|i| &replicas[(start + i) % replicas.len()])
+                    .collect();
+                order.sort_by_key(|r| !r.healthy.load(Ordering::Relaxed));
+                let mut last = String::from("no replica");
+                for replica in order {
+                    let left = match deadline {
+                        Some(d) => d
+                            .saturating_duration_since(Instant::now())
+                            .saturating_sub(MERGE_MARGIN),
+                        None => shard_timeout,
+                    }
+                    .min(shard_timeout);
+                    if left.is_zero() {
+                        last = format!("{}: no time left before the deadline", replica.address);
+                        break;
+                    }
+                    let answer =
+                        tokio::time::timeout(left, call(replica.client.clone(), left)).await;
+                    let status = match answer {
+                        Ok(Ok(response)) => {
+                            replica.healthy.store(true, Ordering::Relaxed);
+                            return Ok(Ok(response.into_inner()));
+                        }
+                        Ok(Err(status)) if !retriable(&status) => return Err(status),
+                        Ok(Err(status)) => status,
+                        Err(_) => {
+                            Status::deadline_exceeded("no answer within the shard's deadline")
+                        }
+                    };
+                    replica.healthy.store(false, Ordering::Relaxed);
+                    last = format!(
+                        "{}: {:?}: {}",
+                        replica.address,
+                        status.code(),
+                        status.message()
+                    );
+                }
+                Ok(Err(format!("shard {k} of {n} is unavailable ({last})")))
+            }
+        });
+        let outcomes = futures_util::future::join_all(calls).await;
+        let mut fanned = Fanned {
+            answers: Vec::with_capacity(outcomes.len()),
+            missing: Vec::new(),
+        };
+        for (k, outcome) in outcomes.into_iter().enumerate() {
+            match outcome? {
+                Ok(answer) => fanned.answers.push(Some(answer)),
+                Err(why) => {
+                    fanned.answers.push(None);
+                    fanned.missing.push((k as u32, why));
+                }
+            }
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(Status::deadline_exceeded(
+                "the deadline passed while the shards answered",
+            ));
+        }
+        Ok(fanned)
+    }
+}
+
+/// A request to a shard with the time it has (sent as its gRPC deadline).
+pub(crate) fn request<T>(message: T, timeout: Duration) -> Request<T> {
+    let mut request = Request::new(message);
+    request.set_timeout(timeout);
+    request
+}

@@ -1,0 +1,209 @@
+//! The shard role: `sidecar.shard.v1` over this sidecar's index, for routers to fan out to. Each
+//! answer is what this index alone knows ([`crate::index::partial`]); the router merges them
+//! (`cluster::merge`). A shard server is an ordinary sidecar besides: its `sidecar.v1` API serves
+//! its own shard.
+
+use tonic::{Request, Response, Status};
+use xxhash_rust::xxh3::Xxh3;
+
+use super::shard_pb as spb;
+use super::{deadline_of, index_status, SidecarService, State};
+use crate::index::docs::SearchOptions;
+use crate::index::query::Spread;
+use crate::index::Index;
+
+/// The checksums of the index's files, hashed: what replicas of a shard must agree on.
+fn content_id(index: &Index) -> String {
+    let mut hasher = Xxh3::new();
+    if let Some(m) = index.manifest() {
+        for file in m.shards.iter().flat_map(|s| &s.files) {
+            hasher.update(file.name.as_bytes());
+            hasher.update(file.xxh3.as_bytes());
+        }
+    }
+    format!("{:016x}", hasher.digest())
+}
+
+fn describe(s: &State) -> Result<spb::ShardDescription, Status> {
+    let index = &s.index;
+    let set = index.manifest().and_then(|m| m.shard_set.clone());
+    Ok(spb::ShardDescription {
+        set_id: set.as_ref().map(|r| r.set_id.clone()).unwrap_or_default(),
+        shard: set.as_ref().map_or(0, |r| r.shard),
+        shards: set.as_ref().map_or(1, |r| r.shards),
+        documents: index.total_documents(),
+        tokens: index.total_tokens(),
+        local_shards: index.num_shards() as u32,
+        token_width: index.width().bytes() as u32,
+        eos_token_id: index.eos_token_id(),
+        vocab_size: index.vocab_size(),
+        tokenizer_fingerprint: s.tokenizer.fingerprint().to_string(),
+        tokenizer_json: s
+            .tokenizer
+            .to_json()
+            .map_err(|e| Status::internal(e.to_string()))?,
+        content_id: content_id(index),
+        version: env!("CARGO_PKG_VERSION").into(),
+    })
+}
+
+/// A spread as the wire says it: the kind, and the token of a single one.
+pub(crate) fn spread_to_wire(spread: Spread) -> (i32, u32) {
+    match spread {
+        Spread::None => (spb::Spread::None as i32, 0),
+        Spread::Single(t) => (spb::Spread::Single as i32, t),
+        Spread::Several => (spb::Spread::Several as i32, 0),
+    }
+}
+
+fn runs(pairs: impl IntoIterator<Item = (u32, u64)>) -> Vec<spb::TokenRun> {
+    pairs
+        .into_iter()
+        .map(|(token, count)| spb::TokenRun { token, count })
+        .collect()
+}
+
+fn continuations(
+    s: &State,
+    r: spb::ContinuationsRequest,
+) -> Result<spb::ContinuationsAnswer, Status> {
+    s.check_len("the prompt", r.prompt.len())?;
+    let cap = (r.max_support > 0).then_some(r.max_support);
+    let part = s
+        .index
+        .partial_continuations(&r.prompt, r.infinite, cap)
+        .map_err(index_status)?;
+    let (spread, single) = spread_to_wire(part.spread);
+    Ok(spb::ContinuationsAnswer {
+        suffix_len: part.suffix_len as u32,
+        prompt_cnt: part.prompt_cnt,
+        dist: runs(part.dist),
+        samples: part
+            .samples
+            .into_iter()
+            .map(|l| spb::LocalSample {
+                matches: l.matches,
+                runs: runs(l.runs),
+            })
+            .collect(),
+        spread,
+        single,
+    })
+}
+
+fn score_tokens(s: &State, r: spb::ScoreTokensRequest) -> Result<spb::ScoreTokensAnswer, Status> {
+    s.check_len("the sequence", r.ids.len())?;
+    let evidence = s.index.evidence(&r.ids).map_err(index_status)?;
+    Ok(spb::ScoreTokensAnswer {
+        tokens: evidence
+            .into_iter()
+            .map(|e| {
+                let (spread, single) = spread_to_wire(e.spread);
+                spb::TokenEvidence {
+                    suffix_len: e.suffix_len as u32,
+                    prompt_cnt: e.prompt_cnt,
+                    cont_cnt: e.cont_cnt,
+                    spread,
+                    single,
+                }
+            })
+            .collect(),
+    })
+}
+
+fn search(s: &State, r: spb::SearchRequest) -> Result<spb::SearchAnswer, Status> {
+    let cnf: Vec<Vec<Vec<u32>>> = r
+        .cnf
+        .into_iter()
+        .map(|c| c.ngrams.into_iter().map(|g| g.ids).collect())
+        .collect();
+    s.check_len("the CNF", cnf.iter().flatten().map(Vec::len).sum())?;
+    if r.maxnum as usize > s.limits.max_top_k {
+        return Err(Status::invalid_argument(format!(
+            "maxnum must be at most {}",
+            s.limits.max_top_k
+        )));
+    }
+    let opts = SearchOptions {
+        maxnum: r.maxnum as usize,
+        max_disp_len: r.max_disp_len as usize,
+        max_clauses: s.limits.max_cnf_clauses,
+        max_places: s.limits.max_search_places,
+        ..SearchOptions::default()
+    };
+    let found = s
+        .index
+        .search_strided(&cnf, &r.strides, opts)
+        .map_err(index_status)?;
+    Ok(spb::SearchAnswer {
+        doc_cnt: found.doc_cnt,
+        clause_places: found.clause_places,
+        documents: found
+            .documents
+            .into_iter()
+            .map(|d| spb::Document {
+                doc_ix: d.doc_ix,
+                doc_len: d.doc_len,
+                disp_len: d.disp_len,
+                needle_offset: d.needle_offset,
+                metadata: d.metadata.unwrap_or_default(),
+                token_ids: d.token_ids,
+            })
+            .collect(),
+    })
+}
+
+#[tonic::async_trait]
+impl spb::shard_server::Shard for SidecarService {
+    async fn describe(
+        &self,
+        request: Request<spb::DescribeRequest>,
+    ) -> Result<Response<spb::ShardDescription>, Status> {
+        self.run(deadline_of(&request), describe).await
+    }
+
+    async fn count(
+        &self,
+        request: Request<spb::CountRequest>,
+    ) -> Result<Response<spb::CountAnswer>, Status> {
+        let deadline = deadline_of(&request);
+        let r = request.into_inner();
+        self.run(deadline, move |s| {
+            s.check_len("the n-grams", r.ngrams.iter().map(|g| g.ids.len()).sum())?;
+            let counts = r
+                .ngrams
+                .iter()
+                .map(|g| s.index.count(&g.ids).map_err(index_status))
+                .collect::<Result<_, Status>>()?;
+            Ok(spb::CountAnswer { counts })
+        })
+        .await
+    }
+
+    async fn continuations(
+        &self,
+        request: Request<spb::ContinuationsRequest>,
+    ) -> Result<Response<spb::ContinuationsAnswer>, Status> {
+        let deadline = deadline_of(&request);
+        let r = request.into_inner();
+        self.run(deadline, move |s| continuations(s, r)).await
+    }
+
+    async fn score_tokens(
+        &self,
+        request: Request<spb::ScoreTokensRequest>,
+    ) -> Result<Response<spb::ScoreTokensAnswer>, Status> {
+        let deadline = deadline_of(&request);
+        let r = request.into_inner();
+        self.run(deadline, move |s| score_tokens(s, r)).await
+    }
+
+    async fn search_documents(
+        &self,
+        request: Request<spb::SearchRequest>,
+    ) -> Result<Response<spb::SearchAnswer>, Status> {
+        let deadline = deadline_of(&request);
+        let r = request.into_inner();
+        self.run(deadline, move |s| search(s, r)).await
+    }
+}

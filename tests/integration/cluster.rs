@@ -1,0 +1,485 @@
+//! Scale-out on loopback, as separate processes: 3 shard servers (shard 1 with a second replica)
+//! built by `index build --shard K/3` over real mini-Pile documents, and 2 routers over them. Every
+//! answer of a router must equal a single sidecar's over one index of all the documents (exact
+//! answers) and the library's over the three shards joined (subsampled answers); dense scores
+//! merged from the shards' evidence must equal the single index's. Killing replicas mid-run gives
+//! retries, then UNAVAILABLE naming the shard (or a flagged partial answer), never a wrong count.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use infini_sidecar::cluster::merge;
+use infini_sidecar::index::dense::TokenEvidence;
+use infini_sidecar::index::query::Spread;
+use infini_sidecar::index::{Index, OpenOptions};
+use infini_sidecar::server::pb::sidecar_client::SidecarClient;
+use infini_sidecar::server::pb::{self, Clause, NGram};
+use infini_sidecar::server::shard_pb::{self as spb, shard_client::ShardClient};
+use tonic::transport::Channel;
+use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+use crate::common::server::{connect, spawn_serve};
+use crate::common::{assets, smollm2_gguf};
+
+const DOCUMENTS: usize = 600;
+const SHARDS: usize = 3;
+
+/// A child process killed when the test ends, however it ends.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn sidecar(args: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_infini-sidecar"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The first `DOCUMENTS` mini-Pile train documents as a JSON-lines file.
+fn corpus(dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(assets().join("minipile/train.jsonl")).unwrap();
+    let lines: Vec<&str> = text.lines().take(DOCUMENTS).collect();
+    let path = dir.join("docs.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+fn build(input: &Path, out: &Path, shard: Option<usize>) {
+    let tokenizer = smollm2_gguf();
+    let mut args = vec![
+        "index".to_string(),
+        "build".into(),
+        "--input".into(),
+        input.display().to_string(),
+        "--tokenizer".into(),
+        tokenizer.display().to_string(),
+        "--out".into(),
+        out.display().to_string(),
+        "--memory-gib".into(),
+        "1".into(),
+    ];
+    if let Some(k) = shard {
+        args.extend(["--shard".into(), format!("{k}/{SHARDS}")]);
+    }
+    sidecar(&args.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
+/// Starts `infini-sidecar serve` on a config written from `toml` (bind and live are added).
+async fn serve(dir: &Path, name: &str, toml: &str) -> (Process, std::net::SocketAddr) {
+    let path = dir.join(format!("{name}.toml"));
+    let config = format!("bind = \"127.0.0.1:0\"\n{toml}\n[live]\nenabled = false\n");
+    std::fs::write(&path, config).unwrap();
+    let (child, addr) = spawn_serve(&path).await;
+    (Process(child), addr)
+}
+
+async fn shard_server(dir: &Path, name: &str, index: &Path) -> (Process, std::net::SocketAddr) {
+    let toml = format!(
+        "index = \"{}\"\n[cluster]\nrole = \"shard\"\n",
+        index.display()
+    );
+    serve(dir, name, &toml).await
+}
+
+/// A router over `shards`, once it is ready.
+async fn router(
+    dir: &Path,
+    name: &str,
+    shards: &[String],
+) -> (Process, SidecarClient<Channel>, Channel) {
+    let (process, client, channel) = router_over(dir, name, shards).await;
+    wait_ready(&channel, ServingStatus::Serving).await;
+    (process, client, channel)
+}
+
+async fn router_over(
+    dir: &Path,
+    name: &str,
+    shards: &[String],
+) -> (Process, SidecarClient<Channel>, Channel) {
+    let list: Vec<String> = shards.iter().map(|a| format!("\"{a}\"")).collect();
+    let toml = format!(
+        "[cluster]\nrole = \"router\"\nshards = [{}]\nshard_timeout_ms = 1000\nrefresh_secs = 1\n",
+        list.join(", ")
+    );
+    let (process, addr) = serve(dir, name, &toml).await;
+    let channel = connect(addr).await;
+    (process, SidecarClient::new(channel.clone()), channel)
+}
+
+async fn readiness(channel: &Channel) -> ServingStatus {
+    let answer = HealthClient::new(channel.clone())
+        .check(HealthCheckRequest {
+            service: "sidecar.v1.Sidecar".into(),
+        })
+        .await;
+    match answer {
+        Ok(r) => r.into_inner().status(),
+        Err(_) => ServingStatus::Unknown,
+    }
+}
+
+async fn wait_ready(channel: &Channel, want: ServingStatus) {
+    for _ in 0..200 {
+        if readiness(channel).await == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the router's readiness never became {want:?}");
+}
+
+/// Deterministic pseudo-random numbers (xorshift).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+/// Queries from the corpus: n-grams taken at random places of its documents (some with a token
+/// changed, so they rarely occur), of 1 to 12 tokens.
+fn queries(single: &Index, n: usize) -> Vec<Vec<u32>> {
+    let docs: Vec<Vec<u32>> = single.documents().collect();
+    let mut rng = Rng(0x5eed);
+    (0..n)
+        .map(|i| {
+            let doc = &docs[rng.below(docs.len())];
+            let len = 1 + rng.below(12).min(doc.len().saturating_sub(1));
+            let at = rng.below(doc.len().saturating_sub(len) + 1);
+            let mut q = doc[at..at + len].to_vec();
+            if i % 7 == 0 {
+                let last = q.len() - 1;
+                q[last] = rng.below(49_152) as u32;
+            }
+            q
+        })
+        .collect()
+}
+
+fn ntd(prompt: &[u32], infinite: bool, max_support: u64) -> pb::NextTokenDistributionRequest {
+    pb::NextTokenDistributionRequest {
+        prompt: prompt.to_vec(),
+        infinite,
+        max_support,
+        allow_partial: false,
+    }
+}
+
+fn search(cnf: Vec<Vec<Vec<u32>>>, maxnum: u32) -> pb::SearchDocumentsRequest {
+    pb::SearchDocumentsRequest {
+        cnf: cnf
+            .into_iter()
+            .map(|c| Clause {
+                ngrams: c.into_iter().map(|ids| NGram { ids }).collect(),
+            })
+            .collect(),
+        maxnum,
+        max_disp_len: 40,
+        ..Default::default()
+    }
+}
+
+/// The dense evidence of every shard server, merged, for `ids`.
+async fn merged_scores(
+    shards: &[String],
+    ids: &[u32],
+) -> Vec<infini_sidecar::index::dense::TokenScore> {
+    let mut parts = Vec::new();
+    for addr in shards {
+        let mut client = ShardClient::new(connect(addr.parse().unwrap()).await);
+        let answer = client
+            .score_tokens(spb::ScoreTokensRequest { ids: ids.to_vec() })
+            .await
+            .unwrap()
+            .into_inner();
+        parts.push(
+            answer
+                .tokens
+                .into_iter()
+                .map(|t| TokenEvidence {
+                    suffix_len: t.suffix_len as usize,
+                    prompt_cnt: t.prompt_cnt,
+                    cont_cnt: t.cont_cnt,
+                    spread: match t.spread() {
+                        spb::Spread::None => Spread::None,
+                        spb::Spread::Single => Spread::Single(t.single),
+                        spb::Spread::Several => Spread::Several,
+                    },
+                })
+                .collect(),
+        );
+    }
+    merge::token_scores(&parts)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn routers_answer_as_one_index_and_name_the_shard_that_is_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = corpus(dir.path());
+    let single_dir = dir.path().join("single");
+    build(&input, &single_dir, None);
+    let shard_dirs: Vec<PathBuf> = (0..SHARDS)
+        .map(|k| {
+            let out = dir.path().join(format!("shard-{k}"));
+            build(&input, &out, Some(k));
+            out
+        })
+        .collect();
+    let open = |p: &Path| Index::open(p, &OpenOptions::default()).unwrap();
+    let single = open(&single_dir);
+    let joined = Index::join(shard_dirs.iter().map(|p| open(p)).collect()).unwrap();
+    assert_eq!(joined.total_documents(), DOCUMENTS as u64);
+
+    // Shard servers (shard 1 twice: replicas), then two routers over all four.
+    let mut processes = Vec::new();
+    let mut addrs = Vec::new();
+    for (k, d) in shard_dirs.iter().enumerate() {
+        let (p, a) = shard_server(dir.path(), &format!("shard-{k}"), d).await;
+        processes.push(p);
+        addrs.push(a.to_string());
+    }
+    let (replica, replica_addr) = shard_server(dir.path(), "shard-1b", &shard_dirs[1]).await;
+    let mut replica = Some(replica);
+    let mut all = addrs.clone();
+    all.push(replica_addr.to_string());
+    let (_single_process, single_addr) = serve(
+        dir.path(),
+        "single",
+        &format!("index = \"{}\"\n", single_dir.display()),
+    )
+    .await;
+    let mut reference = SidecarClient::new(connect(single_addr).await);
+    let (_ra, mut router_a, channel_a) = router(dir.path(), "router-a", &all).await;
+    let (_rb, mut router_b, _) = router(dir.path(), "router-b", &all).await;
+
+    let info = router_a
+        .info(pb::InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let expected = reference
+        .info(pb::InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.index_documents, expected.index_documents);
+    assert_eq!(info.index_tokens, expected.index_tokens);
+    assert_eq!(info.tokenizer_fingerprint, expected.tokenizer_fingerprint);
+    assert_eq!(info.index_shards, 3);
+
+    let text = "The quick brown fox jumps over the lazy dog.";
+    let ids = reference
+        .tokenize(pb::TokenizeRequest { text: text.into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .ids;
+    let routed = router_b
+        .tokenize(pb::TokenizeRequest { text: text.into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .ids;
+    assert_eq!(routed, ids);
+
+    let qs = queries(&single, 240);
+    let mut saw_approx = false;
+    for (i, q) in qs.iter().enumerate() {
+        let router = if i % 2 == 0 {
+            &mut router_a
+        } else {
+            &mut router_b
+        };
+        let count = |c: pb::CountResponse| c.count;
+        let req = pb::CountRequest {
+            ids: q.clone(),
+            allow_partial: false,
+        };
+        assert_eq!(
+            count(router.count(req.clone()).await.unwrap().into_inner()),
+            count(reference.count(req).await.unwrap().into_inner()),
+            "count {q:?}"
+        );
+        for infinite in [false, true] {
+            // Exact distributions: identical to the single index over all the documents.
+            let r = ntd(q, infinite, 0);
+            assert_eq!(
+                router
+                    .next_token_distribution(r.clone())
+                    .await
+                    .unwrap()
+                    .into_inner(),
+                reference
+                    .next_token_distribution(r)
+                    .await
+                    .unwrap()
+                    .into_inner(),
+                "ntd {q:?} infinite={infinite}"
+            );
+            // Subsampled ones: identical to one index over the same three suffix arrays.
+            let cap = 16;
+            let got = router
+                .next_token_distribution(ntd(q, infinite, cap))
+                .await
+                .unwrap()
+                .into_inner();
+            let prompt = q.clone();
+            let want = match infinite {
+                true => joined.infgram_ntd(&prompt, Some(cap)).unwrap(),
+                false => {
+                    let n = joined.ntd(&prompt, Some(cap)).unwrap();
+                    infini_sidecar::index::query::InfgramNtdResult {
+                        sparse: n.dist.len() == 1,
+                        ntd: n,
+                        suffix_len: prompt.len(),
+                    }
+                }
+            };
+            saw_approx |= want.ntd.approx;
+            assert_eq!(got.prompt_cnt, want.ntd.prompt_cnt);
+            assert_eq!(got.approx, want.ntd.approx, "{q:?}");
+            assert_eq!(got.suffix_len as usize, want.suffix_len);
+            assert_eq!(got.sparse, want.sparse);
+            let dist: Vec<(u32, u64)> = got.dist.iter().map(|t| (t.token, t.cont_cnt)).collect();
+            let want_dist: Vec<(u32, u64)> = want.ntd.dist.into_iter().collect();
+            assert_eq!(dist, want_dist, "sampled ntd {q:?} infinite={infinite}");
+        }
+    }
+    assert!(
+        saw_approx,
+        "no query was subsampled: the test lost its point"
+    );
+
+    // Document searches: one n-gram, a clause of two, and two clauses; documents keep their
+    // numbers, text and metadata.
+    let common = &qs[3][..1];
+    for cnf in [
+        vec![vec![qs[1].clone()]],
+        vec![vec![qs[2].clone(), qs[5].clone()]],
+        vec![vec![common.to_vec()], vec![qs[8][..1].to_vec()]],
+        vec![vec![common.to_vec()]],
+    ] {
+        let r = search(cnf.clone(), 5);
+        assert_eq!(
+            router_a
+                .search_documents(r.clone())
+                .await
+                .unwrap()
+                .into_inner(),
+            reference.search_documents(r).await.unwrap().into_inner(),
+            "search {cnf:?}"
+        );
+    }
+    // A clause common enough to be subsampled.
+    let mut r = search(vec![vec![common.to_vec()]], 3);
+    r.max_clause_freq = 7;
+    let got = router_b
+        .search_documents(r.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let want = reference.search_documents(r).await.unwrap().into_inner();
+    assert!(got.approx && want.approx);
+    assert_eq!(got.cnt, want.cnt);
+
+    // Dense scoring: the shards' per-token evidence merges into the single index's scores.
+    for doc in single.documents().take(6) {
+        let ids = &doc[..doc.len().min(300)];
+        assert_eq!(merged_scores(&addrs, ids).await, single.score(ids).unwrap());
+    }
+
+    // Errors are the single sidecar's.
+    let bad = pb::CountRequest {
+        ids: vec![1 << 30],
+        allow_partial: false,
+    };
+    let status = router_a.count(bad).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+
+    // Kill one replica of shard 1 in the middle of a stream of queries: the other answers.
+    let probe = qs[4].clone();
+    let want = single.count(&probe).unwrap();
+    let shard1 = Index::open(&shard_dirs[1], &OpenOptions::default())
+        .unwrap()
+        .count(&probe)
+        .unwrap();
+    let count_req = |allow_partial| pb::CountRequest {
+        ids: probe.clone(),
+        allow_partial,
+    };
+    for i in 0..60 {
+        if i == 20 {
+            drop(replica.take());
+        }
+        let got = router_a.count(count_req(false)).await.unwrap().into_inner();
+        assert_eq!((got.count, got.partial), (want, None));
+    }
+    // Then the other: shard 1 is down. Every answer is either right or UNAVAILABLE naming it.
+    drop(processes.remove(1));
+    for _ in 0..20 {
+        match router_b.count(count_req(false)).await {
+            Ok(got) => assert_eq!(got.into_inner().count, want),
+            Err(status) => {
+                assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+                assert!(status.message().contains("shard 1 of 3"), "{status:?}");
+            }
+        }
+    }
+    let status = router_b.count(count_req(false)).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert!(
+        status.message().contains("shard 1 of 3"),
+        "{}",
+        status.message()
+    );
+    let partial = router_b.count(count_req(true)).await.unwrap().into_inner();
+    assert_eq!(
+        partial.partial,
+        Some(pb::Partial {
+            missing_shards: vec![1]
+        })
+    );
+    assert_eq!(partial.count, want - shard1);
+    let status = router_a
+        .next_token_distribution(ntd(&probe, true, 0))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    // Not ready while a shard has no replica.
+    wait_ready(&channel_a, ServingStatus::NotServing).await;
+
+    // A router over part of a set never becomes ready, and says what is missing.
+    let (_rc, _, channel_c) = router_over(dir.path(), "router-c", &addrs[..1]).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(readiness(&channel_c).await, ServingStatus::NotServing);
+    let status = SidecarClient::new(channel_c)
+        .info(pb::InfoRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert!(
+        status.message().contains("shard 1 of 3 has no replica"),
+        "{}",
+        status.message()
+    );
+}
