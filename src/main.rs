@@ -395,6 +395,7 @@ fn run_build(args: BuildArgs) -> Result<()> {
     let report = match args.shard {
         Some(split) => {
             let survey = split::survey(documents()?)?;
+            split.check(&survey)?;
             opts.shard_set = Some(ShardSetRecord::for_build(split, &survey, &opts));
             opts.input_bytes = 0;
             build(split.take(&survey, documents()?), &opts)?

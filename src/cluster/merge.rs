@@ -40,10 +40,21 @@ pub fn continuations(parts: &[PartialContinuations], max_support: Option<u64>) -
         }
         Some(cap) => {
             for sample in longest.iter().flat_map(|p| &p.samples) {
-                let fine: Vec<u32> = sample.tokens().collect();
-                let share = sampling::share(cap, sample.matches, prompt_cnt);
-                for k in sampling::picks(fine.len() as u64, share.min(fine.len() as u64)) {
-                    *dist.entry(fine[k as usize]).or_insert(0) += 1;
+                let fine: u64 = sample.runs.iter().map(|&(_, n)| n).sum();
+                let share = sampling::share(cap, sample.matches, prompt_cnt).min(fine);
+                // The picks ascend: walk the runs alongside them.
+                let mut runs = sample.runs.iter();
+                let (mut run, mut end) = (None, 0u64);
+                for k in sampling::picks(fine, share) {
+                    while k >= end {
+                        let Some(&(token, n)) = runs.next() else {
+                            break;
+                        };
+                        (run, end) = (Some(token), end + n);
+                    }
+                    if let Some(token) = run {
+                        *dist.entry(token).or_insert(0) += 1;
+                    }
                 }
             }
         }

@@ -16,17 +16,21 @@
 //!   suffix, so one round trip is enough. The same holds per position for dense scoring.
 //! - **Sparse**: the ∞-gram distribution has one token iff every shard that matched that far has
 //!   only that token after its matches ([`crate::index::query::Spread`] merges).
-//! - **Subsampled distributions** (`max_support`): a single index gives each suffix array a share
-//!   of the samples in proportion to its matches, and picks them among that suffix array's fine
-//!   samples ([`crate::index::sampling`]), which need no total: a shard sends them, the router
-//!   picks. Exact as long as each shard server's suffix arrays are merged in the same order.
 //! - **Documents**: a document lies in one shard. The router numbers shard k's documents after
 //!   those of shards 0..k, so with a build split by `--shard K/N` (contiguous runs of the input)
 //!   every document keeps its number in a single index over the same input. Searches take two
 //!   round trips: the counts of every clause decide the strides a single index would use.
 //!
-//! Round trips per call: one per shard for count, ntd, ∞-gram and dense scoring; two for a
-//! document search.
+//! Everything above is exact whatever the layout: the router's answer is the answer of any single
+//! index over the same documents. **Subsampled answers** (`max_support`, a search whose clauses
+//! are subsampled) are estimates whose sample depends on where suffix arrays begin and end: the
+//! router's equals that of a single index over the **same suffix arrays** (`Index::join` of the
+//! shards, in order). For distributions, a single index gives each suffix array a share of the
+//! samples in proportion to its matches, picked among that suffix array's fine samples
+//! ([`crate::index::sampling`]), which need no total: a shard sends them, the router picks.
+//!
+//! Round trips per call: one per shard for count, ntd and the ∞-gram (and `ScoreTokens`, the
+//! dense evidence a router's `Score` will merge); two for a document search.
 
 pub mod merge;
 pub mod set;

@@ -18,15 +18,6 @@ pub struct LocalSample {
     pub runs: Vec<(u32, u64)>,
 }
 
-impl LocalSample {
-    /// The fine samples one by one.
-    pub fn tokens(&self) -> impl Iterator<Item = u32> + '_ {
-        self.runs
-            .iter()
-            .flat_map(|&(token, n)| std::iter::repeat_n(token, n as usize))
-    }
-}
-
 /// What follows a prompt in this index, or the longest suffix of it found in this index.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PartialContinuations {

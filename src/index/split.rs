@@ -46,6 +46,17 @@ impl ShardSplit {
         at(self.shard)..at(self.shard + 1)
     }
 
+    /// Refuses a split with more shards than the input has documents (a shard would be empty).
+    pub fn check(&self, survey: &CorpusSurvey) -> Result<()> {
+        if survey.documents < self.shards as u64 {
+            return Err(IndexError::Invalid(format!(
+                "--shard {}/{}: the input has {} documents, fewer than the shards",
+                self.shard, self.shards, survey.documents
+            )));
+        }
+        Ok(())
+    }
+
     /// This shard's documents of `docs` (the whole input, in order).
     pub fn take<T>(
         &self,

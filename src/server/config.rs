@@ -165,6 +165,9 @@ pub struct Limits {
     /// Places a `SearchDocuments` request may visit (its clauses' matches, each capped by
     /// `max_clause_freq`): the work of a search, computed from counts before any is done.
     pub max_search_places: u64,
+    /// Largest `max_support` a distribution may ask for: the samples a subsampled answer reads
+    /// (and a shard sends per suffix array).
+    pub max_support: u64,
     /// TCP connections open at once; further clients wait in the listen backlog.
     pub max_connections: usize,
     /// Seconds a new connection has to send its first bytes (the HTTP/2 preface) before it is closed.
@@ -189,6 +192,7 @@ impl Default for Limits {
             max_cnf_clauses: 64,
             max_clause_freq: 1_000_000,
             max_search_places: 4_000_000,
+            max_support: 1 << 16,
             max_connections: 1_024,
             handshake_timeout_secs: 10,
             keepalive_secs: 30,
@@ -212,6 +216,7 @@ impl Limits {
             ("max_cnf_clauses", self.max_cnf_clauses as u64),
             ("max_clause_freq", self.max_clause_freq),
             ("max_search_places", self.max_search_places),
+            ("max_support", self.max_support),
             ("max_connections", self.max_connections as u64),
             ("handshake_timeout_secs", self.handshake_timeout_secs),
             ("keepalive_secs", self.keepalive_secs),

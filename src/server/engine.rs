@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use tonic::Status;
 
 use super::config::Limits;
-use super::{check_len, index_status, pb, State};
+use super::{check_len, check_max_support, index_status, pb, State};
 use crate::index::docs::{Cnf, SearchOptions, SearchResult};
 
 pub(super) fn info(s: &State) -> pb::InfoResponse {
@@ -82,6 +82,7 @@ pub(super) fn next_token_distribution(
     r: pb::NextTokenDistributionRequest,
 ) -> Result<pb::NextTokenDistributionResponse, Status> {
     s.check_len("the prompt", r.prompt.len())?;
+    check_max_support(&s.limits, r.max_support)?;
     let max_support = (r.max_support > 0).then_some(r.max_support);
     let (ntd, suffix_len, sparse) = match r.infinite {
         true => {
@@ -156,16 +157,26 @@ pub(super) fn search_request(
             limits.max_clause_freq
         )));
     }
-    let worst_case = (opts.maxnum as u64)
-        .saturating_mul(opts.max_disp_len as u64)
+    check_answer_size(limits, opts.maxnum, opts.max_disp_len)?;
+    Ok((cnf, opts))
+}
+
+/// Refuses a search whose documents could not be sent within the message limit.
+pub(super) fn check_answer_size(
+    limits: &Limits,
+    maxnum: usize,
+    max_disp_len: usize,
+) -> Result<(), Status> {
+    let worst_case = (maxnum as u64)
+        .saturating_mul(max_disp_len as u64)
         .saturating_mul(BYTES_PER_SHOWN_TOKEN);
     if worst_case > limits.max_message_bytes as u64 {
         return Err(Status::resource_exhausted(format!(
-            "maxnum × max_disp_len = {} × {} tokens could take {worst_case} bytes, more than the message limit of {}: ask for fewer or shorter documents",
-            opts.maxnum, opts.max_disp_len, limits.max_message_bytes
+            "maxnum × max_disp_len = {maxnum} × {max_disp_len} tokens could take {worst_case} bytes, more than the message limit of {}: ask for fewer or shorter documents",
+            limits.max_message_bytes
         )));
     }
-    Ok((cnf, opts))
+    Ok(())
 }
 
 pub(super) fn search_response(

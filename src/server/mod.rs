@@ -210,6 +210,17 @@ fn deadline_of<T>(request: &Request<T>) -> Option<Instant> {
     Some(Instant::now() + timeout)
 }
 
+/// Refuses a `max_support` above the limit (0, exact, is always allowed).
+fn check_max_support(limits: &Limits, max_support: u64) -> Result<(), Status> {
+    if max_support > limits.max_support {
+        return Err(Status::invalid_argument(format!(
+            "max_support must be at most {}",
+            limits.max_support
+        )));
+    }
+    Ok(())
+}
+
 /// Refuses a request part longer than `max_context_tokens`.
 fn check_len(limits: &Limits, what: &str, len: usize) -> Result<(), Status> {
     if len > limits.max_context_tokens {

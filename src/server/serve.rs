@@ -149,7 +149,6 @@ pub async fn serve(
         metrics.connections.clone(),
     );
     tracing::info!(role = ?config.cluster.role, "role");
-    tracing::info!("serving on {local}");
     if config.cluster.role == Role::Router {
         let router = RouterService::new(&config, token).map_err(ServeError::Setup)?;
         let sidecar = SidecarServer::new(router.clone())
@@ -163,9 +162,12 @@ pub async fn serve(
             Duration::from_secs(config.cluster.refresh_secs),
         )));
         let routes = routes.add_service(observed(InterceptedService::new(sidecar, auth), &metrics));
+        tracing::info!("serving on {local}");
         return drain(routes, connections, limits, shutdown, || {}).await;
     }
     let service = SidecarService::open_with_metrics(&config, Arc::clone(&metrics))?;
+    // Said once the index is open: clients and tests wait for this line.
+    tracing::info!("serving on {local}");
     let sidecar = SidecarServer::new(service.clone())
         .max_decoding_message_size(limits.max_message_bytes)
         .max_encoding_message_size(limits.max_message_bytes);

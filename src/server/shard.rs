@@ -6,8 +6,9 @@
 use tonic::{Request, Response, Status};
 use xxhash_rust::xxh3::Xxh3;
 
+use super::engine::check_answer_size;
 use super::shard_pb as spb;
-use super::{deadline_of, index_status, SidecarService, State};
+use super::{check_max_support, deadline_of, index_status, SidecarService, State};
 use crate::index::docs::SearchOptions;
 use crate::index::query::Spread;
 use crate::index::Index;
@@ -68,6 +69,7 @@ fn continuations(
     r: spb::ContinuationsRequest,
 ) -> Result<spb::ContinuationsAnswer, Status> {
     s.check_len("the prompt", r.prompt.len())?;
+    check_max_support(&s.limits, r.max_support)?;
     let cap = (r.max_support > 0).then_some(r.max_support);
     let part = s
         .index
@@ -124,6 +126,7 @@ fn search(s: &State, r: spb::SearchRequest) -> Result<spb::SearchAnswer, Status>
             s.limits.max_top_k
         )));
     }
+    check_answer_size(&s.limits, r.maxnum as usize, r.max_disp_len as usize)?;
     let opts = SearchOptions {
         maxnum: r.maxnum as usize,
         max_disp_len: r.max_disp_len as usize,
@@ -159,7 +162,9 @@ impl spb::shard_server::Shard for SidecarService {
         &self,
         request: Request<spb::DescribeRequest>,
     ) -> Result<Response<spb::ShardDescription>, Status> {
-        self.run(deadline_of(&request), describe).await
+        // No work permit: a busy shard is still there, and must not look down to its routers.
+        let _ = request;
+        describe(&self.state).map(Response::new)
     }
 
     async fn count(

@@ -402,6 +402,38 @@ async fn routers_answer_as_one_index_and_name_the_shard_that_is_down() {
     assert!(got.approx && want.approx);
     assert_eq!(got.cnt, want.cnt);
 
+    // Subsampled searches are estimates of the suffix arrays' layout: equal to one index over the
+    // same three suffix arrays, for one clause and for two.
+    for cnf in [
+        vec![vec![common.to_vec()]],
+        vec![vec![common.to_vec()], vec![qs[8][..1].to_vec()]],
+    ] {
+        let mut r = search(cnf.clone(), 4);
+        r.max_clause_freq = 9;
+        let got = router_a.search_documents(r).await.unwrap().into_inner();
+        let opts = infini_sidecar::index::docs::SearchOptions {
+            maxnum: 4,
+            max_disp_len: 40,
+            max_clause_freq: 9,
+            ..Default::default()
+        };
+        let want = joined.search_docs_cnf(&cnf, opts).unwrap();
+        assert!(want.approx, "{cnf:?} was not subsampled");
+        assert_eq!(
+            (got.cnt, got.doc_cnt, got.approx),
+            (want.cnt, want.doc_cnt, want.approx),
+            "{cnf:?}"
+        );
+        let ixs = |d: &[pb::Document]| d.iter().map(|d| d.doc_ix).collect::<Vec<_>>();
+        let want_ixs: Vec<u64> = want.documents.iter().map(|d| d.doc_ix).collect();
+        assert_eq!(ixs(&got.documents), want_ixs);
+    }
+    let status = router_b
+        .next_token_distribution(ntd(&qs[0], true, 1 << 40))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+
     // Dense scoring: the shards' per-token evidence merges into the single index's scores.
     for doc in single.documents().take(6) {
         let ids = &doc[..doc.len().min(300)];

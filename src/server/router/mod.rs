@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::config::{Limits, ServeConfig};
 use super::engine::{search_request, search_response, token_probs};
-use super::{check_len, deadline_of, pb, shard_pb as spb, ResponseStream};
+use super::{check_len, check_max_support, deadline_of, pb, shard_pb as spb, ResponseStream};
 use crate::cluster::merge;
 use crate::cpu::CpuInfo;
 use crate::index::docs::{self, PartialSearch};
@@ -136,14 +136,14 @@ impl RouterService {
         Ok((parts, missing))
     }
 
-    /// Every n-gram's count over all shards.
+    /// Every n-gram's count in every shard that answered.
     async fn counts(
         &self,
         members: &Members,
         deadline: Option<Instant>,
         ngrams: Vec<Vec<u32>>,
         allow_partial: bool,
-    ) -> Result<(Vec<u64>, Vec<u32>), Status> {
+    ) -> Result<Answered<Vec<u64>>, Status> {
         let ask = spb::CountRequest {
             ngrams: ngrams
                 .iter()
@@ -158,18 +158,16 @@ impl RouterService {
             })
             .await?;
         let Answered { parts, missing } = fanned.complete(allow_partial)?;
-        let mut totals = vec![0u64; ngrams.len()];
-        for (_, a) in parts {
-            if a.counts.len() != totals.len() {
-                return Err(Status::internal(
+        let parts = parts
+            .into_iter()
+            .map(|(k, a)| match a.counts.len() == ngrams.len() {
+                true => Ok((k, a.counts)),
+                false => Err(Status::internal(
                     "a shard answered a different number of counts",
-                ));
-            }
-            for (t, c) in totals.iter_mut().zip(a.counts) {
-                *t += c;
-            }
-        }
-        Ok((totals, missing))
+                )),
+            })
+            .collect::<Result<_, Status>>()?;
+        Ok(Answered { parts, missing })
     }
 
     async fn search(
@@ -188,18 +186,23 @@ impl RouterService {
         }
         // First the counts of every n-gram: they decide the strides, as in a single index.
         let ngrams: Vec<Vec<u32>> = cnf.iter().flatten().cloned().collect();
-        let (counts, mut missing) = self
+        let n_grams = ngrams.len();
+        let counted = self
             .counts(members, deadline, ngrams, allow_partial)
             .await?;
-        let mut at = 0;
-        let totals: Vec<u64> = cnf
-            .iter()
-            .map(|clause| {
-                let sum = counts[at..at + clause.len()].iter().sum();
-                at += clause.len();
-                sum
-            })
-            .collect();
+        let mut missing = counted.missing.clone();
+        // Per clause, its n-grams' matches in the shards that count.
+        let clause_totals = |counts: &[u64]| -> Vec<u64> {
+            let mut at = 0;
+            cnf.iter()
+                .map(|clause| {
+                    let sum = counts[at..at + clause.len()].iter().sum();
+                    at += clause.len();
+                    sum
+                })
+                .collect()
+        };
+        let totals = clause_totals(&sum_counts(&counted.parts, n_grams, |_| true));
         let strides = docs::search_strides(&totals, opts).map_err(super::index_status)?;
         let ask = spb::SearchRequest {
             cnf: cnf
@@ -232,9 +235,24 @@ impl RouterService {
             .filter(|(k, _)| !missing.contains(&(*k as u32)))
             .map(|(k, a)| (members.doc_bases[k], search_of(a, &members.tokenizer)))
             .unzip();
+        // A shard missing from the second trip leaves the counts too: the answer is the others'.
+        let totals = clause_totals(&sum_counts(&counted.parts, n_grams, |k| {
+            !missing.contains(&(k as u32))
+        }));
         let found = merge::search(parts, &bases, &totals, &strides, opts.maxnum);
         Ok(search_response(found, partial_of(missing)))
     }
+}
+
+/// Each of `n` n-grams' count summed over the shards `keep` keeps (each part: shard, counts).
+fn sum_counts(parts: &[(usize, Vec<u64>)], n: usize, keep: impl Fn(usize) -> bool) -> Vec<u64> {
+    let mut totals = vec![0u64; n];
+    for (_, counts) in parts.iter().filter(|(k, _)| keep(*k)) {
+        for (t, c) in totals.iter_mut().zip(counts) {
+            *t += c;
+        }
+    }
+    totals
 }
 
 /// Calls a router does not serve yet: they need the model or the live index in the router.
@@ -308,12 +326,12 @@ impl pb::sidecar_server::Sidecar for RouterService {
         let r = request.into_inner();
         check_len(&self.limits, "the n-gram", r.ids.len())?;
         let (m, _permit) = self.begin()?;
-        let (counts, missing) = self
+        let counted = self
             .counts(&m, deadline, vec![r.ids], r.allow_partial)
             .await?;
         Ok(Response::new(pb::CountResponse {
-            count: counts[0],
-            partial: partial_of(missing),
+            count: sum_counts(&counted.parts, 1, |_| true)[0],
+            partial: partial_of(counted.missing),
         }))
     }
 
@@ -324,6 +342,7 @@ impl pb::sidecar_server::Sidecar for RouterService {
         let deadline = deadline_of(&request);
         let r = request.into_inner();
         check_len(&self.limits, "the prompt", r.prompt.len())?;
+        check_max_support(&self.limits, r.max_support)?;
         let (m, _permit) = self.begin()?;
         let max_support = (r.max_support > 0).then_some(r.max_support);
         let ask = spb::ContinuationsRequest {
