@@ -118,6 +118,17 @@ ensure_client_python() {
   "$SIDECAR_PYTHON" -m pip install -q --no-build-isolation --no-deps --force-reinstall "$SIDECAR_REPO/clients/python"
 }
 
+# What deploy/check.py needs (the test deploy::): PyYAML for the system Python, and kubectl with its
+# built-in kustomize v5 (the machine image's; Debian's kubernetes-client 1.20 is too old to render
+# the overlays, so there is nothing to install it from here).
+ensure_deploy_tools() {
+  python3 -c 'import yaml' 2>/dev/null || python3 -m pip install -q pyyaml
+  if ! kubectl kustomize --help >/dev/null 2>&1; then
+    echo "kubectl (with kustomize) is missing: the deploy:: test renders deploy/k8s with it" >&2
+    return 1
+  fi
+}
+
 # Starts the release sidecar on the default index and mixing file in the background, on 127.0.0.1:PORT
 # (without its own model unless WITH_MODEL=1, and without metrics), and waits until it answers; it is
 # stopped when the calling script exits. Needs ensure_client_python and a release build.

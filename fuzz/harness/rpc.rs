@@ -140,30 +140,16 @@ impl Fixture {
         /// Decodes the body as the RPC's request (a message that does not decode is refused by
         /// tonic before the service sees it) and checks the service's answer.
         macro_rules! unary {
-            ($method:ident, $request:ty) => {{
+            ($method:ident, $request:ty) => {
+                unary!(Sidecar, $method, $request)
+            };
+            ($service:ident, $method:ident, $request:ty) => {{
                 let Ok(message) = <$request>::decode(body) else {
                     return;
                 };
                 check(
                     rpc,
-                    <SidecarService as Sidecar>::$method(
-                        &self.service,
-                        request(message, past_deadline),
-                    )
-                    .await
-                    .map(drop),
-                );
-            }};
-        }
-        /// [`unary`] for the shard protocol's RPCs.
-        macro_rules! shard {
-            ($method:ident, $request:ty) => {{
-                let Ok(message) = <$request>::decode(body) else {
-                    return;
-                };
-                check(
-                    rpc,
-                    <SidecarService as Shard>::$method(
+                    <SidecarService as $service>::$method(
                         &self.service,
                         request(message, past_deadline),
                     )
@@ -174,10 +160,10 @@ impl Fixture {
         }
         let s = &self.service;
         match rpc {
-            "Shard/Count" => shard!(count, spb::CountRequest),
-            "Shard/Continuations" => shard!(continuations, spb::ContinuationsRequest),
-            "Shard/ScoreTokens" => shard!(score_tokens, spb::ScoreTokensRequest),
-            "Shard/SearchDocuments" => shard!(search_documents, spb::SearchRequest),
+            "Shard/Count" => unary!(Shard, count, spb::CountRequest),
+            "Shard/Continuations" => unary!(Shard, continuations, spb::ContinuationsRequest),
+            "Shard/ScoreTokens" => unary!(Shard, score_tokens, spb::ScoreTokensRequest),
+            "Shard/SearchDocuments" => unary!(Shard, search_documents, spb::SearchRequest),
             "Info" => unary!(info, pb::InfoRequest),
             "Tokenize" => unary!(tokenize, pb::TokenizeRequest),
             "Detokenize" => unary!(detokenize, pb::DetokenizeRequest),

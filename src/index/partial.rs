@@ -44,16 +44,25 @@ impl Index {
             true => self.longest_suffix(prompt),
             false => (prompt.len(), self.locate(self.encode(prompt), None)),
         };
-        let (dist, samples) = match max_support {
-            None => (self.ntd_given(&m, None)?.dist, Vec::new()),
-            Some(cap) => (BTreeMap::new(), self.fine_samples(&m, cap)?),
+        // An exact distribution shows its spread; samples need the matches' ends read.
+        let (dist, samples, spread) = match max_support {
+            None => {
+                let dist = self.ntd_given(&m, None)?.dist;
+                let spread = Spread::of_dist(&dist);
+                (dist, Vec::new(), spread)
+            }
+            Some(cap) => (
+                BTreeMap::new(),
+                self.fine_samples(&m, cap)?,
+                self.spread(&m),
+            ),
         };
         Ok(PartialContinuations {
             suffix_len,
             prompt_cnt: m.count(),
             dist,
             samples,
-            spread: self.spread(&m),
+            spread,
         })
     }
 

@@ -104,6 +104,16 @@ impl Spread {
         }
     }
 
+    /// The spread of an exact distribution: what its tokens are, no read needed.
+    pub fn of_dist(dist: &BTreeMap<u32, u64>) -> Spread {
+        let mut tokens = dist.keys();
+        match (tokens.next(), tokens.next()) {
+            (None, _) => Spread::None,
+            (Some(&t), None) => Spread::Single(t),
+            _ => Spread::Several,
+        }
+    }
+
     /// The ∞-gram distribution has one possible next token.
     pub fn is_sparse(self) -> bool {
         matches!(self, Spread::Single(_))

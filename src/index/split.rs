@@ -119,10 +119,9 @@ pub struct ShardSetRecord {
     pub set_id: String,
     pub shard: u32,
     pub shards: u32,
-    /// Documents of the whole input, before decontamination.
+    /// Documents of the whole input, before decontamination (this shard's are
+    /// [`ShardSplit::documents`] of them).
     pub corpus_documents: u64,
-    /// This shard's first document among them.
-    pub first_document: u64,
 }
 
 impl ShardSetRecord {
@@ -151,7 +150,6 @@ impl ShardSetRecord {
             shard: split.shard,
             shards: split.shards,
             corpus_documents: survey.documents,
-            first_document: split.documents(survey.documents).start,
         }
     }
 }
