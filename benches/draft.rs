@@ -39,7 +39,7 @@ fn main() {
                 let mut seq = Sequence::new(&index, doc[..100].to_vec()).unwrap();
                 for &t in &doc[100..] {
                     let started = Instant::now();
-                    let draft = seq.draft(&index, &opts);
+                    let draft = seq.draft(&index, &opts).unwrap();
                     draft_s += started.elapsed().as_secs_f64();
                     drafts += 1;
                     drafted += draft.len();

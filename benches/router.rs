@@ -1,9 +1,9 @@
 //! What a router adds over a single sidecar (`cargo bench --bench router`; needs the assets of
 //! `scripts/run-default.sh`). The first 4,000 mini-Pile train documents are built whole and as sets
-//! of 1, 3 and 8 shards (`--shard K/N`); every server runs in this process on loopback. For `Count`
-//! and `NextTokenDistribution` (the ∞-gram, exact) it measures p50/p99 of sequential calls and the
-//! throughput of 8 concurrent clients, against the single sidecar over the whole index in the same
-//! run. Writes `eval/results/cluster.json`; eval/CLUSTER.md discusses it.
+//! of 1, 3 and 8 shards (`--shard K/N`); every server runs in this process on loopback. For `Count`,
+//! `NextTokenDistribution` (the ∞-gram, exact), `Mix` (a caller's top-k log-probs) and a session
+//! step (append a token, mix) it measures p50/p99 of sequential calls and the throughput of 8
+//! concurrent clients, against the single sidecar over the whole index in the same run. Writes `eval/results/cluster.json`; eval/CLUSTER.md discusses it.
 
 mod common;
 
@@ -15,9 +15,11 @@ use common::measure;
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::server::config::{ClusterSection, Role, ServeConfig};
 use infini_sidecar::server::pb::sidecar_client::SidecarClient;
-use infini_sidecar::server::pb::{self};
+use infini_sidecar::server::pb::{self, mix_request, session_request::Step};
 use serde_json::json;
-use tokio::sync::oneshot;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 const DOCUMENTS: usize = 4_000;
@@ -104,29 +106,128 @@ fn prompts(index: &Index, n: usize) -> Vec<Vec<u32>> {
 enum Call {
     Count,
     InfgramNtd,
+    /// `Mix` of the ∞-gram after the prompt with a caller's top-32 log-probs at a fixed λ.
+    Mix,
+    /// One step of a decoding session: append a token, then mix as `Mix` does.
+    SessionStep,
 }
 
-async fn call(client: &mut SidecarClient<Channel>, what: Call, prompt: &[u32]) {
-    match what {
-        Call::Count => {
-            client
-                .count(pb::CountRequest {
-                    ids: prompt[4..].to_vec(),
-                    allow_partial: false,
-                })
-                .await
-                .unwrap();
+const CALLS_MEASURED: [(&str, Call); 4] = [
+    ("count", Call::Count),
+    ("infgram_ntd", Call::InfgramNtd),
+    ("mix", Call::Mix),
+    ("session_step", Call::SessionStep),
+];
+
+/// A caller's top 32 tokens' log-probs, falling geometrically; 5% of the mass on the others.
+fn neural_top_k() -> pb::NeuralTopK {
+    let q: f64 = 0.8;
+    let norm = (1.0 - q.powi(32)) / (1.0 - q);
+    pb::NeuralTopK {
+        tokens: (0..32).map(|t| t * 97 + 13).collect(),
+        logprobs: (0..32)
+            .map(|r| (0.95 * q.powi(r) / norm).ln() as f32)
+            .collect(),
+        rest_mass: 0.05,
+    }
+}
+
+/// One client: its connection, and its session once it has one.
+struct Caller {
+    client: SidecarClient<Channel>,
+    session: Option<(
+        mpsc::Sender<pb::SessionRequest>,
+        tonic::Streaming<pb::SessionResponse>,
+    )>,
+}
+
+impl Caller {
+    async fn new(addr: std::net::SocketAddr) -> Self {
+        Self {
+            client: client(addr).await,
+            session: None,
         }
-        Call::InfgramNtd => {
-            client
-                .next_token_distribution(pb::NextTokenDistributionRequest {
-                    prompt: prompt.to_vec(),
-                    infinite: true,
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
+    }
+
+    async fn call(&mut self, what: Call, prompt: &[u32]) {
+        match what {
+            Call::Count => {
+                self.client
+                    .count(pb::CountRequest {
+                        ids: prompt[4..].to_vec(),
+                        allow_partial: false,
+                    })
+                    .await
+                    .unwrap();
+            }
+            Call::InfgramNtd => {
+                self.client
+                    .next_token_distribution(pb::NextTokenDistributionRequest {
+                        prompt: prompt.to_vec(),
+                        infinite: true,
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+            }
+            Call::Mix => {
+                self.client
+                    .mix(pb::MixRequest {
+                        context: prompt.to_vec(),
+                        neural: Some(mix_request::Neural::TopKLogprobs(neural_top_k())),
+                        lambda: Some(mix_request::Lambda::FixedLambda(0.3)),
+                        top_k: 8,
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+            }
+            Call::SessionStep => self.session_step(prompt).await,
         }
+    }
+
+    /// Appends the prompt's last token to this caller's session (opened on the prompt), then mixes.
+    async fn session_step(&mut self, prompt: &[u32]) {
+        if self.session.is_none() {
+            let (tx, rx) = mpsc::channel(2);
+            let replies = self
+                .client
+                .session(ReceiverStream::new(rx))
+                .await
+                .unwrap()
+                .into_inner();
+            self.session = Some((tx, replies));
+            self.send(Step::Start(pb::SessionStart {
+                context: prompt.to_vec(),
+                ..Default::default()
+            }))
+            .await;
+        }
+        self.send(Step::Append(pb::SessionAppend {
+            tokens: prompt[prompt.len() - 1..].to_vec(),
+        }))
+        .await;
+        self.send(Step::Mix(pb::SessionMix {
+            neural: Some(pb::session_mix::Neural::TopKLogprobs(neural_top_k())),
+            lambda: Some(pb::session_mix::Lambda::FixedLambda(0.3)),
+            top_k: 8,
+            ..Default::default()
+        }))
+        .await;
+    }
+
+    async fn send(&mut self, step: Step) {
+        let Some((tx, replies)) = &mut self.session else {
+            return;
+        };
+        tx.send(pb::SessionRequest { step: Some(step) })
+            .await
+            .unwrap();
+        let answer = replies.message().await.unwrap().unwrap();
+        assert!(
+            !matches!(answer.result, Some(pb::session_response::Result::Error(_))),
+            "{answer:?}"
+        );
     }
 }
 
@@ -135,17 +236,14 @@ async fn throughput(addr: std::net::SocketAddr, what: Call, prompts: &[Vec<u32>]
     let start = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
-        let mut client = client(addr).await;
+        let mut caller = Caller::new(addr).await;
         let prompts = prompts.to_vec();
         tasks.push(tokio::spawn(async move {
             let mut done = 0usize;
             while start.elapsed() < THROUGHPUT_FOR {
-                call(
-                    &mut client,
-                    what,
-                    &prompts[(c * 131 + done) % prompts.len()],
-                )
-                .await;
+                caller
+                    .call(what, &prompts[(c * 131 + done) % prompts.len()])
+                    .await;
                 done += 1;
             }
             done
@@ -160,12 +258,11 @@ async fn throughput(addr: std::net::SocketAddr, what: Call, prompts: &[Vec<u32>]
 
 async fn profile(addr: std::net::SocketAddr, prompts: &[Vec<u32>]) -> serde_json::Value {
     let mut out = serde_json::Map::new();
-    for (name, what) in [("count", Call::Count), ("infgram_ntd", Call::InfgramNtd)] {
-        // Clones of a client share its connection.
-        let c = client(addr).await;
+    for (name, what) in CALLS_MEASURED {
+        let caller = Arc::new(Mutex::new(Caller::new(addr).await));
         let latency = measure(CALLS, |i| {
-            let (mut c, p) = (c.clone(), prompts[i % prompts.len()].clone());
-            async move { call(&mut c, what, &p).await }
+            let (caller, p) = (Arc::clone(&caller), prompts[i % prompts.len()].clone());
+            async move { caller.lock().await.call(what, &p).await }
         })
         .await;
         let per_second = throughput(addr, what, prompts).await;
@@ -179,7 +276,7 @@ async fn profile(addr: std::net::SocketAddr, prompts: &[Vec<u32>]) -> serde_json
 
 fn overhead(single: &serde_json::Value, routed: &serde_json::Value) -> serde_json::Value {
     let mut out = serde_json::Map::new();
-    for call in ["count", "infgram_ntd"] {
+    for (call, _) in CALLS_MEASURED {
         let at = |v: &serde_json::Value, p: &str| v[call]["sequential"][p].as_f64().unwrap();
         out.insert(
             call.into(),

@@ -32,6 +32,11 @@ pub fn interrupted() -> bool {
         || CURRENT.with(|c| c.borrow().as_ref().is_some_and(StopSignal::is_stopped))
 }
 
+/// When the request this thread works for must be answered by, if it has a deadline.
+pub fn deadline() -> Option<Instant> {
+    CURRENT.with(|c| c.borrow().as_ref().and_then(|s| s.0.deadline))
+}
+
 /// Why a request's work was stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopReason {

@@ -436,6 +436,21 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                     prompt: vec![257, 258],
                     infinite: true,
                     max_support: 3,
+                    count_lengths: vec![1, 2],
+                    depth: 0,
+                },
+            ),
+        ),
+        (
+            "shard-drafts",
+            seed(
+                "Shard/Continuations",
+                &spb::ContinuationsRequest {
+                    prompt: vec![97, 256],
+                    infinite: true,
+                    max_support: 4,
+                    count_lengths: vec![],
+                    depth: 3,
                 },
             ),
         ),
@@ -445,6 +460,8 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                 "Shard/ScoreTokens",
                 &spb::ScoreTokensRequest {
                     ids: vec![259, 97, 256, 261],
+                    support_samples: 4,
+                    count_lengths: vec![1, 2, 3],
                 },
             ),
         ),

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::index::dense::{TokenEvidence, TokenScore};
 use crate::index::docs::{PartialSearch, SearchResult};
-use crate::index::partial::PartialContinuations;
+use crate::index::partial::{PartialContinuations, PartialDrafts};
 use crate::index::query::{InfgramNtdResult, NtdResult, Spread};
 use crate::index::sampling;
 
@@ -73,6 +73,48 @@ pub fn continuations(parts: &[PartialContinuations], max_support: Option<u64>) -
         suffix_len,
         sparse,
     }
+}
+
+/// The continuations drafts read after a sequence, from every part's: up to `samples` of the
+/// longest suffix's matches, each suffix array's share picked among its fine samples, in the
+/// order one index over all the parts' suffix arrays reads them
+/// ([`crate::index::suffix::SuffixMatch::continuations`]). `samples` must be what the parts were
+/// asked with.
+pub fn drafts(parts: &[PartialDrafts], samples: u64) -> Vec<Vec<u32>> {
+    let suffix_len = parts.iter().map(|p| p.suffix_len).max().unwrap_or(0);
+    let arrays: Vec<_> = parts
+        .iter()
+        .filter(|p| p.suffix_len == suffix_len)
+        .flat_map(|p| &p.suffix_arrays)
+        .collect();
+    let total: u64 = arrays.iter().map(|a| a.matches).sum();
+    if suffix_len == 0 || total == 0 || samples == 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for array in arrays.into_iter().filter(|a| a.matches > 0) {
+        let fine = array.fine.len() as u64;
+        let share = sampling::share(samples, array.matches, total).min(fine);
+        out.extend(sampling::picks(fine, share).map(|k| array.fine[k as usize].clone()));
+    }
+    out
+}
+
+/// The counts of a sequence's last k tokens for each k of `lengths` shorter than the longest
+/// suffix any part matched, summed over the parts; each part gives its match's length and its
+/// counts for the lengths up to it, in order (longer suffixes do not occur in it).
+pub fn suffix_counts(parts: &[(usize, &[u64])], lengths: &[usize]) -> Vec<u64> {
+    lengths
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| {
+            parts
+                .iter()
+                .filter(|(len, _)| k <= *len)
+                .map(|(_, counts)| counts.get(i).copied().unwrap_or(0))
+                .sum()
+        })
+        .collect()
 }
 
 /// Dense scores of a sequence from every part's evidence of each token: at each position the

@@ -20,17 +20,25 @@
 //!   those of shards 0..k, so with a build split by `--shard K/N` (contiguous runs of the input)
 //!   every document keeps its number in a single index over the same input. Searches take two
 //!   round trips: the counts of every clause decide the strides a single index would use.
+//! - **The gate's features** of a position are its ∞-gram match (merged as above), counts of its
+//!   last k tokens (they add up; a shard sends those up to its own match, longer ones do not occur
+//!   in it) and a subsample of what followed the match (each shard sends its suffix arrays' fine
+//!   samples at its own longest match; only the shards that matched the longest count, as for the
+//!   ∞-gram). **Drafts** read continuations of evenly spread matches of the sequence's longest
+//!   suffix: each shard sends every suffix array's fine samples with their following tokens, the
+//!   router picks the ranks one index over all the suffix arrays reads.
 //!
 //! Everything above is exact whatever the layout: the router's answer is the answer of any single
 //! index over the same documents. **Subsampled answers** (`max_support`, a search whose clauses
-//! are subsampled) are estimates whose sample depends on where suffix arrays begin and end: the
+//! are subsampled, the gate's support estimate, drafts) are estimates whose sample depends on where suffix arrays begin and end: the
 //! router's equals that of a single index over the **same suffix arrays** (`Index::join` of the
 //! shards, in order). For distributions, a single index gives each suffix array a share of the
 //! samples in proportion to its matches, picked among that suffix array's fine samples
 //! ([`crate::index::sampling`]), which need no total: a shard sends them, the router picks.
 //!
-//! Round trips per call: one per shard for count, ntd and the ∞-gram (and `ScoreTokens`, the
-//! dense evidence a router's `Score` will merge); two for a document search.
+//! Round trips per call: one per shard for count, ntd, the ∞-gram, a document's dense evidence
+//! with its gate features (`ScoreTokens`), and a draft (`Continuations` with a depth); two for a
+//! document search, and for a decoding step's gate features (after its ∞-gram).
 
 pub mod merge;
 pub mod set;

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::index::suffix::SuffixMatch;
-use crate::index::{Index, Result};
+use crate::evidence::{Followed, ReferenceData};
+use crate::index::Result;
 use crate::live::{LiveError, LiveIndex};
 pub use calibration::Origin;
 use calibration::{Calibrated, Calibration};
@@ -108,12 +108,12 @@ impl DraftOptions {
     }
 }
 
-/// A sequence being decoded, with what drafting needs of it: its ∞-gram match and its own tokens'
-/// positions, both kept up to date as tokens come and go, its live namespace and reference text if
+/// A sequence being decoded, with what drafting needs of it: its ∞-gram match (as its reference
+/// follows it) and its own tokens' positions, both kept up to date as tokens come and go, its live namespace and reference text if
 /// it has them, and how each source's drafts have fared.
 pub struct Sequence {
     tokens: Vec<u32>,
-    suffix: SuffixMatch,
+    followed: Followed,
     lookup: PromptLookup,
     live: Option<LiveLink>,
     reference: Option<Reference>,
@@ -150,13 +150,14 @@ struct Reference {
 }
 
 impl Sequence {
-    pub fn new(index: &Index, context: Vec<u32>) -> Result<Self> {
-        let suffix = SuffixMatch::of(index, &context)?;
+    pub fn new(reference: &dyn ReferenceData, context: Vec<u32>) -> Result<Self> {
+        reference.check_ids(&context)?;
+        let followed = reference.follow(&context)?;
         let mut lookup = PromptLookup::default();
         lookup.extend(&context, 0);
         Ok(Self {
             tokens: context,
-            suffix,
+            followed,
             lookup,
             live: None,
             reference: None,
@@ -216,17 +217,35 @@ impl Sequence {
         &self.tokens
     }
 
-    pub fn suffix(&self) -> &SuffixMatch {
-        &self.suffix
+    /// Length of the longest suffix of the sequence found in the reference data.
+    pub fn suffix_len(&self) -> usize {
+        self.followed.suffix_len()
     }
 
-    /// Appends tokens (checked against the vocabulary first, so a bad id changes nothing).
-    pub fn append(&mut self, index: &Index, tokens: &[u32]) -> Result<()> {
-        index.check_ids(tokens)?;
+    /// Occurrences of that suffix.
+    pub fn prompt_cnt(&self) -> u64 {
+        self.followed.prompt_cnt()
+    }
+
+    /// The exact ∞-gram distribution after the sequence.
+    pub fn infgram(
+        &self,
+        reference: &dyn ReferenceData,
+    ) -> Result<crate::index::query::InfgramNtdResult> {
+        reference.infgram_followed(&self.followed)
+    }
+
+    /// Appends tokens (checked against the vocabulary first, so a bad id changes nothing; a
+    /// reference that fails to follow them leaves the sequence as it was).
+    pub fn append(&mut self, reference: &dyn ReferenceData, tokens: &[u32]) -> Result<()> {
+        reference.check_ids(tokens)?;
         let from = self.tokens.len();
+        self.tokens.extend_from_slice(tokens);
+        if let Err(e) = reference.advance(&mut self.followed, &self.tokens, from) {
+            self.tokens.truncate(from);
+            return Err(e);
+        }
         for &t in tokens {
-            self.tokens.push(t);
-            self.suffix.advance(index, &self.tokens);
             self.calibration.appended(t);
         }
         self.lookup.extend(&self.tokens, from);
@@ -234,15 +253,16 @@ impl Sequence {
         Ok(())
     }
 
-    /// Keeps the first `len` tokens (`len` must not exceed the length).
-    pub fn truncate(&mut self, index: &Index, len: usize) {
+    /// Keeps the first `len` tokens (`len` must not exceed the length). A reference that fails
+    /// to follow the cut leaves the sequence as it was.
+    pub fn truncate(&mut self, reference: &dyn ReferenceData, len: usize) -> Result<()> {
         if len >= self.tokens.len() {
-            return;
+            return Ok(());
         }
+        reference.truncate(&mut self.followed, &self.tokens[..len])?;
         self.calibration.release();
         self.lookup.truncate(&self.tokens[len..], len);
         self.tokens.truncate(len);
-        self.suffix.truncate(index, &self.tokens);
         if let Some(LiveLink {
             live,
             learning: Some((doc, held)),
@@ -256,6 +276,7 @@ impl Sequence {
                 *held = len.saturating_sub(crate::live::namespace::MAX_MATCH);
             }
         }
+        Ok(())
     }
 
     /// Sends the tokens the live document lacks. Learning is best effort: a failure (the namespace
@@ -279,7 +300,11 @@ impl Sequence {
 
     /// A draft continuing the sequence. The tokens appended next tell the sequence how much of it
     /// was accepted.
-    pub fn draft(&mut self, index: &Index, opts: &DraftOptions) -> DraftTree {
+    pub fn draft(
+        &mut self,
+        reference: &dyn ReferenceData,
+        opts: &DraftOptions,
+    ) -> Result<DraftTree> {
         self.calibration.release();
         self.last_origin = None;
         let mut offers = Vec::new();
@@ -292,7 +317,7 @@ impl Sequence {
             let hopeless = self.calibration.factor(origin) < opts.min_path_prob;
             let tree = match hopeless {
                 true => DraftTree::default(),
-                false => self.raw_draft(origin, index, opts),
+                false => self.raw_draft(origin, reference, opts)?,
             };
             let draft = self.calibrate(origin, tree, opts);
             if draft.tree.is_empty() {
@@ -309,7 +334,7 @@ impl Sequence {
             for (origin, draft) in offers {
                 self.calibration.drafted(origin, draft);
             }
-            return union;
+            return Ok(union);
         }
         let best = offers.into_iter().reduce(|a, b| {
             if b.1.tree.score > a.1.tree.score {
@@ -318,7 +343,7 @@ impl Sequence {
                 a
             }
         });
-        match best {
+        Ok(match best {
             Some((origin, draft)) => {
                 let tree = draft.tree.clone();
                 self.last_origin = (!tree.is_empty()).then_some(origin);
@@ -326,7 +351,7 @@ impl Sequence {
                 tree
             }
             None => DraftTree::default(),
-        }
+        })
     }
 
     /// Where the last draft came from: `None` for a union of several sources, or no draft.
@@ -343,12 +368,23 @@ impl Sequence {
     }
 
     /// `origin`'s draft before calibration.
-    fn raw_draft(&self, origin: Origin, index: &Index, opts: &DraftOptions) -> DraftTree {
+    fn raw_draft(
+        &self,
+        origin: Origin,
+        reference: &dyn ReferenceData,
+        opts: &DraftOptions,
+    ) -> Result<DraftTree> {
         let (conts, len) = match origin {
             Origin::Index => {
-                let depth = opts.depth_for(self.suffix.suffix_len());
-                let conts = self.suffix.continuations(index, opts.index_samples, depth);
-                (conts, self.suffix.suffix_len())
+                let len = self.followed.suffix_len();
+                let depth = opts.depth_for(len);
+                let conts = reference.continuations(
+                    &self.followed,
+                    &self.tokens,
+                    opts.index_samples,
+                    depth,
+                )?;
+                (conts, len)
             }
             Origin::Prompt => self.lookup.continuations(&self.tokens, opts.max_tokens),
             Origin::Live => match &self.live {
@@ -367,7 +403,7 @@ impl Sequence {
                 None => (Vec::new(), 0),
             },
         };
-        opts.draft_from(&conts, len)
+        Ok(opts.draft_from(&conts, len))
     }
 
     fn calibrate(&self, origin: Origin, tree: DraftTree, opts: &DraftOptions) -> Calibrated {

@@ -12,7 +12,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::{DraftOptions, DraftTree, Extras, Sequence};
-use crate::index::Index;
+use crate::evidence::ReferenceData;
 use crate::model::{ModelError, Transformer, SHORT_PASS_ROWS};
 use crate::softmax::softmax;
 
@@ -205,21 +205,21 @@ fn verify_sampled(
     (draft.len(), draft.last().copied().unwrap_or(0))
 }
 
-/// Continues `prompt` with `model`, drafting when asked from `index`, the sequence itself and
+/// Continues `prompt` with `model`, drafting when asked from `reference`, the sequence itself and
 /// `extras` (a live namespace, which learns the output when `extras.learn`; a reference text).
 pub fn decode(
     model: &Transformer,
-    index: &Index,
+    reference: &dyn ReferenceData,
     prompt: &[u32],
     opts: &SpecOptions,
     extras: Extras,
 ) -> Result<SpecRun, anyhow::Error> {
-    crate::model::on_rayon_worker(|| decode_here(model, index, prompt, opts, extras))
+    crate::model::on_rayon_worker(|| decode_here(model, reference, prompt, opts, extras))
 }
 
 fn decode_here(
     model: &Transformer,
-    index: &Index,
+    reference: &dyn ReferenceData,
     prompt: &[u32],
     opts: &SpecOptions,
     extras: Extras,
@@ -245,7 +245,7 @@ fn decode_here(
     let mut drafter = opts
         .draft
         .map(|d| -> Result<_, anyhow::Error> {
-            let seq = Sequence::new(index, prompt.to_vec())?.with_extras(extras)?;
+            let seq = Sequence::new(reference, prompt.to_vec())?.with_extras(extras)?;
             Ok((seq, d))
         })
         .transpose()?;
@@ -265,7 +265,7 @@ fn decode_here(
         let room = (opts.max_new_tokens - run.tokens.len() - 1).min(MAX_VERIFY_ROWS - 1);
         let rows = match &mut drafter {
             Some((seq, d)) => {
-                let draft = seq.draft(index, d);
+                let draft = seq.draft(reference, d)?;
                 match trees {
                     true => Rows::tree(&draft, room),
                     false => Rows::chain(&draft, room),
@@ -311,7 +311,7 @@ fn decode_here(
         }
         if let Some((seq, _)) = &mut drafter {
             let t = Instant::now();
-            seq.append(index, &new)?;
+            seq.append(reference, &new)?;
             run.draft_seconds += t.elapsed().as_secs_f64();
         }
         run.tokens.extend(&new);

@@ -442,7 +442,7 @@ pub fn simulate(
             while done < truth.len() {
                 let room = (truth.len() - done - 1).min(MAX_VERIFY_ROWS - 1);
                 let started = std::time::Instant::now();
-                let mut chain = seq.draft(index, &opts).chain();
+                let mut chain = seq.draft(index, &opts)?.chain();
                 seconds += started.elapsed().as_secs_f64();
                 chain.truncate(room);
                 let agree = chain

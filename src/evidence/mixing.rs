@@ -3,10 +3,9 @@
 
 use serde::Serialize;
 
-use super::TokenRecord;
+use super::{ReferenceData, TokenRecord};
 use crate::index::query::InfgramNtdResult;
-use crate::index::Index;
-use crate::mix::features::{gate_features, InfgramContext, NeuralContext, NUM_FEATURES};
+use crate::mix::features::{gate_features, NeuralContext, NUM_FEATURES};
 use crate::mix::{
     mixed_prob, AdaptiveSequence, GateFeatures, LambdaRule, MixError, MixingParams,
     NeuralDistribution, SequenceTrust, LAMBDA_MAX, LAMBDA_MIN,
@@ -134,7 +133,7 @@ pub struct DecodeStep<'a> {
 /// [`guard_copying`]); a fixed λ is taken as asked. A caller that follows the sequence leaves the
 /// step's distributions with [`AdaptiveSequence::await_token`].
 pub fn step_lambda(
-    index: &Index,
+    reference: &dyn ReferenceData,
     params: Option<&MixingParams>,
     rule: LambdaRule,
     step: &DecodeStep,
@@ -152,7 +151,7 @@ pub fn step_lambda(
     };
     let features = match base_rule {
         LambdaRule::Gate => {
-            let ctx = InfgramContext::after(index, context, infgram)?;
+            let ctx = reference.context_after(context, infgram)?;
             let (entropy, top_prob) = neural.entropy_and_top();
             Some(gate_features(&ctx, &NeuralContext { entropy, top_prob }))
         }

@@ -5,12 +5,14 @@
 
 mod mixing;
 mod records;
+mod reference;
 
 pub use mixing::{
     guard_copying, lambdas, mix_tokens, perplexity, step_lambda, usable_lambda, DecodeStep,
     MixedToken, StepLambda,
 };
 pub use records::{document_records, DocumentRecords, TokenRecord, RECORD_FORMAT};
+pub use reference::{Followed, ReferenceData};
 
 use crate::index::IndexError;
 use crate::mix::MixError;

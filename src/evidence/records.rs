@@ -4,9 +4,8 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::EvidenceError;
-use crate::index::Index;
-use crate::mix::features::{gate_features, GateFeatures, InfgramContext, NeuralContext};
+use super::{EvidenceError, ReferenceData};
+use crate::mix::features::{gate_features, GateFeatures, NeuralContext};
 use crate::mix::fit::TokenEvidence;
 use crate::model::{Model, WindowOptions};
 
@@ -59,7 +58,7 @@ pub struct DocumentRecords {
 /// index densely, and the gate features of every position. `progress` hears of scored tokens.
 pub fn document_records(
     model: &Model,
-    index: &Index,
+    reference: &dyn ReferenceData,
     window: WindowOptions,
     doc: usize,
     tokens: &[u32],
@@ -71,8 +70,7 @@ pub fn document_records(
         .score_document(tokens, window, progress)?;
     let neural_seconds = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let scores = index.score(tokens)?;
-    let contexts = InfgramContext::for_document(index, tokens, &scores)?;
+    let (scores, contexts) = reference.document(tokens)?;
     // Neural position scores start at token 1 (token 0 is only context).
     let infgram = scores.iter().zip(&contexts).skip(1);
     let records = neural

@@ -22,6 +22,10 @@ pub enum IndexError {
     Invalid(String),
     #[error("interrupted")]
     Interrupted,
+    /// The shard servers behind a router failed to answer (a shard down, its deadline passed): the
+    /// status they gave, passed on as it is.
+    #[error("{message}")]
+    Remote { code: tonic::Code, message: String },
 }
 
 impl IndexError {

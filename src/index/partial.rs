@@ -18,6 +18,22 @@ pub struct LocalSample {
     pub runs: Vec<(u32, u64)>,
 }
 
+/// One suffix array's continuations of a suffix, for drafts: `matches` in all, and the following
+/// tokens of its `min(cap, matches)` fine samples, in rank order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalContinuations {
+    pub matches: u64,
+    pub fine: Vec<Vec<u32>>,
+}
+
+/// What followed the longest suffix of a sequence found in this index, for drafts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartialDrafts {
+    pub suffix_len: usize,
+    /// One per suffix array, in order.
+    pub suffix_arrays: Vec<LocalContinuations>,
+}
+
 /// What follows a prompt in this index, or the longest suffix of it found in this index.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PartialContinuations {
@@ -63,6 +79,62 @@ impl Index {
             dist,
             samples,
             spread,
+        })
+    }
+
+    /// The counts of `prompt`'s last k tokens for each k of `lengths` up to `suffix_len` (the
+    /// suffix matched here; longer ones do not occur here), in order. Ids must have been checked.
+    pub fn suffix_counts(
+        &self,
+        prompt: &[u32],
+        suffix_len: usize,
+        lengths: &[usize],
+    ) -> Result<Vec<u64>> {
+        lengths
+            .iter()
+            .filter(|&&k| k <= suffix_len.min(prompt.len()))
+            .map(|&k| self.count(&prompt[prompt.len() - k..]))
+            .collect()
+    }
+
+    /// Every suffix array's fine samples (under `cap`) of what followed the last `len` tokens of
+    /// `prefix`: what the gate's support estimate of a position needs from this index. Ids must
+    /// have been checked.
+    pub fn support(&self, prefix: &[u32], len: usize, cap: u64) -> Result<Vec<LocalSample>> {
+        let len = len.min(prefix.len());
+        let m = self.locate(self.encode(&prefix[prefix.len() - len..]), None);
+        self.fine_samples(&m, cap)
+    }
+
+    /// What followed the longest suffix of `prompt` found here, for drafts: its length and count,
+    /// and every suffix array's fine samples under `cap`, each with up to `depth` following tokens
+    /// ([`crate::index::suffix::SuffixMatch::continuations`] reads the picks among them).
+    pub fn partial_drafts(&self, prompt: &[u32], cap: u64, depth: usize) -> Result<PartialDrafts> {
+        self.check_ids(prompt)?;
+        let (suffix_len, m) = self.longest_suffix(prompt);
+        let suffix_arrays = self
+            .shards
+            .iter()
+            .zip(&m.ranges)
+            .map(|(shard, range)| {
+                let fine = range.len().min(cap);
+                LocalContinuations {
+                    matches: range.len(),
+                    fine: match suffix_len {
+                        0 => Vec::new(),
+                        _ => (0..fine)
+                            .map(|k| {
+                                let rank = range.lo + sampling::fine_offset(k, range.len(), fine);
+                                self.continuation_at(shard, rank, m.bytes.len(), depth)
+                            })
+                            .collect(),
+                    },
+                }
+            })
+            .collect();
+        Ok(PartialDrafts {
+            suffix_len,
+            suffix_arrays,
         })
     }
 

@@ -6,7 +6,7 @@
 
 use crate::index::query::{InfgramNtdResult, Matches};
 use crate::index::sampling;
-use crate::index::shard::{NextKey, END};
+use crate::index::shard::{NextKey, Shard, END};
 use crate::index::{Index, Result};
 
 /// The longest suffix of a sequence that occurs in the reference data, with its matches.
@@ -185,12 +185,6 @@ impl Index {
             return Vec::new();
         }
         let qlen = matches.bytes.len();
-        let width = self.width().bytes();
-        let stop = |key: NextKey| {
-            key == END
-                || key == self.width().separator() as NextKey
-                || key == self.eos_token_id() as NextKey
-        };
         let mut out = Vec::with_capacity(samples.min(total as usize));
         for (shard, range) in self.shards.iter().zip(&matches.ranges) {
             if range.is_empty() {
@@ -200,15 +194,31 @@ impl Index {
             for offset in
                 sampling::offsets(range.len(), cap, sampling::share(cap, range.len(), total))
             {
-                let rank = range.lo + offset;
-                let continuation: Vec<u32> = (0..depth)
-                    .map(|j| shard.next_key(rank, qlen + j * width))
-                    .take_while(|&key| !stop(key))
-                    .map(|key| key as u32)
-                    .collect();
-                out.push(continuation);
+                out.push(self.continuation_at(shard, range.lo + offset, qlen, depth));
             }
         }
         out
+    }
+
+    /// The up to `depth` tokens after the match at `rank` of `shard` (`qlen` bytes long), cut
+    /// at the end of its document.
+    pub(crate) fn continuation_at(
+        &self,
+        shard: &Shard,
+        rank: u64,
+        qlen: usize,
+        depth: usize,
+    ) -> Vec<u32> {
+        let width = self.width().bytes();
+        let stop = |key: NextKey| {
+            key == END
+                || key == self.width().separator() as NextKey
+                || key == self.eos_token_id() as NextKey
+        };
+        (0..depth)
+            .map(|j| shard.next_key(rank, qlen + j * width))
+            .take_while(|&key| !stop(key))
+            .map(|key| key as u32)
+            .collect()
     }
 }

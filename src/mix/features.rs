@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::MixError;
 use crate::index::dense::TokenScore;
-use crate::index::query::InfgramNtdResult;
+use crate::index::query::{InfgramNtdResult, NtdResult};
 use crate::index::Index;
 
 /// Suffix lengths whose corpus counts the gate sees (a fixed-size vector, log-spaced).
@@ -66,22 +66,36 @@ impl InfgramContext {
     /// The context of the token scored by `score`, whose preceding tokens are `prefix`.
     pub fn new(index: &Index, prefix: &[u32], score: &TokenScore) -> Result<Self, MixError> {
         let len = score.suffix_len.min(prefix.len());
-        let ntd = index.ntd(&prefix[prefix.len() - len..], Some(SUPPORT_SAMPLES))?;
-        let total: u64 = ntd.dist.values().sum();
-        let top = ntd.dist.values().copied().max().unwrap_or(0);
+        let support = index.ntd(&prefix[prefix.len() - len..], Some(SUPPORT_SAMPLES))?;
+        Self::from_evidence(score, &support, |k| {
+            Ok(index.count(&prefix[prefix.len() - k..])?)
+        })
+    }
+
+    /// The context from what the reference data says of it: the token's dense `score`, the
+    /// distribution after its matched suffix sampled to at most [`SUPPORT_SAMPLES`] matches
+    /// (`support`), and `count_last(k)`, the count of the last k tokens, for the lengths in
+    /// [`SUFFIX_LENGTHS`] shorter than the match. A router builds it from its shards' answers.
+    pub fn from_evidence(
+        score: &TokenScore,
+        support: &NtdResult,
+        mut count_last: impl FnMut(usize) -> Result<u64, MixError>,
+    ) -> Result<Self, MixError> {
+        let total: u64 = support.dist.values().sum();
+        let top = support.dist.values().copied().max().unwrap_or(0);
         let mut suffix_counts = [0u64; SUFFIX_LENGTHS.len()];
         for (slot, &k) in suffix_counts.iter_mut().zip(&SUFFIX_LENGTHS) {
             *slot = match k {
-                k if k > len => 0,
-                k if k == len => score.prompt_cnt,
-                k => index.count(&prefix[prefix.len() - k..])?,
+                k if k > score.suffix_len => 0,
+                k if k == score.suffix_len => score.prompt_cnt,
+                k => count_last(k)?,
             };
         }
         Ok(Self {
             suffix_len: score.suffix_len,
             prompt_cnt: score.prompt_cnt,
             sparse: score.sparse,
-            distinct: ntd.dist.len() as u64,
+            distinct: support.dist.len() as u64,
             top_prob: if total == 0 {
                 0.0
             } else {
@@ -98,14 +112,7 @@ impl InfgramContext {
         prefix: &[u32],
         infgram: &InfgramNtdResult,
     ) -> Result<Self, MixError> {
-        let score = TokenScore {
-            prob: 0.0,
-            suffix_len: infgram.suffix_len,
-            prompt_cnt: infgram.ntd.prompt_cnt,
-            cont_cnt: 0,
-            sparse: infgram.sparse,
-        };
-        Self::new(index, prefix, &score)
+        Self::new(index, prefix, &step_score(infgram))
     }
 
     /// Contexts of every position of a document, from its dense scores.
@@ -119,6 +126,18 @@ impl InfgramContext {
             .enumerate()
             .map(|(i, s)| Self::new(index, &tokens[..i], s))
             .collect()
+    }
+}
+
+/// What a decoding step's ∞-gram answer says of the position before its token is known, as the
+/// dense score of that position would (the token's own probability and count left at 0).
+pub fn step_score(infgram: &InfgramNtdResult) -> TokenScore {
+    TokenScore {
+        prob: 0.0,
+        suffix_len: infgram.suffix_len,
+        prompt_cnt: infgram.ntd.prompt_cnt,
+        cont_cnt: 0,
+        sparse: infgram.sparse,
     }
 }
 

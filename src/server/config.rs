@@ -288,10 +288,9 @@ impl ServeConfig {
                 false => "`index` is missing: the folder of an `index build`".into(),
             }));
         }
-        if router && (self.model.is_some() || self.mixing.is_some()) {
+        if router && self.live.enabled {
             return Err(ConfigError::Invalid(
-                "a router serves the engine's queries only for now: leave `model` and `mixing` out"
-                    .into(),
+                "a router has no live index yet: set `enabled = false` under [live]".into(),
             ));
         }
         if let Some(cpu) = &self.cpu {

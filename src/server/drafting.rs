@@ -8,7 +8,7 @@ use super::{index_status, live_status, pb, State};
 use crate::draft::{DraftOptions, DraftSource, DraftTree, Extras, Sequence};
 
 /// Longest draft path and largest tree a request may ask for.
-const MAX_DRAFT_TOKENS: u32 = 64;
+pub(super) const MAX_DRAFT_TOKENS: u32 = 64;
 const MAX_TREE_BUDGET: u32 = 1024;
 
 pub(super) fn options(o: Option<pb::DraftOptions>) -> Result<DraftOptions, Status> {
@@ -75,7 +75,9 @@ pub(super) fn response(tree: DraftTree) -> pb::DraftResponse {
 pub(super) fn sequence(s: &State, context: Vec<u32>, extras: Extras) -> Result<Sequence, Status> {
     s.check_len("the context", context.len())?;
     s.check_len("the reference", extras.reference.len())?;
-    s.index.check_ids(&extras.reference).map_err(index_status)?;
+    s.reference
+        .check_ids(&extras.reference)
+        .map_err(index_status)?;
     if extras.learn && extras.namespace.is_empty() {
         return Err(Status::invalid_argument("learn needs a namespace"));
     }
@@ -85,7 +87,7 @@ pub(super) fn sequence(s: &State, context: Vec<u32>, extras: Extras) -> Result<S
             Status::failed_precondition("the live index is off in this sidecar's config ([live])")
         })?),
     };
-    Sequence::new(&s.index, context)
+    Sequence::new(&*s.reference, context)
         .map_err(index_status)?
         .with_extras(Extras { live, ..extras })
         .map_err(live_status)
@@ -98,7 +100,9 @@ pub(super) fn draft_context(
     extras: Extras,
     opts: &DraftOptions,
 ) -> Result<DraftTree, Status> {
-    Ok(sequence(s, context, extras)?.draft(&s.index, opts))
+    sequence(s, context, extras)?
+        .draft(&*s.reference, opts)
+        .map_err(index_status)
 }
 
 /// `AddDocuments`: every document is checked (or tokenized) before any is added.
@@ -121,7 +125,7 @@ pub(super) fn add_documents(
             None => return Err(Status::invalid_argument("a document with no content")),
         };
         s.check_len("a document", tokens.len())?;
-        s.index.check_ids(&tokens).map_err(index_status)?;
+        s.reference.check_ids(&tokens).map_err(index_status)?;
         docs.push(tokens);
     }
     s.check_len("the documents", docs.iter().map(Vec::len).sum())?;

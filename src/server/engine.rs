@@ -7,41 +7,49 @@ use tonic::Status;
 use super::config::Limits;
 use super::{check_len, check_max_support, index_status, pb, State};
 use crate::index::docs::{Cnf, SearchOptions, SearchResult};
+use crate::mix::MixingParams;
+use crate::model::Model;
 
-pub(super) fn info(s: &State) -> pb::InfoResponse {
-    let (lambda_sparse, lambda_dense, gate) = match &s.mixing {
+pub(super) fn info(s: &State) -> Result<pb::InfoResponse, Status> {
+    let index = s.index()?;
+    Ok(pb::InfoResponse {
+        version: env!("CARGO_PKG_VERSION").into(),
+        index_dir: index.dir().display().to_string(),
+        index_shards: index.num_shards() as u32,
+        index_tokens: index.total_tokens(),
+        index_documents: index.total_documents(),
+        vocab_size: index.vocab_size(),
+        eos_token_id: index.eos_token_id(),
+        tokenizer_fingerprint: s.tokenizer.fingerprint().to_string(),
+        cpu_model: s.cpu.model.clone(),
+        cpu_features: s.cpu.features.iter().map(|f| f.to_string()).collect(),
+        ..neural_info(s.mixing.as_ref(), s.model.as_ref())
+    })
+}
+
+/// What `Info` says of a mixing file and a model (the other fields left empty).
+pub(super) fn neural_info(
+    mixing: Option<&MixingParams>,
+    model: Option<&Model>,
+) -> pb::InfoResponse {
+    let (lambda_sparse, lambda_dense, gate) = match mixing {
         Some(m) => (m.lambda_sparse, m.lambda_dense, m.gate.is_some()),
         None => (0.0, 0.0, false),
     };
     pb::InfoResponse {
-        version: env!("CARGO_PKG_VERSION").into(),
-        index_dir: s.index.dir().display().to_string(),
-        index_shards: s.index.num_shards() as u32,
-        index_tokens: s.index.total_tokens(),
-        index_documents: s.index.total_documents(),
-        vocab_size: s.index.vocab_size(),
-        eos_token_id: s.index.eos_token_id(),
-        tokenizer_fingerprint: s.tokenizer.fingerprint().to_string(),
-        model: s
-            .model
-            .as_ref()
+        model: model
             .map(|m| m.source().display().to_string())
             .unwrap_or_default(),
         lambda_sparse,
         lambda_dense,
         gate,
-        cpu_model: s.cpu.model.clone(),
-        cpu_features: s.cpu.features.iter().map(|f| f.to_string()).collect(),
-        kernel_flavour: s
-            .model
-            .as_ref()
+        kernel_flavour: model
             .map(|m| m.kernel_name().to_string())
             .unwrap_or_default(),
-        default_rule: s
-            .mixing
-            .as_ref()
+        default_rule: mixing
             .map(|m| m.default_rule.name().to_string())
             .unwrap_or_default(),
+        ..Default::default()
     }
 }
 
@@ -59,7 +67,7 @@ pub(super) fn detokenize(
     r: pb::DetokenizeRequest,
 ) -> Result<pb::DetokenizeResponse, Status> {
     let ids = r.ids;
-    s.index.check_ids(&ids).map_err(index_status)?;
+    s.index()?.check_ids(&ids).map_err(index_status)?;
     let text = s
         .tokenizer
         .decode(&ids)
@@ -70,7 +78,7 @@ pub(super) fn detokenize(
 pub(super) fn count(s: &State, r: pb::CountRequest) -> Result<pb::CountResponse, Status> {
     let ids = r.ids;
     s.check_len("the n-gram", ids.len())?;
-    let count = s.index.count(&ids).map_err(index_status)?;
+    let count = s.index()?.count(&ids).map_err(index_status)?;
     Ok(pb::CountResponse {
         count,
         partial: None,
@@ -87,13 +95,16 @@ pub(super) fn next_token_distribution(
     let (ntd, suffix_len, sparse) = match r.infinite {
         true => {
             let a = s
-                .index
+                .index()?
                 .infgram_ntd(&r.prompt, max_support)
                 .map_err(index_status)?;
             (a.ntd, a.suffix_len, a.sparse)
         }
         false => {
-            let a = s.index.ntd(&r.prompt, max_support).map_err(index_status)?;
+            let a = s
+                .index()?
+                .ntd(&r.prompt, max_support)
+                .map_err(index_status)?;
             let sparse = a.dist.len() == 1;
             (a, r.prompt.len(), sparse)
         }
@@ -118,7 +129,10 @@ pub(super) fn search_documents(
     r: pb::SearchDocumentsRequest,
 ) -> Result<pb::SearchDocumentsResponse, Status> {
     let (cnf, opts) = search_request(&s.limits, r)?;
-    let found = s.index.search_docs_cnf(&cnf, opts).map_err(index_status)?;
+    let found = s
+        .index()?
+        .search_docs_cnf(&cnf, opts)
+        .map_err(index_status)?;
     Ok(search_response(found, None))
 }
 

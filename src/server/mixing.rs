@@ -102,7 +102,7 @@ pub(super) fn neural_distribution(
     input: Option<NeuralInput>,
     own_logits: impl FnOnce() -> Result<Vec<f32>, Status>,
 ) -> Result<NeuralDistribution, Status> {
-    let vocab = s.index.vocab_size() as usize;
+    let vocab = s.reference.vocab_size() as usize;
     match input {
         Some(NeuralInput::Logits(l)) if l.len() != vocab => Err(Status::invalid_argument(format!(
             "{} logits for a vocabulary of {vocab}",
@@ -160,7 +160,7 @@ pub(super) fn mixed(
         n => Some(n as usize),
     };
     let step = evidence::step_lambda(
-        &s.index,
+        &*s.reference,
         s.mixing.as_ref(),
         rule,
         &decode,
@@ -204,9 +204,12 @@ pub(super) fn mix(s: &State, r: pb::MixRequest) -> Result<pb::MixResponse, Statu
     check_sequence_id(&r.sequence_id)?;
     let follows_sequence = !r.sequence_id.is_empty();
     let rule = LambdaChoice::resolve(r.lambda.map(Into::into), s, follows_sequence)?;
+    s.reference
+        .check_ids(&r.context)
+        .map_err(super::index_status)?;
     let infgram = s
-        .index
-        .infgram_ntd(&r.context, None)
+        .reference
+        .infgram(&r.context)
         .map_err(super::index_status)?;
     let neural = neural_distribution(s, r.neural.map(Into::into), || {
         if r.context.is_empty() {

@@ -30,6 +30,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::cpu::{CpuInfo, KernelFlavour};
+use crate::evidence::ReferenceData;
 use crate::index::{Index, IndexError, OpenOptions};
 use crate::interrupt::{StopReason, StopSignal};
 use crate::live::{LiveError, LiveIndex, Vocabulary};
@@ -92,7 +93,11 @@ use pb::sidecar_server::Sidecar;
 
 /// What every request reads.
 struct State {
-    index: Index,
+    /// The index of a single sidecar or a shard server; `None` in a router.
+    index: Option<Arc<Index>>,
+    /// Where scoring, mixing and drafting get the ∞-gram's evidence: the index, or a router's
+    /// shard servers.
+    reference: Arc<dyn ReferenceData>,
     tokenizer: Tokenizer,
     mixing: Option<MixingParams>,
     model: Option<Model>,
@@ -117,6 +122,57 @@ pub struct SidecarService {
     state: Arc<State>,
 }
 
+/// Where a service's evidence comes from, and what reads ids and text for it.
+struct Evidence {
+    index: Option<Arc<Index>>,
+    reference: Arc<dyn ReferenceData>,
+    tokenizer: Tokenizer,
+    live: Option<Arc<LiveIndex>>,
+}
+
+/// A config's mixing file and model, loaded (the model's kernels as the config asks).
+struct Neural {
+    mixing: Option<MixingParams>,
+    model: Option<Model>,
+}
+
+impl Neural {
+    fn load(config: &ServeConfig) -> Result<Self, ServeError> {
+        let mixing = config
+            .mixing
+            .as_deref()
+            .map(MixingParams::load)
+            .transpose()?;
+        if let Some(threads) = config.model_threads {
+            crate::model::set_cpu_threads(threads);
+        }
+        let model = config
+            .model
+            .as_deref()
+            .map(|path| {
+                let kernels = KernelFlavour::requested(config.cpu.as_deref())?;
+                let opts = LoadOptions {
+                    kernels: Some(kernels),
+                    ..LoadOptions::default()
+                };
+                Model::load(path, &opts)
+            })
+            .transpose()?;
+        Ok(Self { mixing, model })
+    }
+
+    /// Refuses a mixing file or a model fitted to another tokenizer than `whose`'s.
+    fn check_tokenizer(&self, tokenizer: &Tokenizer, whose: &str) -> Result<(), ServeError> {
+        if let Some(m) = &self.mixing {
+            m.check_tokenizer(tokenizer.fingerprint())?;
+        }
+        if let Some(m) = &self.model {
+            m.check_tokenizer(tokenizer.fingerprint(), whose)?;
+        }
+        Ok(())
+    }
+}
+
 /// What a request gets when its work was stopped by its [`StopSignal`]; [`on_pool`] turns it into
 /// the status that says why.
 fn stopped() -> Status {
@@ -127,6 +183,7 @@ fn index_status(e: IndexError) -> Status {
     match e {
         IndexError::Invalid(m) => Status::invalid_argument(m),
         IndexError::Interrupted => stopped(),
+        IndexError::Remote { code, message } => Status::new(code, message),
         other => Status::internal(other.to_string()),
     }
 }
@@ -267,6 +324,13 @@ impl State {
         }
     }
 
+    /// The index, for the calls that read it directly (a router answers those itself).
+    fn index(&self) -> Result<&Index, Status> {
+        self.index
+            .as_deref()
+            .ok_or_else(|| Status::internal("this service holds no index"))
+    }
+
     fn model(&self) -> Result<&Model, Status> {
         self.model.as_ref().ok_or_else(|| {
             Status::failed_precondition("the sidecar runs no model: set `model` in its config")
@@ -285,39 +349,15 @@ impl SidecarService {
         metrics: Arc<Metrics>,
     ) -> Result<Self, ServeError> {
         config.check()?;
-        let index = Index::open(&config.index, &OpenOptions::default())?;
+        let index = Arc::new(Index::open(&config.index, &OpenOptions::default())?);
         let tokenizer = index.tokenizer().cloned().ok_or_else(|| {
             ServeError::Setup(format!(
                 "{}: the index has no tokenizer",
                 config.index.display()
             ))
         })?;
-        let mixing = config
-            .mixing
-            .as_deref()
-            .map(MixingParams::load)
-            .transpose()?;
-        if let Some(m) = &mixing {
-            m.check_tokenizer(tokenizer.fingerprint())?;
-        }
-        if let Some(threads) = config.model_threads {
-            crate::model::set_cpu_threads(threads);
-        }
-        let model = config
-            .model
-            .as_deref()
-            .map(|path| {
-                let kernels = KernelFlavour::requested(config.cpu.as_deref())?;
-                let opts = LoadOptions {
-                    kernels: Some(kernels),
-                    ..LoadOptions::default()
-                };
-                Model::load(path, &opts)
-            })
-            .transpose()?;
-        if let Some(m) = &model {
-            m.check_tokenizer(tokenizer.fingerprint(), "the index")?;
-        }
+        let neural = Neural::load(config)?;
+        neural.check_tokenizer(&tokenizer, "the index")?;
         let live = config
             .live
             .config()
@@ -330,23 +370,45 @@ impl SidecarService {
                 LiveIndex::open(live, vocab).map(Arc::new)
             })
             .transpose()?;
-        Ok(Self {
-            state: Arc::new(State {
-                index,
+        let reference: Arc<dyn ReferenceData> = index.clone();
+        Ok(Self::assemble(
+            config,
+            metrics,
+            Evidence {
+                index: Some(index),
+                reference,
                 tokenizer,
-                mixing,
-                model,
+                live,
+            },
+            neural,
+        ))
+    }
+
+    /// A service over `evidence` with `neural` (a router's, over its shard servers, has no index).
+    fn assemble(
+        config: &ServeConfig,
+        metrics: Arc<Metrics>,
+        evidence: Evidence,
+        neural: Neural,
+    ) -> Self {
+        Self {
+            state: Arc::new(State {
+                index: evidence.index,
+                reference: evidence.reference,
+                tokenizer: evidence.tokenizer,
+                mixing: neural.mixing,
+                model: neural.model,
                 cpu: CpuInfo::detect(),
                 limits: config.limits,
                 in_flight: Arc::new(Semaphore::new(config.limits.max_in_flight)),
                 sessions: Sessions::new(config.limits.max_sessions, Arc::clone(&metrics)),
                 mix_sequences: MixSequences::default(),
                 kv_budget: KvBudget::new(config.limits.max_kv_tokens, metrics.kv_tokens.clone()),
-                live,
+                live: evidence.live,
                 metrics,
                 closing: watch::channel(false).0,
             }),
-        })
+        }
     }
 
     /// Ends open streams and running work with UNAVAILABLE: the drain deadline of a shutdown.
@@ -443,8 +505,7 @@ impl Sidecar for SidecarService {
         &self,
         request: Request<pb::InfoRequest>,
     ) -> Result<Response<pb::InfoResponse>, Status> {
-        self.run(deadline_of(&request), |s| Ok(engine::info(s)))
-            .await
+        self.run(deadline_of(&request), engine::info).await
     }
 
     async fn tokenize(

@@ -35,7 +35,7 @@ pub(super) fn start(
         }
         state.check_len(&format!("document {i}"), d.token_ids.len())?;
         state
-            .index
+            .reference
             .check_ids(&d.token_ids)
             .map_err(super::index_status)?;
     }
@@ -114,7 +114,7 @@ fn score_document(
 ) -> Result<pb::DocumentScore, Status> {
     let records = document_records(
         model,
-        &s.index,
+        &*s.reference,
         WindowOptions::default(),
         index,
         &doc.token_ids,

@@ -150,7 +150,7 @@ pub async fn serve(
     );
     tracing::info!(role = ?config.cluster.role, "role");
     if config.cluster.role == Role::Router {
-        let router = RouterService::new(&config, token).map_err(ServeError::Setup)?;
+        let router = RouterService::new(&config, token, Arc::clone(&metrics))?;
         let sidecar = SidecarServer::new(router.clone())
             .max_decoding_message_size(limits.max_message_bytes)
             .max_encoding_message_size(limits.max_message_bytes);

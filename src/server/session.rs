@@ -69,7 +69,7 @@ impl Session {
         if let Some(n) = &mut self.neural {
             n.reservation.resize(after)?;
         }
-        if let Err(e) = self.seq.append(&s.index, tokens) {
+        if let Err(e) = self.seq.append(&*s.reference, tokens) {
             if let Some(n) = &mut self.neural {
                 // Cannot fail: it shrinks back to what was held.
                 let _ = n.reservation.resize(before);
@@ -95,7 +95,9 @@ impl Session {
                     self.seq.tokens().len()
                 ))
             })?;
-        self.seq.truncate(&s.index, len);
+        self.seq
+            .truncate(&*s.reference, len)
+            .map_err(index_status)?;
         if let Some(a) = &mut self.adaptive {
             a.truncate(len);
         }
@@ -134,11 +136,7 @@ impl Session {
     pub(super) fn mix(&mut self, s: &State, m: pb::SessionMix) -> Result<pb::MixResponse, Status> {
         let top_k = s.check_top_k(m.top_k)?;
         let rule = LambdaChoice::resolve(m.lambda.map(Into::into), s, true)?;
-        let infgram = self
-            .seq
-            .suffix()
-            .infgram_ntd(&s.index, None)
-            .map_err(index_status)?;
+        let infgram = self.seq.infgram(&*s.reference).map_err(index_status)?;
         let neural = neural_distribution(s, m.neural.map(Into::into), || self.own_logits(s))?;
         let adaptive = match (rule, &s.mixing) {
             (LambdaRule::Adaptive, Some(p)) => Some(
@@ -167,15 +165,16 @@ impl Session {
         options: pb::DraftOptions,
     ) -> Result<pb::DraftResponse, Status> {
         let opts = drafting::options(Some(options))?;
-        Ok(drafting::response(self.seq.draft(&s.index, &opts)))
+        let tree = self.seq.draft(&*s.reference, &opts).map_err(index_status)?;
+        Ok(drafting::response(tree))
     }
 
     pub(super) fn state(&self, session_id: u64) -> pb::SessionState {
         pb::SessionState {
             session_id,
             length: self.seq.tokens().len() as u64,
-            suffix_len: self.seq.suffix().suffix_len() as u32,
-            prompt_cnt: self.seq.suffix().prompt_cnt(),
+            suffix_len: self.seq.suffix_len() as u32,
+            prompt_cnt: self.seq.prompt_cnt(),
         }
     }
 }
@@ -272,7 +271,7 @@ impl Sessions {
 pub(super) fn draft(s: &State, id: u64, opts: &DraftOptions) -> Result<DraftTree, Status> {
     let session = s.sessions.get(id)?;
     let mut session = lock(&session);
-    Ok(session.seq.draft(&s.index, opts))
+    session.seq.draft(&*s.reference, opts).map_err(index_status)
 }
 
 /// Serves one `Session` stream: steps run one at a time, in order, on the blocking pool. At a

@@ -6,10 +6,12 @@
 use tonic::{Request, Response, Status};
 use xxhash_rust::xxh3::Xxh3;
 
+use super::drafting::MAX_DRAFT_TOKENS;
 use super::engine::check_answer_size;
 use super::shard_pb as spb;
 use super::{check_max_support, deadline_of, index_status, SidecarService, State};
 use crate::index::docs::SearchOptions;
+use crate::index::partial::LocalSample;
 use crate::index::query::Spread;
 use crate::index::Index;
 
@@ -26,7 +28,7 @@ fn content_id(index: &Index) -> String {
 }
 
 fn describe(s: &State) -> Result<spb::ShardDescription, Status> {
-    let index = &s.index;
+    let index = s.index()?;
     let set = index.manifest().and_then(|m| m.shard_set.clone());
     Ok(spb::ShardDescription {
         set_id: set.as_ref().map(|r| r.set_id.clone()).unwrap_or_default(),
@@ -64,53 +66,128 @@ fn runs(pairs: impl IntoIterator<Item = (u32, u64)>) -> Vec<spb::TokenRun> {
         .collect()
 }
 
+/// Most lengths a request may ask counts of (the gate asks 10).
+const MAX_COUNT_LENGTHS: usize = 64;
+
+/// The lengths of a request's `count_lengths`, checked.
+fn count_lengths(lengths: &[u32]) -> Result<Vec<usize>, Status> {
+    if lengths.len() > MAX_COUNT_LENGTHS {
+        return Err(Status::invalid_argument(format!(
+            "at most {MAX_COUNT_LENGTHS} count_lengths"
+        )));
+    }
+    if lengths.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(Status::invalid_argument("count_lengths must ascend"));
+    }
+    Ok(lengths.iter().map(|&k| k as usize).collect())
+}
+
+fn samples(samples: Vec<LocalSample>) -> Vec<spb::LocalSample> {
+    samples
+        .into_iter()
+        .map(|l| spb::LocalSample {
+            matches: l.matches,
+            runs: runs(l.runs),
+        })
+        .collect()
+}
+
 fn continuations(
     s: &State,
     r: spb::ContinuationsRequest,
 ) -> Result<spb::ContinuationsAnswer, Status> {
     s.check_len("the prompt", r.prompt.len())?;
     check_max_support(&s.limits, r.max_support)?;
+    let lengths = count_lengths(&r.count_lengths)?;
+    let index = s.index()?;
+    if r.depth > 0 {
+        return drafts(s, r);
+    }
     let cap = (r.max_support > 0).then_some(r.max_support);
-    let part = s
-        .index
+    let part = index
         .partial_continuations(&r.prompt, r.infinite, cap)
+        .map_err(index_status)?;
+    let suffix_counts = index
+        .suffix_counts(&r.prompt, part.suffix_len, &lengths)
         .map_err(index_status)?;
     let (spread, single) = spread_to_wire(part.spread);
     Ok(spb::ContinuationsAnswer {
         suffix_len: part.suffix_len as u32,
         prompt_cnt: part.prompt_cnt,
         dist: runs(part.dist),
-        samples: part
-            .samples
-            .into_iter()
-            .map(|l| spb::LocalSample {
-                matches: l.matches,
-                runs: runs(l.runs),
-            })
-            .collect(),
+        samples: samples(part.samples),
         spread,
         single,
+        suffix_counts,
+        drafts: Vec::new(),
+    })
+}
+
+/// A `Continuations` call for drafts: the longest suffix's samples with their following tokens.
+fn drafts(s: &State, r: spb::ContinuationsRequest) -> Result<spb::ContinuationsAnswer, Status> {
+    if !r.infinite || r.max_support == 0 || r.depth as usize > MAX_DRAFT_TOKENS as usize {
+        return Err(Status::invalid_argument(format!(
+            "drafts (depth > 0) need infinite, max_support > 0 and depth at most {MAX_DRAFT_TOKENS}"
+        )));
+    }
+    let part = s
+        .index()?
+        .partial_drafts(&r.prompt, r.max_support, r.depth as usize)
+        .map_err(index_status)?;
+    Ok(spb::ContinuationsAnswer {
+        suffix_len: part.suffix_len as u32,
+        drafts: part
+            .suffix_arrays
+            .into_iter()
+            .map(|l| spb::LocalContinuations {
+                matches: l.matches,
+                fine: l
+                    .fine
+                    .into_iter()
+                    .map(|tokens| spb::Continuation { tokens })
+                    .collect(),
+            })
+            .collect(),
+        ..Default::default()
     })
 }
 
 fn score_tokens(s: &State, r: spb::ScoreTokensRequest) -> Result<spb::ScoreTokensAnswer, Status> {
     s.check_len("the sequence", r.ids.len())?;
-    let evidence = s.index.evidence(&r.ids).map_err(index_status)?;
-    Ok(spb::ScoreTokensAnswer {
-        tokens: evidence
-            .into_iter()
-            .map(|e| {
-                let (spread, single) = spread_to_wire(e.spread);
-                spb::TokenEvidence {
-                    suffix_len: e.suffix_len as u32,
-                    prompt_cnt: e.prompt_cnt,
-                    cont_cnt: e.cont_cnt,
-                    spread,
-                    single,
-                }
+    check_max_support(&s.limits, r.support_samples)?;
+    let lengths = count_lengths(&r.count_lengths)?;
+    let index = s.index()?;
+    let evidence = index.evidence(&r.ids).map_err(index_status)?;
+    let tokens = evidence
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| {
+            if crate::interrupt::interrupted() {
+                return Err(super::stopped());
+            }
+            let prefix = &r.ids[..i];
+            let support = match r.support_samples {
+                0 => Vec::new(),
+                cap => index
+                    .support(prefix, e.suffix_len, cap)
+                    .map_err(index_status)?,
+            };
+            let suffix_counts = index
+                .suffix_counts(prefix, e.suffix_len, &lengths)
+                .map_err(index_status)?;
+            let (spread, single) = spread_to_wire(e.spread);
+            Ok(spb::TokenEvidence {
+                suffix_len: e.suffix_len as u32,
+                prompt_cnt: e.prompt_cnt,
+                cont_cnt: e.cont_cnt,
+                spread,
+                single,
+                support: samples(support),
+                suffix_counts,
             })
-            .collect(),
-    })
+        })
+        .collect::<Result<_, Status>>()?;
+    Ok(spb::ScoreTokensAnswer { tokens })
 }
 
 fn search(s: &State, r: spb::SearchRequest) -> Result<spb::SearchAnswer, Status> {
@@ -135,7 +212,7 @@ fn search(s: &State, r: spb::SearchRequest) -> Result<spb::SearchAnswer, Status>
         ..SearchOptions::default()
     };
     let found = s
-        .index
+        .index()?
         .search_strided(&cnf, &r.strides, opts)
         .map_err(index_status)?;
     Ok(spb::SearchAnswer {
@@ -178,7 +255,7 @@ impl spb::shard_server::Shard for SidecarService {
             let counts = r
                 .ngrams
                 .iter()
-                .map(|g| s.index.count(&g.ids).map_err(index_status))
+                .map(|g| s.index()?.count(&g.ids).map_err(index_status))
                 .collect::<Result<_, Status>>()?;
             Ok(spb::CountAnswer { counts })
         })

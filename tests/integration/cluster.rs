@@ -1,20 +1,29 @@
 //! Scale-out on loopback, as separate processes: 3 shard servers (shard 1 with a second replica)
-//! built by `index build --shard K/3` over real mini-Pile documents, and 2 routers over them. Every
-//! answer of a router must equal a single sidecar's over one index of all the documents (exact
-//! answers) and the library's over the three shards joined (subsampled answers); dense scores
-//! merged from the shards' evidence must equal the single index's. Killing replicas mid-run gives
-//! retries, then UNAVAILABLE naming the shard (or a flagged partial answer), never a wrong count.
+//! built by `index build --shard K/3` over real mini-Pile documents, and 2 routers over them, the
+//! routers and a single sidecar running SmolLM2 with the same mixing file. Every answer of a router
+//! must equal a single sidecar's over one index of all the documents (exact answers: counts,
+//! distributions, searches, `Mix` and `Score` under the split, fixed and adaptive λ, a session's
+//! states and mixtures) and the library's over the three shards joined (subsampled answers: the
+//! gate's features, drafts); dense scores merged from the shards' evidence must equal the single
+//! index's. Killing replicas mid-run gives retries, then UNAVAILABLE naming the shard (or a flagged
+//! partial answer), never a wrong count.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
 use infini_sidecar::cluster::merge;
+use infini_sidecar::draft::{DraftOptions, Sequence};
+use infini_sidecar::evidence::{document_records, mix_tokens, ReferenceData};
 use infini_sidecar::index::dense::TokenEvidence;
 use infini_sidecar::index::query::Spread;
 use infini_sidecar::index::{Index, OpenOptions};
+use infini_sidecar::mix::features::{gate_features, GateFeatures, NeuralContext};
+use infini_sidecar::mix::{Gate, GateOptions, LambdaRule, MixingParams, NUM_FEATURES};
+use infini_sidecar::model::{LoadOptions, Model, WindowOptions};
 use infini_sidecar::server::pb::sidecar_client::SidecarClient;
 use infini_sidecar::server::pb::{self, Clause, NGram};
+use infini_sidecar::server::pb::{draft_request, mix_request, score_request, session_request};
 use infini_sidecar::server::shard_pb::{self as spb, shard_client::ShardClient};
 use tonic::transport::Channel;
 use tonic::Code;
@@ -22,7 +31,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
-use crate::common::server::{connect, spawn_serve};
+use crate::common::server::{connect, open_session, save_mixing, spawn_serve, step};
 use crate::common::{assets, smollm2_gguf};
 
 const DOCUMENTS: usize = 600;
@@ -101,8 +110,9 @@ async fn router(
     dir: &Path,
     name: &str,
     shards: &[String],
+    neural: &str,
 ) -> (Process, SidecarClient<Channel>, Channel) {
-    let (process, client, channel) = router_over(dir, name, shards).await;
+    let (process, client, channel) = router_over(dir, name, shards, neural).await;
     wait_ready(&channel, ServingStatus::Serving).await;
     (process, client, channel)
 }
@@ -111,10 +121,11 @@ async fn router_over(
     dir: &Path,
     name: &str,
     shards: &[String],
+    neural: &str,
 ) -> (Process, SidecarClient<Channel>, Channel) {
     let list: Vec<String> = shards.iter().map(|a| format!("\"{a}\"")).collect();
     let toml = format!(
-        "[cluster]\nrole = \"router\"\nshards = [{}]\nshard_timeout_ms = 1000\nrefresh_secs = 1\n",
+        "{neural}[cluster]\nrole = \"router\"\nshards = [{}]\nshard_timeout_ms = 1000\nrefresh_secs = 1\n",
         list.join(", ")
     );
     let (process, addr) = serve(dir, name, &toml).await;
@@ -208,7 +219,10 @@ async fn merged_scores(
     for addr in shards {
         let mut client = ShardClient::new(connect(addr.parse().unwrap()).await);
         let answer = client
-            .score_tokens(spb::ScoreTokensRequest { ids: ids.to_vec() })
+            .score_tokens(spb::ScoreTokensRequest {
+                ids: ids.to_vec(),
+                ..Default::default()
+            })
             .await
             .unwrap()
             .into_inner();
@@ -262,15 +276,22 @@ async fn routers_answer_as_one_index_and_name_the_shard_that_is_down() {
     let mut replica = Some(replica);
     let mut all = addrs.clone();
     all.push(replica_addr.to_string());
+    // The single sidecar and the routers run the same model and mixing file.
+    let mixing = write_mixing(dir.path());
+    let neural = format!(
+        "model = \"{}\"\nmixing = \"{}\"\n",
+        smollm2_gguf().display(),
+        mixing.display()
+    );
     let (_single_process, single_addr) = serve(
         dir.path(),
         "single",
-        &format!("index = \"{}\"\n", single_dir.display()),
+        &format!("index = \"{}\"\n{neural}", single_dir.display()),
     )
     .await;
     let mut reference = SidecarClient::new(connect(single_addr).await);
-    let (_ra, mut router_a, channel_a) = router(dir.path(), "router-a", &all).await;
-    let (_rb, mut router_b, _) = router(dir.path(), "router-b", &all).await;
+    let (_ra, mut router_a, channel_a) = router(dir.path(), "router-a", &all, &neural).await;
+    let (_rb, mut router_b, _) = router(dir.path(), "router-b", &all, &neural).await;
 
     let info = router_a
         .info(pb::InfoRequest {})
@@ -440,6 +461,14 @@ async fn routers_answer_as_one_index_and_name_the_shard_that_is_down() {
         assert_eq!(merged_scores(&addrs, ids).await, single.score(ids).unwrap());
     }
 
+    mixing_scoring_drafts_and_sessions(
+        [&mut router_a, &mut router_b],
+        &mut reference,
+        &joined,
+        &mixing,
+    )
+    .await;
+
     // Errors are the single sidecar's.
     let bad = pb::CountRequest {
         ids: vec![1 << 30],
@@ -501,7 +530,7 @@ async fn routers_answer_as_one_index_and_name_the_shard_that_is_down() {
     wait_ready(&channel_a, ServingStatus::NotServing).await;
 
     // A router over part of a set never becomes ready, and says what is missing.
-    let (_rc, _, channel_c) = router_over(dir.path(), "router-c", &addrs[..1]).await;
+    let (_rc, _, channel_c) = router_over(dir.path(), "router-c", &addrs[..1], "").await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(readiness(&channel_c).await, ServingStatus::NotServing);
     let status = SidecarClient::new(channel_c)
@@ -514,4 +543,276 @@ async fn routers_answer_as_one_index_and_name_the_shard_that_is_down() {
         "{}",
         status.message()
     );
+}
+
+/// A mixing file whose gate reads every feature: trained on features that all vary, so a λ
+/// computed from any wrong feature would show.
+fn write_mixing(dir: &Path) -> PathBuf {
+    let mut rng = Rng(0xfea7);
+    let rows: Vec<GateFeatures> = (0..400)
+        .map(|_| std::array::from_fn(|_| rng.below(1000) as f64 / 100.0))
+        .collect();
+    let targets: Vec<f64> = rows
+        .iter()
+        .map(|f| (f.iter().sum::<f64>() / 200.0).min(0.9))
+        .collect();
+    let opts = GateOptions {
+        trees: 6,
+        min_samples_leaf: 3,
+        ..GateOptions::default()
+    };
+    save_mixing(dir, Gate::train(&rows, &targets, opts).unwrap())
+}
+
+fn own_mix(context: &[u32], lambda: Option<mix_request::Lambda>) -> pb::MixRequest {
+    pb::MixRequest {
+        context: context.to_vec(),
+        neural: Some(mix_request::Neural::OwnModel(true)),
+        lambda,
+        top_k: 8,
+        ..Default::default()
+    }
+}
+
+fn draft_tree(r: &pb::DraftResponse) -> (Vec<u32>, Vec<i32>, Vec<f64>) {
+    (r.token_ids.clone(), r.parents.clone(), r.probs.clone())
+}
+
+fn library_tree(t: &infini_sidecar::draft::DraftTree) -> (Vec<u32>, Vec<i32>, Vec<f64>) {
+    (t.token_ids.clone(), t.parents.clone(), t.probs.clone())
+}
+
+async fn scores(
+    client: &mut SidecarClient<Channel>,
+    docs: &[Vec<u32>],
+    lambda: Option<score_request::Lambda>,
+) -> Vec<pb::DocumentScore> {
+    let request = pb::ScoreRequest {
+        documents: docs
+            .iter()
+            .map(|d| pb::ScoreDocument {
+                token_ids: d.clone(),
+                ..Default::default()
+            })
+            .collect(),
+        lambda,
+        per_token: true,
+    };
+    let mut stream = client.score(request).await.unwrap().into_inner();
+    let mut out = Vec::new();
+    while let Some(m) = stream.message().await.unwrap() {
+        if let Some(pb::score_response::Item::Document(d)) = m.item {
+            out.push(d);
+        }
+    }
+    out.sort_by_key(|d| d.document);
+    out
+}
+
+/// `Mix`, `Score`, `Draft` and a `Session` on routers: the model runs in the router over the
+/// shards' evidence. Exact answers equal the single sidecar's; those that read subsamples (the
+/// gate's support estimate, drafts) equal the library's over the three shards joined.
+async fn mixing_scoring_drafts_and_sessions(
+    routers: [&mut SidecarClient<Channel>; 2],
+    reference: &mut SidecarClient<Channel>,
+    joined: &Index,
+    mixing: &Path,
+) {
+    let [router_a, router_b] = routers;
+    let params = MixingParams::load(mixing).unwrap();
+    // Held-out text: short matches with many occurrences, so the gate's support and drafts sample.
+    let tokenizer = crate::common::smollm2_tokenizer();
+    let docs: Vec<Vec<u32>> = crate::common::minipile_docs("test", 40)
+        .into_iter()
+        .filter_map(|d| match d.content {
+            infini_sidecar::corpus::Content::Text(t) => Some(tokenizer.encode(&t).unwrap()),
+            infini_sidecar::corpus::Content::Tokens(_) => None,
+        })
+        .filter(|d| d.len() > 40)
+        .take(3)
+        .map(|d| d[..d.len().min(160)].to_vec())
+        .collect();
+    use mix_request::Lambda as L;
+    for doc in &docs {
+        let context = &doc[..doc.len() / 2];
+        for lambda in [
+            None,
+            Some(L::Split(true)),
+            Some(L::Adaptive(true)),
+            Some(L::FixedLambda(0.3)),
+        ] {
+            let r = own_mix(context, lambda);
+            assert_eq!(
+                router_a.mix(r.clone()).await.unwrap().into_inner(),
+                reference.mix(r).await.unwrap().into_inner(),
+                "mix {lambda:?}"
+            );
+        }
+        // The gate's features: its support estimate samples the matches, so the router's are the
+        // joined shards'; the neural ones are the model's, as in the single sidecar.
+        let got = router_b
+            .mix(own_mix(context, Some(L::Gate(true))))
+            .await
+            .unwrap()
+            .into_inner();
+        let single_gated = reference
+            .mix(own_mix(context, Some(L::Gate(true))))
+            .await
+            .unwrap()
+            .into_inner();
+        let infgram = ReferenceData::infgram(joined, context).unwrap();
+        let ctx = joined.context_after(context, &infgram).unwrap();
+        let nn = NeuralContext {
+            entropy: single_gated.gate_features[5],
+            top_prob: single_gated.gate_features[6],
+        };
+        let want = gate_features(&ctx, &nn);
+        assert_eq!(got.gate_features, want.to_vec());
+        assert_eq!(got.gate_features.len(), NUM_FEATURES);
+    }
+
+    // Scoring: exact rules as the single sidecar; the gate's λ as the library's over the joined
+    // shards, with the same model.
+    use score_request::Lambda as S;
+    for lambda in [None, Some(S::Split(true)), Some(S::Adaptive(true))] {
+        assert_eq!(
+            scores(router_a, &docs, lambda).await,
+            scores(reference, &docs, lambda).await,
+            "score {lambda:?}"
+        );
+    }
+    let model = Model::load(&smollm2_gguf(), &LoadOptions::default()).unwrap();
+    let gated = scores(router_b, &docs, Some(S::Gate(true))).await;
+    let mut sampled = false;
+    for (i, doc) in docs.iter().enumerate() {
+        let records =
+            document_records(&model, joined, WindowOptions::default(), i, doc, |_| {}).unwrap();
+        let mixed = mix_tokens(&records.tokens, LambdaRule::Gate, Some(&params), None).unwrap();
+        sampled |= records
+            .tokens
+            .iter()
+            .any(|r| r.prompt_cnt > infini_sidecar::mix::features::SUPPORT_SAMPLES);
+        let got: Vec<(f64, f64)> = gated[i]
+            .token_scores
+            .iter()
+            .map(|t| (t.lambda, t.mixed_logprob))
+            .collect();
+        let want: Vec<(f64, f64)> = mixed.iter().map(|m| (m.lambda, m.logprob)).collect();
+        assert_eq!(got, want, "gated score of document {i}");
+    }
+    assert!(
+        sampled,
+        "no support was subsampled: the test lost its point"
+    );
+
+    // Drafts, a chain and a wide tree of the index's continuations alone (every sampled path
+    // shows, with its share of the samples), as the library's over the joined shards.
+    let mut drafted = 0;
+    for (budget, min_token_prob, min_path_prob) in [(0u32, None, None), (64, Some(0.0), Some(0.0))]
+    {
+        let wire = pb::DraftOptions {
+            tree_budget: budget,
+            min_token_prob,
+            min_path_prob,
+            match_len_factor: min_path_prob.map(|_| 0.0),
+            source: match budget {
+                0 => pb::DraftSource::All,
+                _ => pb::DraftSource::Index,
+            } as i32,
+            ..Default::default()
+        };
+        let defaults = DraftOptions::default();
+        let opts = DraftOptions {
+            tree: budget > 0,
+            tree_budget: budget as usize,
+            min_token_prob: min_token_prob.unwrap_or(defaults.min_token_prob),
+            min_path_prob: min_path_prob.unwrap_or(defaults.min_path_prob),
+            match_len_factor: min_path_prob.map_or(defaults.match_len_factor, |_| 0.0),
+            source: match budget {
+                0 => infini_sidecar::draft::DraftSource::All,
+                _ => infini_sidecar::draft::DraftSource::Index,
+            },
+            ..defaults
+        };
+        for doc in &docs {
+            // The longest prefix whose match has more occurrences than a draft reads.
+            let context = (2..doc.len())
+                .rev()
+                .map(|i| doc[..i].to_vec())
+                .find(|c| ReferenceData::infgram(joined, c).unwrap().ntd.prompt_cnt > 200)
+                .unwrap();
+            let want = Sequence::new(joined, context.clone())
+                .unwrap()
+                .draft(joined, &opts)
+                .unwrap();
+            let got = router_a
+                .draft(pb::DraftRequest {
+                    target: Some(draft_request::Target::Context(pb::TokenIds {
+                        ids: context,
+                    })),
+                    options: Some(wire),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(draft_tree(&got), library_tree(&want), "{wire:?}");
+            drafted += want.token_ids.len();
+        }
+    }
+    assert!(drafted > 0, "no draft: the test lost its point");
+
+    // A session: start, mix, append, mix, take back, mix, draft; states and mixtures as the
+    // single sidecar's, the draft as the library's sequence after the same steps.
+    let doc = &docs[0];
+    let half = doc.len() / 2;
+    let (tx_r, mut rx_r) = open_session(router_b).await;
+    let (tx_s, mut rx_s) = open_session(reference).await;
+    use session_request::Step;
+    let mix_step = |lambda| {
+        Step::Mix(pb::SessionMix {
+            neural: Some(pb::session_mix::Neural::OwnModel(true)),
+            lambda,
+            top_k: 8,
+            ..Default::default()
+        })
+    };
+    let steps = vec![
+        Step::Start(pb::SessionStart {
+            context: doc[..half].to_vec(),
+            use_model: true,
+            ..Default::default()
+        }),
+        mix_step(None),
+        Step::Append(pb::SessionAppend {
+            tokens: doc[half..half + 3].to_vec(),
+        }),
+        mix_step(Some(pb::session_mix::Lambda::Split(true))),
+        mix_step(None),
+        Step::Truncate(pb::SessionTruncate {
+            length: half as u64 + 1,
+        }),
+        mix_step(None),
+    ];
+    for s in steps {
+        let mut got = step(&tx_r, &mut rx_r, s.clone()).await;
+        let mut want = step(&tx_s, &mut rx_s, s).await;
+        assert!(
+            !matches!(got.result, Some(pb::session_response::Result::Error(_))),
+            "{got:?}"
+        );
+        // Session ids are each server's own.
+        got.state.as_mut().unwrap().session_id = 0;
+        want.state.as_mut().unwrap().session_id = 0;
+        assert_eq!(got, want);
+    }
+    let got = step(&tx_r, &mut rx_r, Step::Draft(Default::default())).await;
+    let Some(pb::session_response::Result::Draft(got)) = got.result else {
+        panic!("no draft in the session's answer: {got:?}");
+    };
+    let mut seq = Sequence::new(joined, doc[..half].to_vec()).unwrap();
+    seq.append(joined, &doc[half..half + 3]).unwrap();
+    seq.truncate(joined, half + 1).unwrap();
+    let want = seq.draft(joined, &DraftOptions::default()).unwrap();
+    assert_eq!(draft_tree(&got), library_tree(&want));
 }

@@ -87,7 +87,7 @@ fn drafts_are_valid_trees_of_vocabulary_ids() {
                     min_token_prob: 0.05,
                     ..DraftOptions::default()
                 };
-                let draft = seq.draft(&index, &opts);
+                let draft = seq.draft(&index, &opts).unwrap();
                 draft.validate(vocab).unwrap();
                 assert!(draft.len() <= if tree { 24 } else { opts.max_tokens });
                 if !tree {
@@ -107,7 +107,7 @@ fn drafts_are_valid_trees_of_vocabulary_ids() {
         let shape = |t: DraftTree| (t.token_ids, t.parents, t.match_len);
         let half = seq.tokens().len() / 2;
         let mut fresh = Sequence::new(&index, seq.tokens()[..half].to_vec()).unwrap();
-        seq.truncate(&index, half);
+        seq.truncate(&index, half).unwrap();
         for source in [DraftSource::Index, DraftSource::Prompt] {
             let opts = DraftOptions {
                 min_path_prob: 0.0,
@@ -115,8 +115,8 @@ fn drafts_are_valid_trees_of_vocabulary_ids() {
                 ..DraftOptions::default()
             };
             assert_eq!(
-                shape(seq.draft(&index, &opts)),
-                shape(fresh.draft(&index, &opts))
+                shape(seq.draft(&index, &opts).unwrap()),
+                shape(fresh.draft(&index, &opts).unwrap())
             );
         }
     }

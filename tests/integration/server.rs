@@ -282,7 +282,8 @@ async fn every_rpc_answers_as_the_library_does() {
     let context = doc[..doc.len() / 2].to_vec();
     let want = Sequence::new(&index, context.clone())
         .unwrap()
-        .draft(&index, &DraftOptions::default());
+        .draft(&index, &DraftOptions::default())
+        .unwrap();
     assert!(!want.is_empty());
     let draft_of = |target| {
         authed(pb::DraftRequest {

@@ -4,6 +4,7 @@
 //! all the shards would. A shard that does not answer fails the call with UNAVAILABLE naming it,
 //! or, with `allow_partial`, gives the other shards' answer flagged `partial`.
 
+mod reference;
 mod shards;
 
 use std::sync::Arc;
@@ -13,8 +14,13 @@ use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::config::{Limits, ServeConfig};
-use super::engine::{search_request, search_response, token_probs};
-use super::{check_len, check_max_support, deadline_of, pb, shard_pb as spb, ResponseStream};
+use super::engine::{neural_info, search_request, search_response, token_probs};
+use super::metrics::Metrics;
+use super::pb::sidecar_server::Sidecar;
+use super::{
+    check_len, check_max_support, deadline_of, pb, shard_pb as spb, Evidence, Neural,
+    ResponseStream, ServeError, SidecarService,
+};
 use crate::cluster::merge;
 use crate::cpu::CpuInfo;
 use crate::index::docs::{self, PartialSearch};
@@ -30,6 +36,19 @@ pub struct RouterService {
     limits: Limits,
     in_flight: Arc<Semaphore>,
     cpu: Arc<CpuInfo>,
+    /// `Info`'s model and mixing fields.
+    neural_info: Arc<pb::InfoResponse>,
+    mixer: Arc<Mixer>,
+}
+
+/// Where the router serves `Mix`, `Score`, sessions and drafts: the sidecar's own service over the
+/// shards' evidence ([`reference::RemoteReference`]), made once the set's tokenizer is known.
+struct Mixer {
+    service: tokio::sync::OnceCell<SidecarService>,
+    /// The model and mixing file, until the service takes them.
+    neural: std::sync::Mutex<Option<Neural>>,
+    config: ServeConfig,
+    metrics: Arc<Metrics>,
 }
 
 fn partial_of(missing: Vec<u32>) -> Option<pb::Partial> {
@@ -90,13 +109,58 @@ fn search_of(a: spb::SearchAnswer, tokenizer: &crate::tokenizer::Tokenizer) -> P
 impl RouterService {
     /// The router of `config` (role `router`); its shard set forms once [`RouterService::refresh`]
     /// has described the shard servers.
-    pub fn new(config: &ServeConfig, token: Option<String>) -> Result<Self, String> {
+    pub fn new(
+        config: &ServeConfig,
+        token: Option<String>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, ServeError> {
+        let neural = Neural::load(config)?;
         Ok(Self {
-            shards: Arc::new(ShardSet::new(config.cluster.clone(), token)?),
+            shards: Arc::new(
+                ShardSet::new(config.cluster.clone(), token).map_err(ServeError::Setup)?,
+            ),
             limits: config.limits,
             in_flight: Arc::new(Semaphore::new(config.limits.max_in_flight)),
             cpu: Arc::new(CpuInfo::detect()),
+            neural_info: Arc::new(neural_info(neural.mixing.as_ref(), neural.model.as_ref())),
+            mixer: Arc::new(Mixer {
+                service: tokio::sync::OnceCell::new(),
+                neural: std::sync::Mutex::new(Some(neural)),
+                config: config.clone(),
+                metrics,
+            }),
         })
+    }
+
+    /// The service that runs `Mix`, `Score`, sessions and drafts here, made on first use: its
+    /// model and mixing file must fit the shards' tokenizer.
+    async fn mixer(&self) -> Result<&SidecarService, Status> {
+        let members = self.shards.members()?;
+        self.mixer
+            .service
+            .get_or_try_init(|| async {
+                let mut held = self.mixer.neural.lock().unwrap_or_else(|e| e.into_inner());
+                let neural = held
+                    .take()
+                    .ok_or_else(|| Status::internal("the router's model was lost"))?;
+                if let Err(e) = neural.check_tokenizer(&members.tokenizer, "the shard servers") {
+                    *held = Some(neural);
+                    return Err(Status::failed_precondition(e.to_string()));
+                }
+                let evidence = Evidence {
+                    index: None,
+                    reference: Arc::new(reference::RemoteReference::new(Arc::clone(&self.shards))),
+                    tokenizer: members.tokenizer.clone(),
+                    live: None,
+                };
+                Ok(SidecarService::assemble(
+                    &self.mixer.config,
+                    Arc::clone(&self.mixer.metrics),
+                    evidence,
+                    neural,
+                ))
+            })
+            .await
     }
 
     /// Describes the shard servers and checks the set again; true when every shard has a replica
@@ -255,16 +319,15 @@ fn sum_counts(parts: &[(usize, Vec<u64>)], n: usize, keep: impl Fn(usize) -> boo
     totals
 }
 
-/// Calls a router does not serve yet: they need the model or the live index in the router.
+/// Calls a router does not serve yet: they need the live index behind routers.
 fn not_on_router(what: &str) -> Status {
     Status::unimplemented(format!(
-        "{what} is not served by a router yet: call a single sidecar (routers serve Info, \
-         Tokenize, Detokenize, Count, NextTokenDistribution and SearchDocuments)"
+        "{what} is not served by a router yet: the live index is a single sidecar's for now"
     ))
 }
 
 #[tonic::async_trait]
-impl pb::sidecar_server::Sidecar for RouterService {
+impl Sidecar for RouterService {
     async fn info(
         &self,
         _request: Request<pb::InfoRequest>,
@@ -287,7 +350,7 @@ impl pb::sidecar_server::Sidecar for RouterService {
             tokenizer_fingerprint: first.tokenizer_fingerprint.clone(),
             cpu_model: self.cpu.model.clone(),
             cpu_features: self.cpu.features.iter().map(|f| f.to_string()).collect(),
-            ..Default::default()
+            ..(*self.neural_info).clone()
         }))
     }
 
@@ -349,6 +412,7 @@ impl pb::sidecar_server::Sidecar for RouterService {
             prompt: r.prompt,
             infinite: r.infinite,
             max_support: r.max_support,
+            ..Default::default()
         };
         let (parts, missing) = self
             .continuations(&m, deadline, ask, r.allow_partial)
@@ -380,15 +444,18 @@ impl pb::sidecar_server::Sidecar for RouterService {
             .map(Response::new)
     }
 
-    async fn mix(&self, _: Request<pb::MixRequest>) -> Result<Response<pb::MixResponse>, Status> {
-        Err(not_on_router("Mix"))
+    async fn mix(
+        &self,
+        request: Request<pb::MixRequest>,
+    ) -> Result<Response<pb::MixResponse>, Status> {
+        self.mixer().await?.mix(request).await
     }
 
     async fn draft(
         &self,
-        _: Request<pb::DraftRequest>,
+        request: Request<pb::DraftRequest>,
     ) -> Result<Response<pb::DraftResponse>, Status> {
-        Err(not_on_router("Draft"))
+        self.mixer().await?.draft(request).await
     }
 
     async fn add_documents(
@@ -402,27 +469,27 @@ impl pb::sidecar_server::Sidecar for RouterService {
 
     async fn score(
         &self,
-        _: Request<pb::ScoreRequest>,
+        request: Request<pb::ScoreRequest>,
     ) -> Result<Response<Self::ScoreStream>, Status> {
-        Err(not_on_router("Score"))
+        self.mixer().await?.score(request).await
     }
 
     type SessionStream = ResponseStream<pb::SessionResponse>;
 
     async fn session(
         &self,
-        _: Request<Streaming<pb::SessionRequest>>,
+        request: Request<Streaming<pb::SessionRequest>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
-        Err(not_on_router("Session"))
+        self.mixer().await?.session(request).await
     }
 
     type BatchStream = ResponseStream<pb::BatchStepResult>;
 
     async fn batch(
         &self,
-        _: Request<Streaming<pb::BatchStep>>,
+        request: Request<Streaming<pb::BatchStep>>,
     ) -> Result<Response<Self::BatchStream>, Status> {
-        Err(not_on_router("Batch"))
+        self.mixer().await?.batch(request).await
     }
 }
 

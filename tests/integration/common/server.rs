@@ -48,7 +48,11 @@ pub fn write_mixing(dir: &Path) -> std::path::PathBuf {
         min_samples_leaf: 5,
         ..GateOptions::default()
     };
-    let gate = Gate::train(&rows, &targets, opts).unwrap();
+    save_mixing(dir, Gate::train(&rows, &targets, opts).unwrap())
+}
+
+/// A mixing file for SmolLM2's tokenizer with λ1/λ2 = 0.4/0.05 and `gate`, in `dir`.
+pub fn save_mixing(dir: &Path, gate: Gate) -> std::path::PathBuf {
     let fingerprint = super::smollm2_tokenizer().fingerprint().to_string();
     let params = MixingParams::new(
         "test".into(),

@@ -1,0 +1,159 @@
+//! Where scoring, mixing and drafting get the ∞-gram's evidence: an index in this process, or the
+//! shard servers behind a router (`server::router`), whose merged answers are those of one index
+//! over all their documents (`crate::cluster` says why). The callers above cannot tell which.
+
+use crate::index::dense::TokenScore;
+use crate::index::query::InfgramNtdResult;
+use crate::index::suffix::SuffixMatch;
+use crate::index::{Index, IndexError};
+use crate::mix::features::InfgramContext;
+use crate::mix::MixError;
+
+/// The reference data's answers that scoring, mixing and drafting ask for.
+pub trait ReferenceData: Send + Sync {
+    fn vocab_size(&self) -> u64;
+
+    /// Refuses ids outside the vocabulary.
+    fn check_ids(&self, ids: &[u32]) -> Result<(), IndexError>;
+
+    /// The exact ∞-gram distribution after `context`.
+    fn infgram(&self, context: &[u32]) -> Result<InfgramNtdResult, IndexError>;
+
+    /// The gate's view of the next token after `context`, whose ∞-gram answer is `infgram`.
+    fn context_after(
+        &self,
+        context: &[u32],
+        infgram: &InfgramNtdResult,
+    ) -> Result<InfgramContext, MixError>;
+
+    /// The dense score of every token of `tokens`, and the gate's view of each.
+    fn document(&self, tokens: &[u32]) -> Result<(Vec<TokenScore>, Vec<InfgramContext>), MixError>;
+
+    /// Starts following a sequence being decoded (ids must have been checked).
+    fn follow(&self, seq: &[u32]) -> Result<Followed, IndexError>;
+
+    /// Takes in the tokens of `seq` from `from` on, appended since the last call.
+    fn advance(&self, followed: &mut Followed, seq: &[u32], from: usize) -> Result<(), IndexError>;
+
+    /// Forgets the tokens past `seq`, the sequence after a cut.
+    fn truncate(&self, followed: &mut Followed, seq: &[u32]) -> Result<(), IndexError>;
+
+    /// The exact ∞-gram distribution after the followed sequence.
+    fn infgram_followed(&self, followed: &Followed) -> Result<InfgramNtdResult, IndexError>;
+
+    /// What followed the matched suffix of `seq` (the followed sequence) in the reference data: up
+    /// to `samples` of its occurrences, spread evenly, each with at most `depth` following tokens
+    /// cut at the end of its document ([`SuffixMatch::continuations`]).
+    fn continuations(
+        &self,
+        followed: &Followed,
+        seq: &[u32],
+        samples: usize,
+        depth: usize,
+    ) -> Result<Vec<Vec<u32>>, IndexError>;
+}
+
+/// What a [`ReferenceData`] keeps of a sequence it follows, so a step costs what the new tokens cost.
+pub enum Followed {
+    /// In an index here: the matches of the longest suffix, advanced a token at a time.
+    Local(SuffixMatch),
+    /// Behind a router: the shards' merged ∞-gram answer after the sequence, asked once per change.
+    Remote(InfgramNtdResult),
+}
+
+impl Followed {
+    /// Length of the longest suffix of the sequence found in the reference data.
+    pub fn suffix_len(&self) -> usize {
+        match self {
+            Followed::Local(m) => m.suffix_len(),
+            Followed::Remote(a) => a.suffix_len,
+        }
+    }
+
+    /// Occurrences of that suffix.
+    pub fn prompt_cnt(&self) -> u64 {
+        match self {
+            Followed::Local(m) => m.prompt_cnt(),
+            Followed::Remote(a) => a.ntd.prompt_cnt,
+        }
+    }
+}
+
+/// A sequence handed to a reference other than the one that follows it: a bug, said as an error.
+fn followed_elsewhere() -> IndexError {
+    IndexError::Invalid("the sequence is followed by another reference".into())
+}
+
+impl Followed {
+    fn local(&mut self) -> Result<&mut SuffixMatch, IndexError> {
+        match self {
+            Followed::Local(m) => Ok(m),
+            Followed::Remote(_) => Err(followed_elsewhere()),
+        }
+    }
+}
+
+impl ReferenceData for Index {
+    fn vocab_size(&self) -> u64 {
+        Index::vocab_size(self)
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<(), IndexError> {
+        Index::check_ids(self, ids)
+    }
+
+    fn infgram(&self, context: &[u32]) -> Result<InfgramNtdResult, IndexError> {
+        self.infgram_ntd(context, None)
+    }
+
+    fn context_after(
+        &self,
+        context: &[u32],
+        infgram: &InfgramNtdResult,
+    ) -> Result<InfgramContext, MixError> {
+        InfgramContext::after(self, context, infgram)
+    }
+
+    fn document(&self, tokens: &[u32]) -> Result<(Vec<TokenScore>, Vec<InfgramContext>), MixError> {
+        let scores = self.score(tokens)?;
+        let contexts = InfgramContext::for_document(self, tokens, &scores)?;
+        Ok((scores, contexts))
+    }
+
+    fn follow(&self, seq: &[u32]) -> Result<Followed, IndexError> {
+        Ok(Followed::Local(SuffixMatch::of(self, seq)?))
+    }
+
+    fn advance(&self, followed: &mut Followed, seq: &[u32], from: usize) -> Result<(), IndexError> {
+        let m = followed.local()?;
+        for end in from + 1..=seq.len() {
+            m.advance(self, &seq[..end]);
+        }
+        Ok(())
+    }
+
+    fn truncate(&self, followed: &mut Followed, seq: &[u32]) -> Result<(), IndexError> {
+        followed.local()?.truncate(self, seq);
+        Ok(())
+    }
+
+    fn infgram_followed(&self, followed: &Followed) -> Result<InfgramNtdResult, IndexError> {
+        match followed {
+            Followed::Local(m) => m.infgram_ntd(self, None),
+            Followed::Remote(_) => Err(followed_elsewhere()),
+        }
+    }
+
+    fn continuations(
+        &self,
+        followed: &Followed,
+        _seq: &[u32],
+        samples: usize,
+        depth: usize,
+    ) -> Result<Vec<Vec<u32>>, IndexError> {
+        match followed {
+            Followed::Local(m) => Ok(m.continuations(self, samples, depth)),
+            Followed::Remote(_) => Err(followed_elsewhere()),
+        }
+    }
+}

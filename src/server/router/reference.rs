@@ -1,0 +1,299 @@
+//! The evidence of a router's `Mix`, `Score`, sessions and drafts: the shard servers' answers,
+//! merged (`crate::cluster::merge`) into what one index over all of them gives, so the library's
+//! scoring, mixing and drafting run in the router unchanged. The service calls it from its worker
+//! threads (never from the runtime's), which wait here on the fan-out; each call takes the
+//! deadline of the request the thread works for.
+//!
+//! Round trips per shard: one for the ∞-gram of a context or a session's step (a session asks
+//! only for the tokens that can still be part of its match), one for a document's dense evidence
+//! with every position's gate features, one for a draft; the gate's view of a decoding step is a
+//! second one after the ∞-gram.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::runtime::Handle;
+use tonic::Status;
+
+use super::shards::{request, Answered, Members, ShardSet};
+use super::{continuations_of, spread_of};
+use crate::cluster::merge;
+use crate::evidence::{Followed, ReferenceData};
+use crate::index::dense::{TokenEvidence, TokenScore};
+use crate::index::partial::{LocalContinuations, PartialContinuations, PartialDrafts};
+use crate::index::query::{check_vocabulary, InfgramNtdResult};
+use crate::index::IndexError;
+use crate::mix::features::{step_score, InfgramContext, SUFFIX_LENGTHS, SUPPORT_SAMPLES};
+use crate::mix::MixError;
+use crate::server::shard_pb as spb;
+
+/// The shard set as scoring, mixing and drafting see it.
+pub(crate) struct RemoteReference {
+    shards: Arc<ShardSet>,
+    /// The runtime the fan-outs run on.
+    runtime: Handle,
+}
+
+fn remote(status: Status) -> IndexError {
+    IndexError::Remote {
+        code: status.code(),
+        message: status.message().to_string(),
+    }
+}
+
+fn lengths() -> Vec<u32> {
+    SUFFIX_LENGTHS.iter().map(|&k| k as u32).collect()
+}
+
+impl RemoteReference {
+    /// Over `shards`; must be made on a thread of `runtime`'s.
+    pub fn new(shards: Arc<ShardSet>) -> Self {
+        Self {
+            shards,
+            runtime: Handle::current(),
+        }
+    }
+
+    fn members(&self) -> Result<Arc<Members>, IndexError> {
+        self.shards.members().map_err(remote)
+    }
+
+    /// Runs a fan-out to completion from a worker thread.
+    fn wait<T>(&self, work: impl Future<Output = Result<T, Status>>) -> Result<T, IndexError> {
+        if crate::interrupt::interrupted() {
+            return Err(IndexError::Interrupted);
+        }
+        self.runtime.block_on(work).map_err(remote)
+    }
+
+    /// Every shard's answer to `ask`, in shard order.
+    fn continuations(
+        &self,
+        ask: spb::ContinuationsRequest,
+    ) -> Result<Vec<spb::ContinuationsAnswer>, IndexError> {
+        let members = self.members()?;
+        let deadline: Option<Instant> = crate::interrupt::deadline();
+        self.wait(async {
+            let fanned = self
+                .shards
+                .fan_out(&members, deadline, |mut c, t| {
+                    let ask = ask.clone();
+                    async move { c.continuations(request(ask, t)).await }
+                })
+                .await?;
+            let Answered { parts, .. } = fanned.complete(false)?;
+            Ok(parts.into_iter().map(|(_, a)| a).collect())
+        })
+    }
+
+    /// The exact ∞-gram after `seq`, whose match is among its last `tail` tokens.
+    fn infgram_of_tail(&self, seq: &[u32], tail: usize) -> Result<InfgramNtdResult, IndexError> {
+        let prompt = seq[seq.len() - tail.min(seq.len())..].to_vec();
+        let parts: Vec<PartialContinuations> = self
+            .continuations(spb::ContinuationsRequest {
+                prompt,
+                infinite: true,
+                ..Default::default()
+            })?
+            .into_iter()
+            .map(continuations_of)
+            .collect();
+        Ok(merge::continuations(&parts, None))
+    }
+}
+
+/// The gate's view of a position from the shards' parts of it: the merged match, the merged
+/// support sample, the counts summed.
+fn gate_context(
+    score: &TokenScore,
+    support: &[PartialContinuations],
+    counts: &[(usize, &[u64])],
+) -> Result<InfgramContext, MixError> {
+    let support = merge::continuations(support, Some(SUPPORT_SAMPLES)).ntd;
+    let counts = merge::suffix_counts(counts, &SUFFIX_LENGTHS);
+    InfgramContext::from_evidence(score, &support, |k| {
+        let at = SUFFIX_LENGTHS.iter().position(|&l| l == k);
+        Ok(at.map_or(0, |i| counts[i]))
+    })
+}
+
+fn evidence_of(t: &spb::TokenEvidence) -> TokenEvidence {
+    TokenEvidence {
+        suffix_len: t.suffix_len as usize,
+        prompt_cnt: t.prompt_cnt,
+        cont_cnt: t.cont_cnt,
+        spread: spread_of(t.spread, t.single),
+    }
+}
+
+fn support_of(t: &spb::TokenEvidence) -> PartialContinuations {
+    continuations_of(spb::ContinuationsAnswer {
+        suffix_len: t.suffix_len,
+        prompt_cnt: t.prompt_cnt,
+        samples: t.support.clone(),
+        spread: t.spread,
+        single: t.single,
+        ..Default::default()
+    })
+}
+
+fn drafts_of(a: spb::ContinuationsAnswer) -> PartialDrafts {
+    PartialDrafts {
+        suffix_len: a.suffix_len as usize,
+        suffix_arrays: a
+            .drafts
+            .into_iter()
+            .map(|l| LocalContinuations {
+                matches: l.matches,
+                fine: l.fine.into_iter().map(|c| c.tokens).collect(),
+            })
+            .collect(),
+    }
+}
+
+fn changed_set() -> MixError {
+    MixError::Index(IndexError::Remote {
+        code: tonic::Code::Unavailable,
+        message: "the shard set changed between two calls of one request".into(),
+    })
+}
+
+impl ReferenceData for RemoteReference {
+    fn vocab_size(&self) -> u64 {
+        self.members().map_or(0, |m| m.layout.first().vocab_size)
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<(), IndexError> {
+        check_vocabulary(ids, self.members()?.layout.first().vocab_size)
+    }
+
+    fn infgram(&self, context: &[u32]) -> Result<InfgramNtdResult, IndexError> {
+        self.check_ids(context)?;
+        self.infgram_of_tail(context, context.len())
+    }
+
+    fn context_after(
+        &self,
+        context: &[u32],
+        infgram: &InfgramNtdResult,
+    ) -> Result<InfgramContext, MixError> {
+        // Only the matched suffix matters, and its counts: no shard matches more of it.
+        let tail = &context[context.len() - infgram.suffix_len.min(context.len())..];
+        let answers = self.continuations(spb::ContinuationsRequest {
+            prompt: tail.to_vec(),
+            infinite: true,
+            max_support: SUPPORT_SAMPLES,
+            count_lengths: lengths(),
+            ..Default::default()
+        })?;
+        let counts: Vec<(usize, &[u64])> = answers
+            .iter()
+            .map(|a| (a.suffix_len as usize, a.suffix_counts.as_slice()))
+            .collect();
+        let support: Vec<PartialContinuations> =
+            answers.iter().cloned().map(continuations_of).collect();
+        let score = step_score(infgram);
+        if counts.iter().map(|(len, _)| *len).max() != Some(infgram.suffix_len) {
+            return Err(changed_set());
+        }
+        gate_context(&score, &support, &counts)
+    }
+
+    fn document(&self, tokens: &[u32]) -> Result<(Vec<TokenScore>, Vec<InfgramContext>), MixError> {
+        self.check_ids(tokens)?;
+        let members = self.members()?;
+        let deadline = crate::interrupt::deadline();
+        let ask = spb::ScoreTokensRequest {
+            ids: tokens.to_vec(),
+            support_samples: SUPPORT_SAMPLES,
+            count_lengths: lengths(),
+        };
+        let parts: Vec<Vec<spb::TokenEvidence>> = self.wait(async {
+            let fanned = self
+                .shards
+                .fan_out(&members, deadline, |mut c, t| {
+                    let ask = ask.clone();
+                    async move { c.score_tokens(request(ask, t)).await }
+                })
+                .await?;
+            let Answered { parts, .. } = fanned.complete(false)?;
+            Ok(parts.into_iter().map(|(_, a)| a.tokens).collect())
+        })?;
+        if parts.iter().any(|p| p.len() != tokens.len()) {
+            return Err(MixError::Index(IndexError::Remote {
+                code: tonic::Code::Internal,
+                message: "a shard scored a different number of tokens".into(),
+            }));
+        }
+        let evidence: Vec<Vec<TokenEvidence>> = parts
+            .iter()
+            .map(|p| p.iter().map(evidence_of).collect())
+            .collect();
+        let scores = merge::token_scores(&evidence);
+        let contexts = scores
+            .iter()
+            .enumerate()
+            .map(|(i, score)| {
+                let support: Vec<PartialContinuations> =
+                    parts.iter().map(|p| support_of(&p[i])).collect();
+                let counts: Vec<(usize, &[u64])> = parts
+                    .iter()
+                    .map(|p| (p[i].suffix_len as usize, p[i].suffix_counts.as_slice()))
+                    .collect();
+                gate_context(score, &support, &counts)
+            })
+            .collect::<Result<_, _>>()?;
+        Ok((scores, contexts))
+    }
+
+    fn follow(&self, seq: &[u32]) -> Result<Followed, IndexError> {
+        Ok(Followed::Remote(self.infgram(seq)?))
+    }
+
+    fn advance(&self, followed: &mut Followed, seq: &[u32], from: usize) -> Result<(), IndexError> {
+        // The match grows by at most a token per token appended (App. A of the paper).
+        let tail = followed.suffix_len() + (seq.len() - from);
+        *followed = Followed::Remote(self.infgram_of_tail(seq, tail)?);
+        Ok(())
+    }
+
+    fn truncate(&self, followed: &mut Followed, seq: &[u32]) -> Result<(), IndexError> {
+        *followed = Followed::Remote(self.infgram_of_tail(seq, seq.len())?);
+        Ok(())
+    }
+
+    fn infgram_followed(&self, followed: &Followed) -> Result<InfgramNtdResult, IndexError> {
+        match followed {
+            Followed::Remote(a) => Ok(a.clone()),
+            Followed::Local(_) => Err(IndexError::Invalid(
+                "the sequence is followed by another reference".into(),
+            )),
+        }
+    }
+
+    fn continuations(
+        &self,
+        followed: &Followed,
+        seq: &[u32],
+        samples: usize,
+        depth: usize,
+    ) -> Result<Vec<Vec<u32>>, IndexError> {
+        let len = followed.suffix_len();
+        if len == 0 || samples == 0 || depth == 0 {
+            return Ok(Vec::new());
+        }
+        let parts: Vec<PartialDrafts> = self
+            .continuations(spb::ContinuationsRequest {
+                prompt: seq[seq.len() - len.min(seq.len())..].to_vec(),
+                infinite: true,
+                max_support: samples as u64,
+                depth: depth as u32,
+                ..Default::default()
+            })?
+            .into_iter()
+            .map(drafts_of)
+            .collect();
+        Ok(merge::drafts(&parts, samples as u64))
+    }
+}
