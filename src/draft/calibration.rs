@@ -66,14 +66,14 @@ impl Origin {
 
 /// A draft scaled by its source's record, with each node's unscaled probability given its parent
 /// (what the record counts when the draft is settled).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Calibrated {
     pub tree: DraftTree,
     conditionals: Vec<f64>,
 }
 
 /// A draft handed out and not yet settled: the path the appended tokens have followed so far.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Outstanding {
     origin: Origin,
     draft: Calibrated,
@@ -99,7 +99,7 @@ impl Outstanding {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Calibration {
     records: [Record; Origin::ALL.len()],
     /// Each source's open draft: both are open when their trees were handed out as one union.

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::evidence::{Followed, ReferenceData};
 use crate::index::Result;
-use crate::live::{LiveError, LiveIndex};
+use crate::live::{LiveError, LiveStore};
 pub use calibration::Origin;
 use calibration::{Calibrated, Calibration};
 use lookup::PromptLookup;
@@ -125,7 +125,7 @@ pub struct Sequence {
 /// The live namespace a sequence drafts from, and the live document its tokens go to when it
 /// learns.
 struct LiveLink {
-    live: Arc<LiveIndex>,
+    live: Arc<dyn LiveStore>,
     namespace: String,
     /// The document and how many of the sequence's tokens it holds.
     learning: Option<(u64, usize)>,
@@ -135,7 +135,7 @@ struct LiveLink {
 #[derive(Clone, Default)]
 pub struct Extras {
     /// A live index and the namespace to draft from ("" for none).
-    pub live: Option<Arc<LiveIndex>>,
+    pub live: Option<Arc<dyn LiveStore>>,
     pub namespace: String,
     /// Add the sequence's tokens to the namespace as a document.
     pub learn: bool,
@@ -184,7 +184,7 @@ impl Sequence {
     /// namespace to draft from at once.
     pub fn with_live(
         mut self,
-        live: Arc<LiveIndex>,
+        live: Arc<dyn LiveStore>,
         namespace: &str,
         learn: bool,
     ) -> Result<Self, LiveError> {
@@ -300,7 +300,21 @@ impl Sequence {
 
     /// A draft continuing the sequence. The tokens appended next tell the sequence how much of it
     /// was accepted.
+    /// A draft that fails (the reference data did not answer) leaves the sequence as it was.
     pub fn draft(
+        &mut self,
+        reference: &dyn ReferenceData,
+        opts: &DraftOptions,
+    ) -> Result<DraftTree> {
+        let before = (self.calibration.clone(), self.last_origin);
+        let drafted = self.draft_here(reference, opts);
+        if drafted.is_err() {
+            (self.calibration, self.last_origin) = before;
+        }
+        drafted
+    }
+
+    fn draft_here(
         &mut self,
         reference: &dyn ReferenceData,
         opts: &DraftOptions,

@@ -486,6 +486,61 @@ fn lock_folder(root: &Path) -> Result<std::fs::File> {
     Ok(file)
 }
 
+/// Where sequences with a namespace learn and draft from: a live index here, or behind a router
+/// the live index of the namespace's owner shard server, so every router's sequences learn into
+/// one place and draft from what all of them generated.
+pub trait LiveStore: Send + Sync {
+    /// A new document's id, for [`LiveStore::append`].
+    fn new_document(&self) -> u64;
+
+    /// Appends `tokens` to document `doc` of `namespace` (created at its first append).
+    fn append(&self, namespace: &str, doc: u64, tokens: &[u32]) -> Result<()>;
+
+    /// Adds whole documents to `namespace`.
+    fn add_documents(&self, namespace: &str, docs: &[Vec<u32>]) -> Result<()>;
+
+    /// What followed the longest match of `pattern`'s end in `namespace`, and the match's length
+    /// (nothing when the namespace holds nothing, or cannot be reached: drafting is best effort).
+    fn continuations(
+        &self,
+        namespace: &str,
+        pattern: &[u32],
+        samples: usize,
+        depth: usize,
+    ) -> (Vec<Vec<u32>>, usize);
+
+    /// Keeps what was learnt and stops background work (at shutdown).
+    fn close(&self) {}
+}
+
+impl LiveStore for LiveIndex {
+    fn new_document(&self) -> u64 {
+        LiveIndex::new_document(self)
+    }
+
+    fn append(&self, namespace: &str, doc: u64, tokens: &[u32]) -> Result<()> {
+        LiveIndex::append(self, namespace, doc, tokens)
+    }
+
+    fn add_documents(&self, namespace: &str, docs: &[Vec<u32>]) -> Result<()> {
+        LiveIndex::add_documents(self, namespace, docs)
+    }
+
+    fn continuations(
+        &self,
+        namespace: &str,
+        pattern: &[u32],
+        samples: usize,
+        depth: usize,
+    ) -> (Vec<Vec<u32>>, usize) {
+        LiveIndex::continuations(self, namespace, pattern, samples, depth)
+    }
+
+    fn close(&self) {
+        LiveIndex::close(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

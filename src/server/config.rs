@@ -290,7 +290,9 @@ impl ServeConfig {
         }
         if router && self.live.enabled {
             return Err(ConfigError::Invalid(
-                "a router has no live index yet: set `enabled = false` under [live]".into(),
+                "a router keeps no live index: namespaces live on the shard servers (their [live]); \
+                 set `enabled = false` under [live]"
+                    .into(),
             ));
         }
         if let Some(cpu) = &self.cpu {

@@ -33,7 +33,7 @@ use crate::cpu::{CpuInfo, KernelFlavour};
 use crate::evidence::ReferenceData;
 use crate::index::{Index, IndexError, OpenOptions};
 use crate::interrupt::{StopReason, StopSignal};
-use crate::live::{LiveError, LiveIndex, Vocabulary};
+use crate::live::{LiveError, LiveIndex, LiveStore, Vocabulary};
 use crate::mix::{MixError, MixingParams};
 use crate::model::{LoadOptions, Model, ModelError};
 use crate::tokenizer::Tokenizer;
@@ -111,7 +111,7 @@ struct State {
     mix_sequences: MixSequences,
     kv_budget: Arc<KvBudget>,
     /// Where sessions with a namespace learn and draft from; `None` when `[live]` is off.
-    live: Option<Arc<LiveIndex>>,
+    live: Option<Arc<dyn LiveStore>>,
     /// Set once the drain deadline of a shutdown has passed: open streams and running work end
     /// with UNAVAILABLE.
     closing: watch::Sender<bool>,
@@ -127,7 +127,7 @@ struct Evidence {
     index: Option<Arc<Index>>,
     reference: Arc<dyn ReferenceData>,
     tokenizer: Tokenizer,
-    live: Option<Arc<LiveIndex>>,
+    live: Option<Arc<dyn LiveStore>>,
 }
 
 /// A config's mixing file and model, loaded (the model's kernels as the config asks).
@@ -367,7 +367,7 @@ impl SidecarService {
                     eos_token_id: index.eos_token_id(),
                     vocab_size: index.vocab_size(),
                 };
-                LiveIndex::open(live, vocab).map(Arc::new)
+                LiveIndex::open(live, vocab).map(|l| Arc::new(l) as Arc<dyn LiveStore>)
             })
             .transpose()?;
         let reference: Arc<dyn ReferenceData> = index.clone();

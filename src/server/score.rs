@@ -12,10 +12,11 @@ use tonic::Status;
 
 use super::kv_budget::KvReservation;
 use super::mixing::LambdaChoice;
-use super::{mix_status, pb, stop_status, stopped, State, WorkPermit};
-use crate::evidence::{document_records, mix_tokens};
+use super::{index_status, mix_status, pb, stop_status, stopped, State, WorkPermit};
+use crate::evidence::{document_records, mix_tokens, EvidenceError};
+use crate::index::IndexError;
 use crate::interrupt::StopSignal;
-use crate::mix::LambdaRule;
+use crate::mix::{LambdaRule, MixError};
 use crate::model::WindowOptions;
 
 /// Documents scored ahead of a slow reader.
@@ -120,12 +121,12 @@ fn score_document(
         &doc.token_ids,
         |_| {},
     )
-    .map_err(|e| {
-        if crate::interrupt::interrupted() {
-            stopped()
-        } else {
-            Status::internal(format!("scoring document {index}: {e:#}"))
-        }
+    .map_err(|e| match e {
+        _ if crate::interrupt::interrupted() => stopped(),
+        // A shard behind a router that did not answer: its status, as every other call gives it.
+        EvidenceError::Index(e @ IndexError::Remote { .. })
+        | EvidenceError::Mix(MixError::Index(e @ IndexError::Remote { .. })) => index_status(e),
+        e => Status::internal(format!("scoring document {index}: {e:#}")),
     })?
     .tokens;
     let domain = (!doc.domain.is_empty()).then_some(doc.domain.as_str());

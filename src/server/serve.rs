@@ -151,6 +151,7 @@ pub async fn serve(
     tracing::info!(role = ?config.cluster.role, "role");
     if config.cluster.role == Role::Router {
         let router = RouterService::new(&config, token, Arc::clone(&metrics))?;
+        let closing = router.clone();
         let sidecar = SidecarServer::new(router.clone())
             .max_decoding_message_size(limits.max_message_bytes)
             .max_encoding_message_size(limits.max_message_bytes);
@@ -163,7 +164,10 @@ pub async fn serve(
         )));
         let routes = routes.add_service(observed(InterceptedService::new(sidecar, auth), &metrics));
         tracing::info!("serving on {local}");
-        return drain(routes, connections, limits, shutdown, || {}).await;
+        return drain(routes, connections, limits, shutdown, move || {
+            closing.close_streams()
+        })
+        .await;
     }
     let service = SidecarService::open_with_metrics(&config, Arc::clone(&metrics))?;
     // Said once the index is open: clients and tests wait for this line.

@@ -9,11 +9,13 @@ use xxhash_rust::xxh3::Xxh3;
 use super::drafting::MAX_DRAFT_TOKENS;
 use super::engine::check_answer_size;
 use super::shard_pb as spb;
-use super::{check_max_support, deadline_of, index_status, SidecarService, State};
+use super::{check_max_support, deadline_of, index_status, live_status, SidecarService, State};
 use crate::index::docs::SearchOptions;
 use crate::index::partial::LocalSample;
 use crate::index::query::Spread;
 use crate::index::Index;
+use crate::live::namespace::check_name;
+use crate::live::LiveStore;
 
 /// The checksums of the index's files, hashed: what replicas of a shard must agree on.
 fn content_id(index: &Index) -> String {
@@ -68,6 +70,10 @@ fn runs(pairs: impl IntoIterator<Item = (u32, u64)>) -> Vec<spb::TokenRun> {
 
 /// Most lengths a request may ask counts of (the gate asks 10).
 const MAX_COUNT_LENGTHS: usize = 64;
+
+/// Most samples one `ScoreTokens` call may read for the gate's support, per suffix array
+/// (positions × `support_samples`): a document of 65,536 tokens at the gate's 256.
+const MAX_SUPPORT_READS: u64 = 1 << 24;
 
 /// The lengths of a request's `count_lengths`, checked.
 fn count_lengths(lengths: &[u32]) -> Result<Vec<usize>, Status> {
@@ -155,6 +161,13 @@ fn drafts(s: &State, r: spb::ContinuationsRequest) -> Result<spb::ContinuationsA
 fn score_tokens(s: &State, r: spb::ScoreTokensRequest) -> Result<spb::ScoreTokensAnswer, Status> {
     s.check_len("the sequence", r.ids.len())?;
     check_max_support(&s.limits, r.support_samples)?;
+    if r.ids.len() as u64 * r.support_samples > MAX_SUPPORT_READS {
+        return Err(Status::invalid_argument(format!(
+            "{} positions × {} support samples is more than {MAX_SUPPORT_READS} reads",
+            r.ids.len(),
+            r.support_samples
+        )));
+    }
     let lengths = count_lengths(&r.count_lengths)?;
     let index = s.index()?;
     let evidence = index.evidence(&r.ids).map_err(index_status)?;
@@ -233,6 +246,53 @@ fn search(s: &State, r: spb::SearchRequest) -> Result<spb::SearchAnswer, Status>
     })
 }
 
+/// The live index of a shard server, which owns the namespaces routers send it.
+fn live(s: &State) -> Result<&dyn LiveStore, Status> {
+    s.live.as_deref().ok_or_else(|| {
+        Status::failed_precondition("the live index is off in this shard server's config ([live])")
+    })
+}
+
+fn live_append(s: &State, r: spb::LiveAppendRequest) -> Result<spb::LiveAppendAnswer, Status> {
+    let live = live(s)?;
+    check_name(&r.namespace).map_err(live_status)?;
+    s.check_len("the pieces", r.pieces.iter().map(|p| p.tokens.len()).sum())?;
+    for piece in &r.pieces {
+        live.append(&r.namespace, piece.doc, &piece.tokens)
+            .map_err(live_status)?;
+    }
+    Ok(spb::LiveAppendAnswer {})
+}
+
+fn live_continuations(
+    s: &State,
+    r: spb::LiveContinuationsRequest,
+) -> Result<spb::LiveContinuationsAnswer, Status> {
+    let live = live(s)?;
+    check_name(&r.namespace).map_err(live_status)?;
+    s.check_len("the pattern", r.pattern.len())?;
+    s.reference.check_ids(&r.pattern).map_err(index_status)?;
+    check_max_support(&s.limits, r.samples as u64)?;
+    if r.depth > MAX_DRAFT_TOKENS {
+        return Err(Status::invalid_argument(format!(
+            "depth must be at most {MAX_DRAFT_TOKENS}"
+        )));
+    }
+    let (continuations, match_len) = live.continuations(
+        &r.namespace,
+        &r.pattern,
+        r.samples as usize,
+        r.depth as usize,
+    );
+    Ok(spb::LiveContinuationsAnswer {
+        match_len: match_len as u32,
+        continuations: continuations
+            .into_iter()
+            .map(|tokens| spb::Continuation { tokens })
+            .collect(),
+    })
+}
+
 #[tonic::async_trait]
 impl spb::shard_server::Shard for SidecarService {
     async fn describe(
@@ -287,5 +347,23 @@ impl spb::shard_server::Shard for SidecarService {
         let deadline = deadline_of(&request);
         let r = request.into_inner();
         self.run(deadline, move |s| search(s, r)).await
+    }
+
+    async fn live_append(
+        &self,
+        request: Request<spb::LiveAppendRequest>,
+    ) -> Result<Response<spb::LiveAppendAnswer>, Status> {
+        let deadline = deadline_of(&request);
+        let r = request.into_inner();
+        self.run(deadline, move |s| live_append(s, r)).await
+    }
+
+    async fn live_continuations(
+        &self,
+        request: Request<spb::LiveContinuationsRequest>,
+    ) -> Result<Response<spb::LiveContinuationsAnswer>, Status> {
+        let deadline = deadline_of(&request);
+        let r = request.into_inner();
+        self.run(deadline, move |s| live_continuations(s, r)).await
     }
 }

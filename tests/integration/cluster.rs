@@ -88,10 +88,15 @@ fn build(input: &Path, out: &Path, shard: Option<usize>) {
     sidecar(&args.iter().map(String::as_str).collect::<Vec<_>>());
 }
 
-/// Starts `infini-sidecar serve` on a config written from `toml` (bind and live are added).
+/// Starts `infini-sidecar serve` on a config written from `toml` (bind is added, and `[live]` off
+/// unless `toml` has it).
 async fn serve(dir: &Path, name: &str, toml: &str) -> (Process, std::net::SocketAddr) {
     let path = dir.join(format!("{name}.toml"));
-    let config = format!("bind = \"127.0.0.1:0\"\n{toml}\n[live]\nenabled = false\n");
+    let live = match toml.contains("[live]") {
+        true => "",
+        false => "\n[live]\nenabled = false\n",
+    };
+    let config = format!("bind = \"127.0.0.1:0\"\n{toml}{live}");
     std::fs::write(&path, config).unwrap();
     let (child, addr) = spawn_serve(&path).await;
     (Process(child), addr)
@@ -99,7 +104,7 @@ async fn serve(dir: &Path, name: &str, toml: &str) -> (Process, std::net::Socket
 
 async fn shard_server(dir: &Path, name: &str, index: &Path) -> (Process, std::net::SocketAddr) {
     let toml = format!(
-        "index = \"{}\"\n[cluster]\nrole = \"shard\"\n",
+        "index = \"{}\"\n[cluster]\nrole = \"shard\"\n[live]\nenabled = true\n",
         index.display()
     );
     serve(dir, name, &toml).await
@@ -468,6 +473,7 @@ async fn routers_answer_as_one_index_and_name_the_shard_that_is_down() {
         &mixing,
     )
     .await;
+    live_namespaces_behind_routers([&mut router_a, &mut router_b]).await;
 
     // Errors are the single sidecar's.
     let bad = pb::CountRequest {
@@ -528,6 +534,36 @@ async fn routers_answer_as_one_index_and_name_the_shard_that_is_down() {
     assert_eq!(status.code(), Code::Unavailable);
     // Not ready while a shard has no replica.
     wait_ready(&channel_a, ServingStatus::NotServing).await;
+    // Mixing and scoring in the router name the shard too.
+    let status = router_a
+        .mix(own_mix(&probe, Some(mix_request::Lambda::Split(true))))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("shard 1 of 3"), "{status:?}");
+    let score = pb::ScoreRequest {
+        documents: vec![pb::ScoreDocument {
+            token_ids: qs[5].clone(),
+            ..Default::default()
+        }],
+        lambda: Some(score_request::Lambda::Split(true)),
+        per_token: false,
+    };
+    let status = match router_a.score(score).await {
+        Err(status) => status,
+        Ok(answer) => {
+            let mut stream = answer.into_inner();
+            loop {
+                match stream.message().await {
+                    Err(status) => break status,
+                    Ok(Some(_)) => continue,
+                    Ok(None) => panic!("scored with a shard down"),
+                }
+            }
+        }
+    };
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("shard 1 of 3"), "{status:?}");
 
     // A router over part of a set never becomes ready, and says what is missing.
     let (_rc, _, channel_c) = router_over(dir.path(), "router-c", &addrs[..1], "").await;
@@ -815,4 +851,80 @@ async fn mixing_scoring_drafts_and_sessions(
     seq.truncate(joined, half + 1).unwrap();
     let want = seq.draft(joined, &DraftOptions::default()).unwrap();
     assert_eq!(draft_tree(&got), library_tree(&want));
+}
+
+fn live_draft(context: &[u32], namespace: &str) -> pb::DraftRequest {
+    pb::DraftRequest {
+        target: Some(draft_request::Target::Context(pb::TokenIds {
+            ids: context.to_vec(),
+        })),
+        options: Some(pb::DraftOptions {
+            source: pb::DraftSource::Live as i32,
+            ..Default::default()
+        }),
+        namespace: namespace.into(),
+        ..Default::default()
+    }
+}
+
+/// A namespace lives on one shard server whichever router its sequences come through: documents
+/// added and tokens learnt behind one router are drafted behind the other.
+async fn live_namespaces_behind_routers(routers: [&mut SidecarClient<Channel>; 2]) {
+    let [router_a, router_b] = routers;
+    // Token runs the corpus does not hold, so only the live index can draft them.
+    let added: Vec<u32> = (0..24).map(|i| 30_000 + 7 * i).collect();
+    let learnt: Vec<u32> = (0..24).map(|i| 31_000 + 5 * i).collect();
+    router_a
+        .add_documents(pb::AddDocumentsRequest {
+            namespace: "manuals".into(),
+            documents: vec![pb::LiveDocument {
+                content: Some(pb::live_document::Content::Tokens(pb::TokenIds {
+                    ids: added.clone(),
+                })),
+            }],
+        })
+        .await
+        .unwrap();
+    let got = router_b
+        .draft(live_draft(&added[..10], "manuals"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.token_ids, added[10..18]);
+
+    let (tx, mut replies) = open_session(router_a).await;
+    let started = step(
+        &tx,
+        &mut replies,
+        session_request::Step::Start(pb::SessionStart {
+            context: learnt[..6].to_vec(),
+            namespace: "generations".into(),
+            learn: true,
+            ..Default::default()
+        }),
+    )
+    .await;
+    assert!(started.state.is_some(), "{started:?}");
+    let appended = step(
+        &tx,
+        &mut replies,
+        session_request::Step::Append(pb::SessionAppend {
+            tokens: learnt[6..].to_vec(),
+        }),
+    )
+    .await;
+    assert!(appended.result.is_none(), "{appended:?}");
+    let got = router_b
+        .draft(live_draft(&learnt[..9], "generations"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.token_ids, learnt[9..17]);
+    // Other namespaces see none of it.
+    let got = router_b
+        .draft(live_draft(&learnt[..9], "manuals"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(got.token_ids.is_empty());
 }

@@ -4,6 +4,7 @@
 //! all the shards would. A shard that does not answer fails the call with UNAVAILABLE naming it,
 //! or, with `allow_partial`, gives the other shards' answer flagged `partial`.
 
+mod live;
 mod reference;
 mod shards;
 
@@ -42,7 +43,8 @@ pub struct RouterService {
 }
 
 /// Where the router serves `Mix`, `Score`, sessions and drafts: the sidecar's own service over the
-/// shards' evidence ([`reference::RemoteReference`]), made once the set's tokenizer is known.
+/// shards' evidence ([`reference::RemoteReference`]) and their live indexes ([`live::RemoteLive`]),
+/// made once the set's tokenizer is known.
 struct Mixer {
     service: tokio::sync::OnceCell<SidecarService>,
     /// The model and mixing file, until the service takes them.
@@ -132,8 +134,9 @@ impl RouterService {
         })
     }
 
-    /// The service that runs `Mix`, `Score`, sessions and drafts here, made on first use: its
-    /// model and mixing file must fit the shards' tokenizer.
+    /// The service that runs `Mix`, `Score`, sessions, drafts and `AddDocuments` here (over the
+    /// shards' evidence and their live indexes), made on first use: its model and mixing file
+    /// must fit the shards' tokenizer.
     async fn mixer(&self) -> Result<&SidecarService, Status> {
         let members = self.shards.members()?;
         self.mixer
@@ -149,9 +152,12 @@ impl RouterService {
                 }
                 let evidence = Evidence {
                     index: None,
-                    reference: Arc::new(reference::RemoteReference::new(Arc::clone(&self.shards))),
+                    reference: Arc::new(reference::RemoteReference::new(
+                        Arc::clone(&self.shards),
+                        &members,
+                    )),
                     tokenizer: members.tokenizer.clone(),
-                    live: None,
+                    live: Some(Arc::new(live::RemoteLive::new(Arc::clone(&self.shards)))),
                 };
                 Ok(SidecarService::assemble(
                     &self.mixer.config,
@@ -168,6 +174,14 @@ impl RouterService {
     pub async fn refresh(&self) -> bool {
         self.shards.refresh().await;
         self.shards.members().is_ok_and(|m| m.all_healthy())
+    }
+
+    /// Ends the open streams of the router's sessions, `Score` and `Batch` with UNAVAILABLE: the
+    /// drain deadline of a shutdown.
+    pub(crate) fn close_streams(&self) {
+        if let Some(service) = self.mixer.service.get() {
+            service.close_streams();
+        }
     }
 
     /// The set and an in-flight permit, or the status that refuses the call.
@@ -319,13 +333,6 @@ fn sum_counts(parts: &[(usize, Vec<u64>)], n: usize, keep: impl Fn(usize) -> boo
     totals
 }
 
-/// Calls a router does not serve yet: they need the live index behind routers.
-fn not_on_router(what: &str) -> Status {
-    Status::unimplemented(format!(
-        "{what} is not served by a router yet: the live index is a single sidecar's for now"
-    ))
-}
-
 #[tonic::async_trait]
 impl Sidecar for RouterService {
     async fn info(
@@ -460,9 +467,9 @@ impl Sidecar for RouterService {
 
     async fn add_documents(
         &self,
-        _: Request<pb::AddDocumentsRequest>,
+        request: Request<pb::AddDocumentsRequest>,
     ) -> Result<Response<pb::AddDocumentsResponse>, Status> {
-        Err(not_on_router("AddDocuments"))
+        self.mixer().await?.add_documents(request).await
     }
 
     type ScoreStream = ResponseStream<pb::ScoreResponse>;

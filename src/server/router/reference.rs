@@ -33,6 +33,10 @@ pub(crate) struct RemoteReference {
     shards: Arc<ShardSet>,
     /// The runtime the fan-outs run on.
     runtime: Handle,
+    /// The set this reference was made for: sequences it follows hold its answers, so another
+    /// set (a new build) is refused rather than mixed with them.
+    set_id: String,
+    vocab_size: u64,
 }
 
 fn remote(status: Status) -> IndexError {
@@ -47,16 +51,29 @@ fn lengths() -> Vec<u32> {
 }
 
 impl RemoteReference {
-    /// Over `shards`; must be made on a thread of `runtime`'s.
-    pub fn new(shards: Arc<ShardSet>) -> Self {
+    /// Over `shards`, now `members`; must be made on a thread of the runtime's.
+    pub fn new(shards: Arc<ShardSet>, members: &Members) -> Self {
         Self {
             shards,
             runtime: Handle::current(),
+            set_id: members.layout.first().set_id.clone(),
+            vocab_size: members.layout.first().vocab_size,
         }
     }
 
     fn members(&self) -> Result<Arc<Members>, IndexError> {
-        self.shards.members().map_err(remote)
+        let members = self.shards.members().map_err(remote)?;
+        let now = &members.layout.first().set_id;
+        if *now != self.set_id {
+            return Err(IndexError::Remote {
+                code: tonic::Code::Unavailable,
+                message: format!(
+                    "the shard set changed (set {now}, not {}): restart the router to mix over it",
+                    self.set_id
+                ),
+            });
+        }
+        Ok(members)
     }
 
     /// Runs a fan-out to completion from a worker thread.
@@ -67,12 +84,13 @@ impl RemoteReference {
         self.runtime.block_on(work).map_err(remote)
     }
 
-    /// Every shard's answer to `ask`, in shard order.
+    /// Every shard's answer to `ask`, in shard order, each with its suffix arrays' number.
     fn continuations(
         &self,
         ask: spb::ContinuationsRequest,
-    ) -> Result<Vec<spb::ContinuationsAnswer>, IndexError> {
+    ) -> Result<Vec<(usize, spb::ContinuationsAnswer)>, IndexError> {
         let members = self.members()?;
+        let local = local_shards(&members);
         let deadline: Option<Instant> = crate::interrupt::deadline();
         self.wait(async {
             let fanned = self
@@ -83,7 +101,7 @@ impl RemoteReference {
                 })
                 .await?;
             let Answered { parts, .. } = fanned.complete(false)?;
-            Ok(parts.into_iter().map(|(_, a)| a).collect())
+            Ok(parts.into_iter().map(|(k, a)| (local[k], a)).collect())
         })
     }
 
@@ -97,9 +115,38 @@ impl RemoteReference {
                 ..Default::default()
             })?
             .into_iter()
-            .map(continuations_of)
+            .map(|(_, a)| continuations_of(a))
             .collect();
         Ok(merge::continuations(&parts, None))
+    }
+}
+
+/// The suffix arrays of each shard of `members`, in shard order.
+fn local_shards(members: &Members) -> Vec<usize> {
+    members
+        .layout
+        .shards
+        .iter()
+        .map(|(id, _)| id.local_shards as usize)
+        .collect()
+}
+
+/// How many of the gate's lengths a shard counts for a match of `len` tokens.
+fn counted(len: usize) -> usize {
+    SUFFIX_LENGTHS.iter().filter(|&&k| k <= len).count()
+}
+
+/// Refuses a shard's answer without the parts the merge reads (a shard server of another version):
+/// merging it would give a wrong answer, not an error.
+fn check_shape(complete: bool) -> Result<(), IndexError> {
+    match complete {
+        true => Ok(()),
+        false => Err(IndexError::Remote {
+            code: tonic::Code::FailedPrecondition,
+            message: "a shard server answered without the parts a router merges: \
+                      run the same version on routers and shard servers"
+                .into(),
+        }),
     }
 }
 
@@ -161,11 +208,11 @@ fn changed_set() -> MixError {
 
 impl ReferenceData for RemoteReference {
     fn vocab_size(&self) -> u64 {
-        self.members().map_or(0, |m| m.layout.first().vocab_size)
+        self.vocab_size
     }
 
     fn check_ids(&self, ids: &[u32]) -> Result<(), IndexError> {
-        check_vocabulary(ids, self.members()?.layout.first().vocab_size)
+        check_vocabulary(ids, self.vocab_size)
     }
 
     fn infgram(&self, context: &[u32]) -> Result<InfgramNtdResult, IndexError> {
@@ -187,12 +234,20 @@ impl ReferenceData for RemoteReference {
             count_lengths: lengths(),
             ..Default::default()
         })?;
+        for (local, a) in &answers {
+            check_shape(
+                a.samples.len() == *local
+                    && a.suffix_counts.len() == counted((a.suffix_len as usize).min(tail.len())),
+            )?;
+        }
         let counts: Vec<(usize, &[u64])> = answers
             .iter()
-            .map(|a| (a.suffix_len as usize, a.suffix_counts.as_slice()))
+            .map(|(_, a)| (a.suffix_len as usize, a.suffix_counts.as_slice()))
             .collect();
-        let support: Vec<PartialContinuations> =
-            answers.iter().cloned().map(continuations_of).collect();
+        let support: Vec<PartialContinuations> = answers
+            .iter()
+            .map(|(_, a)| continuations_of(a.clone()))
+            .collect();
         let score = step_score(infgram);
         if counts.iter().map(|(len, _)| *len).max() != Some(infgram.suffix_len) {
             return Err(changed_set());
@@ -209,6 +264,7 @@ impl ReferenceData for RemoteReference {
             support_samples: SUPPORT_SAMPLES,
             count_lengths: lengths(),
         };
+        let local = local_shards(&members);
         let parts: Vec<Vec<spb::TokenEvidence>> = self.wait(async {
             let fanned = self
                 .shards
@@ -220,11 +276,14 @@ impl ReferenceData for RemoteReference {
             let Answered { parts, .. } = fanned.complete(false)?;
             Ok(parts.into_iter().map(|(_, a)| a.tokens).collect())
         })?;
-        if parts.iter().any(|p| p.len() != tokens.len()) {
-            return Err(MixError::Index(IndexError::Remote {
-                code: tonic::Code::Internal,
-                message: "a shard scored a different number of tokens".into(),
-            }));
+        for (part, &local) in parts.iter().zip(&local) {
+            check_shape(
+                part.len() == tokens.len()
+                    && part.iter().enumerate().all(|(i, t)| {
+                        t.support.len() == local
+                            && t.suffix_counts.len() == counted((t.suffix_len as usize).min(i))
+                    }),
+            )?;
         }
         let evidence: Vec<Vec<TokenEvidence>> = parts
             .iter()
@@ -292,8 +351,11 @@ impl ReferenceData for RemoteReference {
                 ..Default::default()
             })?
             .into_iter()
-            .map(drafts_of)
-            .collect();
+            .map(|(local, a)| {
+                check_shape(a.drafts.len() == local)?;
+                Ok(drafts_of(a))
+            })
+            .collect::<Result<_, IndexError>>()?;
         Ok(merge::drafts(&parts, samples as u64))
     }
 }

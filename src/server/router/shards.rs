@@ -297,6 +297,9 @@ impl ShardSet {
             .shards
             .iter()
             .map(|(_, addrs)| {
+                // In address order, so every router's first replica of a shard is the same one.
+                let mut addrs = addrs.clone();
+                addrs.sort();
                 addrs
                     .iter()
                     .filter_map(|a| known.get(a).map(|k| Arc::clone(&k.replica)))
@@ -355,53 +358,8 @@ impl ShardSet {
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let start = members.next.fetch_add(1, Ordering::Relaxed);
-        let shard_timeout = Duration::from_millis(self.config.shard_timeout_ms);
-        let n = members.shards();
-        let calls = members.replicas.iter().enumerate().map(|(k, replicas)| {
-            let call = &call;
-            async move {
-                // Healthy replicas first, each call starting at the next one.
-                let mut order: Vec<&Arc<Replica>> = (0..replicas.len())
-                    .map(|i| &replicas[(start + i) % replicas.len()])
-                    .collect();
-                order.sort_by_key(|r| !r.healthy.load(Ordering::Relaxed));
-                let mut last = String::from("no replica");
-                for replica in order {
-                    let left = match deadline {
-                        Some(d) => d
-                            .saturating_duration_since(Instant::now())
-                            .saturating_sub(MERGE_MARGIN),
-                        None => shard_timeout,
-                    }
-                    .min(shard_timeout);
-                    if left.is_zero() {
-                        last = format!("{}: no time left before the deadline", replica.address);
-                        break;
-                    }
-                    let answer =
-                        tokio::time::timeout(left, call(replica.client.clone(), left)).await;
-                    let status = match answer {
-                        Ok(Ok(response)) => {
-                            replica.healthy.store(true, Ordering::Relaxed);
-                            return Ok(Ok(response.into_inner()));
-                        }
-                        Ok(Err(status)) if !retriable(&status) => return Err(status),
-                        Ok(Err(status)) => status,
-                        Err(_) => {
-                            Status::deadline_exceeded("no answer within the shard's deadline")
-                        }
-                    };
-                    replica.healthy.store(false, Ordering::Relaxed);
-                    last = format!(
-                        "{}: {:?}: {}",
-                        replica.address,
-                        status.code(),
-                        status.message()
-                    );
-                }
-                Ok(Err(format!("shard {k} of {n} is unavailable ({last})")))
-            }
-        });
+        let calls = (0..members.replicas.len())
+            .map(|k| self.call_shard(members, k, start, deadline, &call));
         let outcomes = futures_util::future::join_all(calls).await;
         let mut fanned = Fanned {
             answers: Vec::with_capacity(outcomes.len()),
@@ -422,6 +380,82 @@ impl ShardSet {
             ));
         }
         Ok(fanned)
+    }
+
+    /// Runs `call` on shard `k` alone, on its first replica that answers (the same one each time
+    /// while it does): what the owner of a live namespace gets. UNAVAILABLE names the shard when
+    /// no replica answers.
+    pub async fn call_one<T, F, Fut>(
+        &self,
+        members: &Members,
+        k: usize,
+        deadline: Option<Instant>,
+        call: F,
+    ) -> Result<T, Status>
+    where
+        F: Fn(ShardClient, Duration) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        self.call_shard(members, k, 0, deadline, &call)
+            .await?
+            .map_err(Status::unavailable)
+    }
+
+    /// `call` on shard `k`, its replicas tried in turn (healthy ones first, from the `start`-th):
+    /// the answer, why no replica gave one, or the caller's own error.
+    async fn call_shard<T, F, Fut>(
+        &self,
+        members: &Members,
+        k: usize,
+        start: usize,
+        deadline: Option<Instant>,
+        call: &F,
+    ) -> Result<Result<T, String>, Status>
+    where
+        F: Fn(ShardClient, Duration) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let shard_timeout = Duration::from_millis(self.config.shard_timeout_ms);
+        let replicas = &members.replicas[k];
+        let mut order: Vec<&Arc<Replica>> = (0..replicas.len())
+            .map(|i| &replicas[(start + i) % replicas.len()])
+            .collect();
+        order.sort_by_key(|r| !r.healthy.load(Ordering::Relaxed));
+        let mut last = String::from("no replica");
+        for replica in order {
+            let left = match deadline {
+                Some(d) => d
+                    .saturating_duration_since(Instant::now())
+                    .saturating_sub(MERGE_MARGIN),
+                None => shard_timeout,
+            }
+            .min(shard_timeout);
+            if left.is_zero() {
+                last = format!("{}: no time left before the deadline", replica.address);
+                break;
+            }
+            let answer = tokio::time::timeout(left, call(replica.client.clone(), left)).await;
+            let status = match answer {
+                Ok(Ok(response)) => {
+                    replica.healthy.store(true, Ordering::Relaxed);
+                    return Ok(Ok(response.into_inner()));
+                }
+                Ok(Err(status)) if !retriable(&status) => return Err(status),
+                Ok(Err(status)) => status,
+                Err(_) => Status::deadline_exceeded("no answer within the shard's deadline"),
+            };
+            replica.healthy.store(false, Ordering::Relaxed);
+            last = format!(
+                "{}: {:?}: {}",
+                replica.address,
+                status.code(),
+                status.message()
+            );
+        }
+        Ok(Err(format!(
+            "shard {k} of {} is unavailable ({last})",
+            members.shards()
+        )))
     }
 }
 

@@ -1,0 +1,135 @@
+//! The live index behind routers: each namespace lives on one shard server, its **owner**, chosen by
+//! a stable hash of its name over the set's shards (the first replica of that shard that answers,
+//! in address order). Every router sends the namespace's appends there and drafts from there, so
+//! sequences behind different routers learn from each other. Appends are best effort as on a
+//! single sidecar (a sequence that fails to learn stops learning); so are drafts (an owner that
+//! does not answer offers no live draft this step).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::runtime::Handle;
+use tonic::Status;
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::shards::{request, ShardClient, ShardSet};
+use crate::index::IndexError;
+use crate::live::{LiveError, LiveStore, Result};
+use crate::server::shard_pb as spb;
+
+/// The shard servers' live indexes, each namespace on its owner.
+pub(crate) struct RemoteLive {
+    shards: Arc<ShardSet>,
+    /// The runtime the calls run on (the service calls from its worker threads).
+    runtime: Handle,
+}
+
+fn remote(status: Status) -> LiveError {
+    LiveError::Index(IndexError::Remote {
+        code: status.code(),
+        message: status.message().to_string(),
+    })
+}
+
+impl RemoteLive {
+    /// Over `shards`; must be made on a thread of `runtime`'s.
+    pub fn new(shards: Arc<ShardSet>) -> Self {
+        Self {
+            shards,
+            runtime: Handle::current(),
+        }
+    }
+
+    /// Runs `call` on the owner of `namespace`.
+    fn on_owner<T, F, Fut>(&self, namespace: &str, call: F) -> std::result::Result<T, Status>
+    where
+        F: Fn(ShardClient, std::time::Duration) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<T>, Status>>,
+    {
+        let members = self.shards.members()?;
+        let owner = (xxh3_64(namespace.as_bytes()) % members.shards() as u64) as usize;
+        let deadline = crate::interrupt::deadline();
+        self.runtime
+            .block_on(self.shards.call_one(&members, owner, deadline, call))
+    }
+
+    fn append_pieces(&self, namespace: &str, pieces: Vec<spb::LivePiece>) -> Result<()> {
+        let ask = spb::LiveAppendRequest {
+            namespace: namespace.to_string(),
+            pieces,
+        };
+        self.on_owner(namespace, |mut c, t| {
+            let ask = ask.clone();
+            async move { c.live_append(request(ask, t)).await }
+        })
+        .map(|_| ())
+        .map_err(remote)
+    }
+}
+
+/// A document id no shard server's own counter reaches: the high bit set, the rest random.
+fn document_id() -> u64 {
+    let random = getrandom::u64().unwrap_or_else(|_| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    });
+    random | 1 << 63
+}
+
+impl LiveStore for RemoteLive {
+    fn new_document(&self) -> u64 {
+        document_id()
+    }
+
+    fn append(&self, namespace: &str, doc: u64, tokens: &[u32]) -> Result<()> {
+        let piece = spb::LivePiece {
+            doc,
+            tokens: tokens.to_vec(),
+        };
+        self.append_pieces(namespace, vec![piece])
+    }
+
+    fn add_documents(&self, namespace: &str, docs: &[Vec<u32>]) -> Result<()> {
+        let pieces = docs
+            .iter()
+            .map(|d| spb::LivePiece {
+                doc: document_id(),
+                tokens: d.clone(),
+            })
+            .collect();
+        self.append_pieces(namespace, pieces)
+    }
+
+    fn continuations(
+        &self,
+        namespace: &str,
+        pattern: &[u32],
+        samples: usize,
+        depth: usize,
+    ) -> (Vec<Vec<u32>>, usize) {
+        let from = pattern
+            .len()
+            .saturating_sub(crate::live::namespace::MAX_MATCH);
+        let ask = spb::LiveContinuationsRequest {
+            namespace: namespace.to_string(),
+            pattern: pattern[from..].to_vec(),
+            samples: samples as u32,
+            depth: depth as u32,
+        };
+        let answer = self.on_owner(namespace, |mut c, t| {
+            let ask = ask.clone();
+            async move { c.live_continuations(request(ask, t)).await }
+        });
+        match answer {
+            Ok(a) => (
+                a.continuations.into_iter().map(|c| c.tokens).collect(),
+                a.match_len as usize,
+            ),
+            Err(status) => {
+                tracing::warn!(namespace, error = %status, "no live draft: the namespace's owner did not answer");
+                (Vec::new(), 0)
+            }
+        }
+    }
+}
