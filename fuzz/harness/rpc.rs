@@ -30,7 +30,7 @@ use tonic::{Code, Request, Status};
 use super::tiny;
 
 /// RPCs in the order the selector byte picks them (new ones go last, so kept inputs keep their RPC).
-const RPCS: [&str; 16] = [
+const RPCS: [&str; 18] = [
     "Info",
     "Tokenize",
     "Detokenize",
@@ -48,6 +48,8 @@ const RPCS: [&str; 16] = [
     "Shard/Continuations",
     "Shard/ScoreTokens",
     "Shard/SearchDocuments",
+    "Shard/LiveAppend",
+    "Shard/LiveContinuations",
 ];
 const PAST_DEADLINE: u8 = 0x80;
 
@@ -164,6 +166,10 @@ impl Fixture {
             "Shard/Continuations" => unary!(Shard, continuations, spb::ContinuationsRequest),
             "Shard/ScoreTokens" => unary!(Shard, score_tokens, spb::ScoreTokensRequest),
             "Shard/SearchDocuments" => unary!(Shard, search_documents, spb::SearchRequest),
+            "Shard/LiveAppend" => unary!(Shard, live_append, spb::LiveAppendRequest),
+            "Shard/LiveContinuations" => {
+                unary!(Shard, live_continuations, spb::LiveContinuationsRequest)
+            }
             "Info" => unary!(info, pb::InfoRequest),
             "Tokenize" => unary!(tokenize, pb::TokenizeRequest),
             "Detokenize" => unary!(detokenize, pb::DetokenizeRequest),
@@ -476,6 +482,31 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                     strides: vec![2],
                     maxnum: 2,
                     max_disp_len: 4,
+                },
+            ),
+        ),
+        (
+            "shard-live-append",
+            seed(
+                "Shard/LiveAppend",
+                &spb::LiveAppendRequest {
+                    namespace: "fuzz".into(),
+                    pieces: vec![spb::LivePiece {
+                        doc: 1 << 63 | 7,
+                        tokens: vec![259, 97, 256, 261],
+                    }],
+                },
+            ),
+        ),
+        (
+            "shard-live-continuations",
+            seed(
+                "Shard/LiveContinuations",
+                &spb::LiveContinuationsRequest {
+                    namespace: "fuzz".into(),
+                    pattern: vec![259, 97],
+                    samples: 4,
+                    depth: 3,
                 },
             ),
         ),

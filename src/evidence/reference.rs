@@ -13,6 +13,12 @@ use crate::mix::MixError;
 pub trait ReferenceData: Send + Sync {
     fn vocab_size(&self) -> u64;
 
+    /// Whether its answers come over the network (shard servers): callers then overlap requests on
+    /// threads of their own rather than hold compute workers while they wait.
+    fn waits_on_network(&self) -> bool {
+        false
+    }
+
     /// Refuses ids outside the vocabulary.
     fn check_ids(&self, ids: &[u32]) -> Result<(), IndexError>;
 

@@ -65,13 +65,7 @@ async fn step(
         })
         .collect();
     let ids: Vec<(u64, bool)> = parts.iter().map(|(p, _)| (p.id, p.finish)).collect();
-    let outcomes = on_pool(state, None, move |st| {
-        Ok(parts
-            .into_par_iter()
-            .map(|(part, target)| run_part(st, part, target))
-            .collect::<Vec<_>>())
-    })
-    .await;
+    let outcomes = on_pool(state, None, move |st| Ok(run_parts(st, parts))).await;
     let sequences = match outcomes {
         Ok(outcomes) => ids
             .into_iter()
@@ -90,6 +84,48 @@ async fn step(
             .collect(),
     };
     pb::BatchStepResult { sequences }
+}
+
+/// Most threads of one step's parts that wait on shard servers at once.
+const WAITING_THREADS: usize = 16;
+
+/// Runs every part of a step, in order: on rayon's pool when the evidence is in this process; on
+/// threads of their own when it comes from shard servers (a router), so the parts' network waits
+/// overlap and hold none of the workers the model's kernels run on.
+fn run_parts(st: &State, parts: Vec<(pb::SequenceStep, Target)>) -> Vec<PartOutcome> {
+    if !st.reference.waits_on_network() {
+        return parts
+            .into_par_iter()
+            .map(|(part, target)| run_part(st, part, target))
+            .collect();
+    }
+    let per_thread = parts.len().div_ceil(WAITING_THREADS).max(1);
+    let mut groups: Vec<Vec<(pb::SequenceStep, Target)>> = Vec::new();
+    for (i, part) in parts.into_iter().enumerate() {
+        if i % per_thread == 0 {
+            groups.push(Vec::with_capacity(per_thread));
+        }
+        if let Some(group) = groups.last_mut() {
+            group.push(part);
+        }
+    }
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = groups
+            .into_iter()
+            .map(|group| {
+                scope.spawn(move || {
+                    group
+                        .into_iter()
+                        .map(|(part, target)| run_part(st, part, target))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
 }
 
 /// The sequence `part` names: open, to be started, or refused (twice in a step, started twice,

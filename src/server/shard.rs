@@ -120,7 +120,8 @@ fn continuations(
     Ok(spb::ContinuationsAnswer {
         suffix_len: part.suffix_len as u32,
         prompt_cnt: part.prompt_cnt,
-        dist: runs(part.dist),
+        dist_tokens: part.dist.keys().copied().collect(),
+        dist_counts: part.dist.values().copied().collect(),
         samples: samples(part.samples),
         spread,
         single,

@@ -842,6 +842,45 @@ async fn mixing_scoring_drafts_and_sessions(
         want.state.as_mut().unwrap().session_id = 0;
         assert_eq!(got, want);
     }
+    // A Batch step of two sequences, each started, appended and mixed (with the model's cache).
+    let batch_step = |doc_a: &[u32], doc_b: &[u32]| pb::BatchStep {
+        sequences: [(1, doc_a), (2, doc_b)]
+            .into_iter()
+            .map(|(id, d)| pb::SequenceStep {
+                id,
+                start: Some(pb::SessionStart {
+                    context: d[..d.len() / 2].to_vec(),
+                    use_model: true,
+                    ..Default::default()
+                }),
+                append: d[d.len() / 2..d.len() / 2 + 2].to_vec(),
+                mix: Some(pb::SessionMix {
+                    neural: Some(pb::session_mix::Neural::OwnModel(true)),
+                    top_k: 8,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .collect(),
+    };
+    let mut batch_answers = Vec::new();
+    for client in [&mut *router_a, &mut *reference] {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let mut answers = client
+            .batch(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        tx.send(batch_step(&docs[1], &docs[2])).await.unwrap();
+        let mut answer = answers.message().await.unwrap().unwrap();
+        for s in &mut answer.sequences {
+            assert!(s.error.is_none(), "{s:?}");
+            s.state.as_mut().unwrap().session_id = 0;
+        }
+        batch_answers.push(answer);
+    }
+    assert_eq!(batch_answers[0], batch_answers[1]);
+
     let got = step(&tx_r, &mut rx_r, Step::Draft(Default::default())).await;
     let Some(pb::session_response::Result::Draft(got)) = got.result else {
         panic!("no draft in the session's answer: {got:?}");

@@ -71,11 +71,21 @@ fn pairs(runs: Vec<spb::TokenRun>) -> Vec<(u32, u64)> {
     runs.into_iter().map(|r| (r.token, r.count)).collect()
 }
 
+/// A shard's answer whose distribution arrays pair up (a malformed one would merge wrongly).
+fn checked(a: spb::ContinuationsAnswer) -> Result<spb::ContinuationsAnswer, Status> {
+    match a.dist_tokens.len() == a.dist_counts.len() {
+        true => Ok(a),
+        false => Err(Status::failed_precondition(
+            "a shard server answered a distribution whose tokens and counts differ in number",
+        )),
+    }
+}
+
 fn continuations_of(a: spb::ContinuationsAnswer) -> PartialContinuations {
     PartialContinuations {
         suffix_len: a.suffix_len as usize,
         prompt_cnt: a.prompt_cnt,
-        dist: pairs(a.dist).into_iter().collect(),
+        dist: a.dist_tokens.into_iter().zip(a.dist_counts).collect(),
         samples: a
             .samples
             .into_iter()
@@ -209,8 +219,8 @@ impl RouterService {
         let Answered { parts, missing } = fanned.complete(allow_partial)?;
         let parts = parts
             .into_iter()
-            .map(|(_, a)| continuations_of(a))
-            .collect();
+            .map(|(_, a)| checked(a).map(continuations_of))
+            .collect::<Result<_, Status>>()?;
         Ok((parts, missing))
     }
 

@@ -17,7 +17,7 @@ use tokio::runtime::Handle;
 use tonic::Status;
 
 use super::shards::{request, Answered, Members, ShardSet};
-use super::{continuations_of, spread_of};
+use super::{checked, continuations_of, spread_of};
 use crate::cluster::merge;
 use crate::evidence::{Followed, ReferenceData};
 use crate::index::dense::{TokenEvidence, TokenScore};
@@ -101,7 +101,10 @@ impl RemoteReference {
                 })
                 .await?;
             let Answered { parts, .. } = fanned.complete(false)?;
-            Ok(parts.into_iter().map(|(k, a)| (local[k], a)).collect())
+            parts
+                .into_iter()
+                .map(|(k, a)| Ok((local[k], checked(a)?)))
+                .collect()
         })
     }
 
@@ -209,6 +212,10 @@ fn changed_set() -> MixError {
 impl ReferenceData for RemoteReference {
     fn vocab_size(&self) -> u64 {
         self.vocab_size
+    }
+
+    fn waits_on_network(&self) -> bool {
+        true
     }
 
     fn check_ids(&self, ids: &[u32]) -> Result<(), IndexError> {
