@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use infini_sidecar::index::{Index, OpenOptions};
-use infini_sidecar::live::{LiveConfig, LiveError, LiveIndex, Vocabulary};
+use infini_sidecar::live::{LiveConfig, LiveError, LiveIndex, LiveStore, Vocabulary};
 use infini_sidecar::server::config::ServeConfig;
 
 fn env_tokens(name: &str, default: u64) -> u64 {

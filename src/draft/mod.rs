@@ -151,7 +151,6 @@ struct Reference {
 
 impl Sequence {
     pub fn new(reference: &dyn ReferenceData, context: Vec<u32>) -> Result<Self> {
-        reference.check_ids(&context)?;
         let followed = reference.follow(&context)?;
         let mut lookup = PromptLookup::default();
         lookup.extend(&context, 0);

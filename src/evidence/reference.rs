@@ -22,7 +22,7 @@ pub trait ReferenceData: Send + Sync {
     /// Refuses ids outside the vocabulary.
     fn check_ids(&self, ids: &[u32]) -> Result<(), IndexError>;
 
-    /// The exact ∞-gram distribution after `context`.
+    /// The exact ∞-gram distribution after `context`; refuses ids outside the vocabulary.
     fn infgram(&self, context: &[u32]) -> Result<InfgramNtdResult, IndexError>;
 
     /// The gate's view of the next token after `context`, whose ∞-gram answer is `infgram`.
@@ -35,7 +35,7 @@ pub trait ReferenceData: Send + Sync {
     /// The dense score of every token of `tokens`, and the gate's view of each.
     fn document(&self, tokens: &[u32]) -> Result<(Vec<TokenScore>, Vec<InfgramContext>), MixError>;
 
-    /// Starts following a sequence being decoded (ids must have been checked).
+    /// Starts following a sequence being decoded; refuses ids outside the vocabulary.
     fn follow(&self, seq: &[u32]) -> Result<Followed, IndexError>;
 
     /// Takes in the tokens of `seq` from `from` on, appended since the last call.
@@ -91,10 +91,25 @@ fn followed_elsewhere() -> IndexError {
 }
 
 impl Followed {
-    fn local(&mut self) -> Result<&mut SuffixMatch, IndexError> {
+    fn local(&self) -> Result<&SuffixMatch, IndexError> {
         match self {
             Followed::Local(m) => Ok(m),
             Followed::Remote(_) => Err(followed_elsewhere()),
+        }
+    }
+
+    fn local_mut(&mut self) -> Result<&mut SuffixMatch, IndexError> {
+        match self {
+            Followed::Local(m) => Ok(m),
+            Followed::Remote(_) => Err(followed_elsewhere()),
+        }
+    }
+
+    /// The shards' answer a router keeps.
+    pub(crate) fn remote(&self) -> Result<&InfgramNtdResult, IndexError> {
+        match self {
+            Followed::Remote(a) => Ok(a),
+            Followed::Local(_) => Err(followed_elsewhere()),
         }
     }
 }
@@ -131,7 +146,7 @@ impl ReferenceData for Index {
     }
 
     fn advance(&self, followed: &mut Followed, seq: &[u32], from: usize) -> Result<(), IndexError> {
-        let m = followed.local()?;
+        let m = followed.local_mut()?;
         for end in from + 1..=seq.len() {
             m.advance(self, &seq[..end]);
         }
@@ -139,15 +154,12 @@ impl ReferenceData for Index {
     }
 
     fn truncate(&self, followed: &mut Followed, seq: &[u32]) -> Result<(), IndexError> {
-        followed.local()?.truncate(self, seq);
+        followed.local_mut()?.truncate(self, seq);
         Ok(())
     }
 
     fn infgram_followed(&self, followed: &Followed) -> Result<InfgramNtdResult, IndexError> {
-        match followed {
-            Followed::Local(m) => m.infgram_ntd(self, None),
-            Followed::Remote(_) => Err(followed_elsewhere()),
-        }
+        followed.local()?.infgram_ntd(self, None)
     }
 
     fn continuations(
@@ -157,9 +169,6 @@ impl ReferenceData for Index {
         samples: usize,
         depth: usize,
     ) -> Result<Vec<Vec<u32>>, IndexError> {
-        match followed {
-            Followed::Local(m) => Ok(m.continuations(self, samples, depth)),
-            Followed::Remote(_) => Err(followed_elsewhere()),
-        }
+        Ok(followed.local()?.continuations(self, samples, depth))
     }
 }

@@ -245,80 +245,6 @@ impl LiveIndex {
         &self.inner.vocab
     }
 
-    /// A new document's id, for [`LiveIndex::append`].
-    pub fn new_document(&self) -> u64 {
-        self.inner.next_document()
-    }
-
-    /// Appends `tokens` to document `doc` of `namespace` (created at its first append). The ids are
-    /// checked first, so a bad one changes nothing.
-    pub fn append(&self, namespace: &str, doc: u64, tokens: &[u32]) -> Result<()> {
-        if let Some(bad) = tokens
-            .iter()
-            .find(|&&t| t as u64 >= self.inner.vocab.vocab_size)
-        {
-            return Err(LiveError::Invalid(format!(
-                "token id {bad} is outside the vocabulary (size {})",
-                self.inner.vocab.vocab_size
-            )));
-        }
-        let ns = self.namespace_or_create(namespace)?;
-        let full = {
-            let mut state = ns.write();
-            // Compaction far behind (or failing): refuse rather than grow without bound.
-            let behind = 4 * self.inner.config.freeze_tokens;
-            if tokens.len() as u64 > behind {
-                return Err(LiveError::Invalid(format!(
-                    "{} tokens at once is more than the live index takes in one piece ({behind}: 4 × freeze_tokens)",
-                    tokens.len()
-                )));
-            }
-            if (state.tail.tokens() + tokens.len()) as u64 > behind {
-                return Err(LiveError::Full(format!(
-                    "namespace {namespace:?} has {} tokens waiting to be compacted; try again shortly",
-                    state.tail.tokens()
-                )));
-            }
-            state.tail.append(doc, tokens);
-            state.tail.tokens() as u64 >= self.inner.config.freeze_tokens
-        };
-        if full {
-            self.inner.wake_compactor();
-        }
-        Ok(())
-    }
-
-    /// Adds whole documents to `namespace`.
-    pub fn add_documents(&self, namespace: &str, docs: &[Vec<u32>]) -> Result<()> {
-        for doc in docs {
-            self.append(namespace, self.new_document(), doc)?;
-        }
-        Ok(())
-    }
-
-    /// What followed the longest match of `pattern`'s end in `namespace` (nothing for a namespace
-    /// that holds nothing), and the match's length. Ids must have been checked.
-    pub fn continuations(
-        &self,
-        namespace: &str,
-        pattern: &[u32],
-        samples: usize,
-        depth: usize,
-    ) -> (Vec<Vec<u32>>, usize) {
-        let ns = {
-            let map = self
-                .inner
-                .namespaces
-                .read()
-                .unwrap_or_else(|e| e.into_inner());
-            map.get(namespace).cloned()
-        };
-        let from = pattern.len().saturating_sub(namespace::MAX_MATCH);
-        ns.map_or((Vec::new(), 0), |ns| {
-            ns.continuations(&pattern[from..], samples, depth)
-        })
-    }
-
     pub fn stats(&self) -> LiveStats {
         let mut stats = LiveStats::default();
         for ns in self.inner.namespaces() {
@@ -493,7 +419,8 @@ pub trait LiveStore: Send + Sync {
     /// A new document's id, for [`LiveStore::append`].
     fn new_document(&self) -> u64;
 
-    /// Appends `tokens` to document `doc` of `namespace` (created at its first append).
+    /// Appends `tokens` to document `doc` of `namespace` (created at its first append). The ids
+    /// are checked first, so a bad one changes nothing.
     fn append(&self, namespace: &str, doc: u64, tokens: &[u32]) -> Result<()>;
 
     /// Adds whole documents to `namespace`.
@@ -515,15 +442,50 @@ pub trait LiveStore: Send + Sync {
 
 impl LiveStore for LiveIndex {
     fn new_document(&self) -> u64 {
-        LiveIndex::new_document(self)
+        self.inner.next_document()
     }
 
     fn append(&self, namespace: &str, doc: u64, tokens: &[u32]) -> Result<()> {
-        LiveIndex::append(self, namespace, doc, tokens)
+        if let Some(bad) = tokens
+            .iter()
+            .find(|&&t| t as u64 >= self.inner.vocab.vocab_size)
+        {
+            return Err(LiveError::Invalid(format!(
+                "token id {bad} is outside the vocabulary (size {})",
+                self.inner.vocab.vocab_size
+            )));
+        }
+        let ns = self.namespace_or_create(namespace)?;
+        let full = {
+            let mut state = ns.write();
+            // Compaction far behind (or failing): refuse rather than grow without bound.
+            let behind = 4 * self.inner.config.freeze_tokens;
+            if tokens.len() as u64 > behind {
+                return Err(LiveError::Invalid(format!(
+                    "{} tokens at once is more than the live index takes in one piece ({behind}: 4 × freeze_tokens)",
+                    tokens.len()
+                )));
+            }
+            if (state.tail.tokens() + tokens.len()) as u64 > behind {
+                return Err(LiveError::Full(format!(
+                    "namespace {namespace:?} has {} tokens waiting to be compacted; try again shortly",
+                    state.tail.tokens()
+                )));
+            }
+            state.tail.append(doc, tokens);
+            state.tail.tokens() as u64 >= self.inner.config.freeze_tokens
+        };
+        if full {
+            self.inner.wake_compactor();
+        }
+        Ok(())
     }
 
     fn add_documents(&self, namespace: &str, docs: &[Vec<u32>]) -> Result<()> {
-        LiveIndex::add_documents(self, namespace, docs)
+        for doc in docs {
+            self.append(namespace, self.new_document(), doc)?;
+        }
+        Ok(())
     }
 
     fn continuations(
@@ -533,7 +495,18 @@ impl LiveStore for LiveIndex {
         samples: usize,
         depth: usize,
     ) -> (Vec<Vec<u32>>, usize) {
-        LiveIndex::continuations(self, namespace, pattern, samples, depth)
+        let ns = {
+            let map = self
+                .inner
+                .namespaces
+                .read()
+                .unwrap_or_else(|e| e.into_inner());
+            map.get(namespace).cloned()
+        };
+        let from = pattern.len().saturating_sub(namespace::MAX_MATCH);
+        ns.map_or((Vec::new(), 0), |ns| {
+            ns.continuations(&pattern[from..], samples, depth)
+        })
     }
 
     fn close(&self) {

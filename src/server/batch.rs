@@ -113,17 +113,25 @@ fn run_parts(st: &State, parts: Vec<(pb::SequenceStep, Target)>) -> Vec<PartOutc
         let threads: Vec<_> = groups
             .into_iter()
             .map(|group| {
-                scope.spawn(move || {
+                let parts = group.len();
+                let thread = scope.spawn(move || {
                     group
                         .into_iter()
                         .map(|(part, target)| run_part(st, part, target))
                         .collect::<Vec<_>>()
-                })
+                });
+                (parts, thread)
             })
             .collect();
         threads
             .into_iter()
-            .flat_map(|t| t.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .flat_map(|(parts, thread)| {
+                thread.join().unwrap_or_else(|_| {
+                    let failed =
+                        || PartOutcome::refused(Status::internal("the part's worker failed"));
+                    (0..parts).map(|_| failed()).collect()
+                })
+            })
             .collect()
     })
 }

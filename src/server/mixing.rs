@@ -204,9 +204,6 @@ pub(super) fn mix(s: &State, r: pb::MixRequest) -> Result<pb::MixResponse, Statu
     check_sequence_id(&r.sequence_id)?;
     let follows_sequence = !r.sequence_id.is_empty();
     let rule = LambdaChoice::resolve(r.lambda.map(Into::into), s, follows_sequence)?;
-    s.reference
-        .check_ids(&r.context)
-        .map_err(super::index_status)?;
     let infgram = s
         .reference
         .infgram(&r.context)

@@ -104,11 +104,11 @@ fn continuations(
 ) -> Result<spb::ContinuationsAnswer, Status> {
     s.check_len("the prompt", r.prompt.len())?;
     check_max_support(&s.limits, r.max_support)?;
-    let lengths = count_lengths(&r.count_lengths)?;
-    let index = s.index()?;
     if r.depth > 0 {
         return drafts(s, r);
     }
+    let lengths = count_lengths(&r.count_lengths)?;
+    let index = s.index()?;
     let cap = (r.max_support > 0).then_some(r.max_support);
     let part = index
         .partial_continuations(&r.prompt, r.infinite, cap)

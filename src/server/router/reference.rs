@@ -177,11 +177,12 @@ fn evidence_of(t: &spb::TokenEvidence) -> TokenEvidence {
     }
 }
 
-fn support_of(t: &spb::TokenEvidence) -> PartialContinuations {
+/// A position's support sample, taken out of the shard's evidence of it.
+fn support_of(t: &mut spb::TokenEvidence) -> PartialContinuations {
     continuations_of(spb::ContinuationsAnswer {
         suffix_len: t.suffix_len,
         prompt_cnt: t.prompt_cnt,
-        samples: t.support.clone(),
+        samples: std::mem::take(&mut t.support),
         spread: t.spread,
         single: t.single,
         ..Default::default()
@@ -247,14 +248,14 @@ impl ReferenceData for RemoteReference {
                     && a.suffix_counts.len() == counted((a.suffix_len as usize).min(tail.len())),
             )?;
         }
-        let counts: Vec<(usize, &[u64])> = answers
-            .iter()
-            .map(|(_, a)| (a.suffix_len as usize, a.suffix_counts.as_slice()))
-            .collect();
-        let support: Vec<PartialContinuations> = answers
-            .iter()
-            .map(|(_, a)| continuations_of(a.clone()))
-            .collect();
+        let (counts, support): (Vec<(usize, Vec<u64>)>, Vec<PartialContinuations>) = answers
+            .into_iter()
+            .map(|(_, mut a)| {
+                let counts = std::mem::take(&mut a.suffix_counts);
+                ((a.suffix_len as usize, counts), continuations_of(a))
+            })
+            .unzip();
+        let counts: Vec<(usize, &[u64])> = counts.iter().map(|(l, c)| (*l, c.as_slice())).collect();
         let score = step_score(infgram);
         if counts.iter().map(|(len, _)| *len).max() != Some(infgram.suffix_len) {
             return Err(changed_set());
@@ -272,7 +273,7 @@ impl ReferenceData for RemoteReference {
             count_lengths: lengths(),
         };
         let local = local_shards(&members);
-        let parts: Vec<Vec<spb::TokenEvidence>> = self.wait(async {
+        let mut parts: Vec<Vec<spb::TokenEvidence>> = self.wait(async {
             let fanned = self
                 .shards
                 .fan_out(&members, deadline, |mut c, t| {
@@ -302,7 +303,7 @@ impl ReferenceData for RemoteReference {
             .enumerate()
             .map(|(i, score)| {
                 let support: Vec<PartialContinuations> =
-                    parts.iter().map(|p| support_of(&p[i])).collect();
+                    parts.iter_mut().map(|p| support_of(&mut p[i])).collect();
                 let counts: Vec<(usize, &[u64])> = parts
                     .iter()
                     .map(|p| (p[i].suffix_len as usize, p[i].suffix_counts.as_slice()))
@@ -330,12 +331,7 @@ impl ReferenceData for RemoteReference {
     }
 
     fn infgram_followed(&self, followed: &Followed) -> Result<InfgramNtdResult, IndexError> {
-        match followed {
-            Followed::Remote(a) => Ok(a.clone()),
-            Followed::Local(_) => Err(IndexError::Invalid(
-                "the sequence is followed by another reference".into(),
-            )),
-        }
+        followed.remote().cloned()
     }
 
     fn continuations(
