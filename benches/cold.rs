@@ -19,14 +19,6 @@ use serde_json::json;
 
 const QUERIES: usize = 200;
 
-fn assets() -> PathBuf {
-    std::env::var_os("INFINI_SIDECAR_ASSETS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/infini-sidecar/assets")
-        })
-}
-
 /// Drops every file of `dir` from the page cache: first from this process's page tables (the open
 /// index's mappings, found in /proc/self/maps), then from the cache itself. Needs no privileges.
 #[cfg(target_os = "linux")]
@@ -102,14 +94,14 @@ fn percentiles(mut micros: Vec<f64>) -> serde_json::Value {
 fn main() {
     let dir = std::env::var_os("INFINI_SIDECAR_BENCH_INDEX")
         .map(PathBuf::from)
-        .unwrap_or_else(|| assets().join("index-minipile-train-decon-smollm2"));
+        .unwrap_or_else(|| common::assets().join("index-minipile-train-decon-smollm2"));
     let open = || Index::open(&dir, &OpenOptions::default()).unwrap();
     let index = open();
     let tokenizer = index
         .tokenizer()
         .cloned()
         .expect("the index has a tokenizer");
-    let windows: Vec<Vec<u32>> = common::test_documents(&assets(), &tokenizer, 64, QUERIES)
+    let windows: Vec<Vec<u32>> = common::test_documents(&common::assets(), &tokenizer, 64, QUERIES)
         .into_iter()
         .enumerate()
         .map(|(i, d)| {

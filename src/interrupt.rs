@@ -32,6 +32,20 @@ pub fn interrupted() -> bool {
         || CURRENT.with(|c| c.borrow().as_ref().is_some_and(StopSignal::is_stopped))
 }
 
+/// The stop signal of the request this thread works for: what worker threads (rayon's) need to
+/// see it, through [`run_under`].
+pub fn current() -> Option<StopSignal> {
+    CURRENT.with(|c| c.borrow().clone())
+}
+
+/// Runs `work` under `signal` when there is one (a request's work handed to another thread).
+pub fn run_under<T>(signal: Option<&StopSignal>, work: impl FnOnce() -> T) -> T {
+    match signal {
+        Some(s) => s.run(work),
+        None => work(),
+    }
+}
+
 /// When the request this thread works for must be answered by, if it has a deadline.
 pub fn deadline() -> Option<Instant> {
     CURRENT.with(|c| c.borrow().as_ref().and_then(|s| s.0.deadline))

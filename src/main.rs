@@ -231,8 +231,12 @@ struct BuildArgs {
     #[arg(long)]
     out: PathBuf,
     /// tokenizer.json, or a GGUF model whose metadata carries the tokenizer.
-    #[arg(long, required_unless_present = "from_tokens")]
+    #[arg(long, required_unless_present_any = ["from_tokens", "bytes"])]
     tokenizer: Option<PathBuf>,
+    /// Index raw UTF-8 bytes instead of a tokenizer's ids (1-byte tokens, eos 0xFE): one index
+    /// that mixes with every model, whatever its tokenizer.
+    #[arg(long, conflicts_with_all = ["tokenizer", "from_tokens", "eos_id", "vocab_size", "token_width"])]
+    bytes: bool,
     /// Token width in bits (8, 16, 32); default: the narrowest that fits the vocabulary.
     #[arg(long)]
     token_width: Option<u32>,
@@ -263,7 +267,7 @@ struct BuildArgs {
     next_token_min_count: u64,
     /// Evaluation text (files, folders, JSON lines): drop input documents whose n-grams mostly occur
     /// in it (paper §5).
-    #[arg(long, num_args = 1.., requires = "tokenizer")]
+    #[arg(long, num_args = 1.., conflicts_with = "from_tokens")]
     decontaminate: Vec<PathBuf>,
     /// n-gram length for --decontaminate.
     #[arg(long, default_value_t = decontam::DEFAULT_NGRAM)]
@@ -336,11 +340,10 @@ fn run_build(args: BuildArgs) -> Result<()> {
             .build_global()
             .context("setting up threads")?;
     }
-    let tokenizer = args
-        .tokenizer
-        .as_deref()
-        .map(Tokenizer::from_file)
-        .transpose()?;
+    let tokenizer = match &args.tokenizer {
+        Some(path) => Some(Tokenizer::from_file(path)?),
+        None => args.bytes.then(Tokenizer::utf8_bytes),
+    };
     let vocabulary = GivenVocabulary {
         vocab_size: args.vocab_size,
         token_width_bits: args.token_width,

@@ -12,6 +12,7 @@ use serde::de::IgnoredAny;
 use serde_json::{json, Map, Value};
 
 use crate::index::docs::SearchOptions;
+use crate::index::trace::{TraceOptions, TraceSpan};
 use crate::index::Index;
 
 /// Fields that belong to a query and are not copied through.
@@ -26,6 +27,8 @@ const QUERY_FIELDS: &[&str] = &[
     "max_disp_len",
     "max_clause_freq",
     "doc_ix",
+    "text",
+    "min_len",
 ];
 /// Fields only an answer writes: an input field of these names is not copied through, so that a
 /// successful answer never carries an `error`, nor a `latency` that is not ours.
@@ -131,7 +134,36 @@ fn answer_query(index: &Index, q: &Map<String, Value>) -> Result<String, String>
                 "sparse": scores.iter().map(|s| s.sparse).collect::<Vec<_>>(),
             }))
         }
-        other => Err(format!("unknown op {other:?} (count, prob, ntd, infgram_prob, infgram_ntd, find, search_docs, get_doc, score)")),
+        "trace" => {
+            let defaults = TraceOptions::default();
+            let opts = TraceOptions {
+                min_len: u64_of(q.get("min_len"), "min_len")?.map_or(defaults.min_len, |n| n as usize),
+                max_documents: u64_of(q.get("maxnum"), "maxnum")?.map_or(defaults.max_documents, |n| n.min(100) as usize),
+                max_disp_len: u64_of(q.get("max_disp_len"), "max_disp_len")?.map_or(defaults.max_disp_len, |n| n.min(1 << 20) as usize),
+                ..defaults
+            };
+            let ids = match q.get("text") {
+                Some(text) => {
+                    let text = text.as_str().ok_or("\"text\" must be a string")?;
+                    let tokenizer = index.tokenizer().ok_or("this index carries no tokenizer: give \"ids\"")?;
+                    tokenizer.encode(text).map_err(|err| err.to_string())?
+                }
+                None => ids_of(q.get("ids"), "ids")?,
+            };
+            let spans = index.trace(&ids, opts).map_err(e)?;
+            let text_of = |span: &TraceSpan| index.tokenizer().and_then(|t| t.decode(&ids[span.start..span.end]).ok());
+            to_text(json!({
+                "tokens": ids.len(),
+                "spans": spans.iter().map(|span| json!({
+                    "start": span.start,
+                    "end": span.end,
+                    "count": span.count,
+                    "text": text_of(span),
+                    "documents": span.documents,
+                })).collect::<Vec<_>>(),
+            }))
+        }
+        other => Err(format!("unknown op {other:?} (count, prob, ntd, infgram_prob, infgram_ntd, find, search_docs, get_doc, score, trace)")),
     }
 }
 

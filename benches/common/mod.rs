@@ -9,6 +9,16 @@ use infini_sidecar::corpus::{expand_inputs, text_documents, Content};
 use infini_sidecar::tokenizer::Tokenizer;
 use serde_json::json;
 
+/// The assets folder: `$INFINI_SIDECAR_ASSETS`, else `~/.cache/infini-sidecar/assets`.
+pub fn assets() -> std::path::PathBuf {
+    std::env::var_os("INFINI_SIDECAR_ASSETS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap())
+                .join(".cache/infini-sidecar/assets")
+        })
+}
+
 /// The first `count` mini-Pile test documents longer than `min_tokens`, tokenized; `assets` is the
 /// folder holding `minipile/`.
 pub fn test_documents(

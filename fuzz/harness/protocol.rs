@@ -68,6 +68,8 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("find", r#"{"op":"find","ids":[32]}"#),
         ("search", r#"{"op":"search_docs","cnf":[[[259],[260,261]],[[97]]],"maxnum":3,"max_disp_len":4,"max_clause_freq":2}"#),
         ("search-ids", r#"{"op":"search_docs","ids":[[[258]],[[98]]]}"#),
+        ("trace", r#"{"op":"trace","ids":[259,97,98,97],"min_len":1,"maxnum":2,"max_disp_len":4}"#),
+        ("trace-text", r#"{"op":"trace","text":"a b a b","min_len":2}"#),
         ("get-doc", "{\"op\":\"get_doc\",\"doc_ix\":0}\n{\"op\":\"get_doc\",\"doc_ix\":39}\n{\"op\":\"get_doc\",\"doc_ix\":40}"),
         ("score", r#"{"op":"score","ids":[259,97,256,98,261]}"#),
         ("errors", "{\"op\":\"count\",\"ids\":[-1]}\n[1,2]\nnot json\n\n{\"op\":\"nope\",\"error\":1}\r\n{\"ids\":[1]}"),

@@ -30,7 +30,7 @@ use tonic::{Code, Request, Status};
 use super::tiny;
 
 /// RPCs in the order the selector byte picks them (new ones go last, so kept inputs keep their RPC).
-const RPCS: [&str; 18] = [
+const RPCS: [&str; 20] = [
     "Info",
     "Tokenize",
     "Detokenize",
@@ -50,6 +50,8 @@ const RPCS: [&str; 18] = [
     "Shard/SearchDocuments",
     "Shard/LiveAppend",
     "Shard/LiveContinuations",
+    "Generate",
+    "Trace",
 ];
 const PAST_DEADLINE: u8 = 0x80;
 
@@ -181,6 +183,8 @@ impl Fixture {
             "Mix" => unary!(mix, pb::MixRequest),
             "Draft" => unary!(draft, pb::DraftRequest),
             "AddDocuments" => unary!(add_documents, pb::AddDocumentsRequest),
+            "Generate" => unary!(generate, pb::GenerateRequest),
+            "Trace" => unary!(trace, pb::TraceRequest),
             "Score" => {
                 let Ok(message) = pb::ScoreRequest::decode(body) else {
                     return;
@@ -425,6 +429,32 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     );
     past_deadline[0] |= PAST_DEADLINE;
     vec![
+        (
+            "generate",
+            seed(
+                "Generate",
+                &pb::GenerateRequest {
+                    prompt: vec![259, 97],
+                    max_new_tokens: 8,
+                    levels: Some(0),
+                    temperature: 1.0,
+                    seed: 3,
+                    ..Default::default()
+                },
+            ),
+        ),
+        (
+            "trace",
+            seed(
+                "Trace",
+                &pb::TraceRequest {
+                    text: "a b a b".into(),
+                    min_len: 1,
+                    maxnum: 2,
+                    ..Default::default()
+                },
+            ),
+        ),
         (
             "shard-count",
             seed(

@@ -7,16 +7,18 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 
 use infini_sidecar::draft::{spec, DraftOptions};
-use infini_sidecar::eval::documents::{load_documents, TokenBudget};
+use infini_sidecar::eval::backoff::{self as eval_backoff, BackoffEvalOptions};
+use infini_sidecar::eval::documents::{load_documents, load_documents_with, TokenBudget};
 use infini_sidecar::eval::experiment::{self, EvalInputs, FitSummary, Pairing};
 use infini_sidecar::eval::generation::{self, GenerationEvalOptions, Sampler};
 use infini_sidecar::eval::per_token::write_per_token;
 use infini_sidecar::eval::report as eval_report;
 use infini_sidecar::eval::spec::{self as eval_spec, SpecEvalOptions};
 use infini_sidecar::eval::workload;
+use infini_sidecar::index::backoff::{Backoff, Weighting};
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::mix::{GateOptions, LambdaRule, MixingParams};
-use infini_sidecar::model::{Model, WindowOptions};
+use infini_sidecar::model::{Model, ModelError, WindowOptions};
 
 use crate::cli::text;
 use crate::{load_model, open_writer, ModelArgs};
@@ -37,6 +39,9 @@ pub enum EvalCommand {
     /// Replays a workload file (chat requests with namespaces) in order through the decoding loop,
     /// with live indexes learning as it goes: speed-up cold vs warm, acceptance by source.
     Workload(WorkloadArgs),
+    /// The ∞-gram alone as a language model (selective back-off): perplexity and bits per byte of
+    /// documents for each k, and its generation speed.
+    Backoff(BackoffEvalArgs),
 }
 
 pub fn run(command: EvalCommand) -> Result<()> {
@@ -46,6 +51,7 @@ pub fn run(command: EvalCommand) -> Result<()> {
         EvalCommand::Spec(args) => run_spec(args),
         EvalCommand::Generate(args) => run_generate(args),
         EvalCommand::Workload(args) => run_workload(args),
+        EvalCommand::Backoff(args) => run_backoff(args),
     }
 }
 
@@ -455,4 +461,121 @@ fn run_workload(args: WorkloadArgs) -> Result<()> {
     }
     print!("{md}{}", text::wrote(&written));
     Ok(())
+}
+
+/// Selective back-off settings of `eval backoff` (the k come apart: one list to score, one to
+/// generate with).
+#[derive(Args)]
+pub struct BackoffArgs {
+    /// Weight of level i is decay^i.
+    #[arg(long, default_value_t = Backoff::default().decay)]
+    decay: f64,
+    /// How the levels mix: `counts` (decay^i times each level's counts, the post's rule) or
+    /// `distributions` (decay^i times each level's normalised distribution).
+    #[arg(long, default_value = "counts")]
+    weighting: Weighting,
+    /// Probability mass spread evenly over the vocabulary (keeps unseen tokens possible).
+    #[arg(long, default_value_t = Backoff::default().floor)]
+    floor: f64,
+}
+
+impl BackoffArgs {
+    /// The settings, every level (each k replaces it).
+    pub fn spec(&self) -> Backoff {
+        Backoff {
+            levels: None,
+            decay: self.decay,
+            weighting: self.weighting,
+            floor: self.floor,
+        }
+    }
+}
+
+/// A k: a number of levels, or `all` (`None`).
+#[derive(Debug, Clone, Copy)]
+pub struct Levels(pub Option<usize>);
+
+impl std::str::FromStr for Levels {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "all" => Ok(Levels(None)),
+            k => k
+                .parse::<usize>()
+                .ok()
+                .filter(|&k| k > 0)
+                .map(|k| Levels(Some(k)))
+                .ok_or_else(|| format!("a number of levels (1 or more) or \"all\", not {k:?}")),
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct BackoffEvalArgs {
+    /// A token or byte-level index (`index build --bytes`); documents are encoded with its tokenizer.
+    #[arg(long)]
+    index: PathBuf,
+    /// Pile-style JSON lines, text files or folders.
+    #[arg(long = "input", num_args = 1.., required = true)]
+    inputs: Vec<PathBuf>,
+    /// The k to score with, each a number of levels or `all`.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,5,all")]
+    levels: Vec<Levels>,
+    #[command(flatten)]
+    backoff: BackoffArgs,
+    /// Score only the first N tokens of each domain.
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// Tokens to generate for the speed figure; 0 for none.
+    #[arg(long, default_value_t = 500)]
+    generate: usize,
+    /// The k to generate with.
+    #[arg(long, default_value = "2")]
+    generate_levels: Levels,
+    #[arg(long, default_value = "First Citizen:\n")]
+    prompt: String,
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f64,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Also write the JSON report to this file.
+    #[arg(long)]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    format: text::Format,
+}
+
+fn run_backoff(args: BackoffEvalArgs) -> Result<()> {
+    let index = Index::open(&args.index, &OpenOptions::default())?;
+    let Some(tokenizer) = index.tokenizer().cloned() else {
+        bail!("{}: the index carries no tokenizer", args.index.display());
+    };
+    let encode = |text: &str| {
+        tokenizer
+            .encode(text)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))
+    };
+    let budget = args
+        .max_tokens
+        .map_or(TokenBudget::All, TokenBudget::PerDomain);
+    let docs = load_documents_with(&args.inputs, encode, budget, None)?;
+    let opts = BackoffEvalOptions {
+        levels: args.levels.iter().map(|l| l.0).collect(),
+        backoff: args.backoff.spec(),
+        generate: args.generate,
+        generate_levels: args.generate_levels.0,
+        prompt: tokenizer.encode(&args.prompt)?,
+        temperature: args.temperature,
+        seed: args.seed,
+    };
+    let report = eval_backoff::evaluate(&index, &tokenizer, &docs, &opts)?;
+    let mut written = Vec::new();
+    if let Some(path) = &args.output {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+        written.push(path.clone());
+    }
+    args.format.print(&report, || {
+        text::backoff_report(&report) + &text::wrote(&written)
+    })
 }

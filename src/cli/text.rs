@@ -8,6 +8,7 @@ use anyhow::Result;
 use clap::Args;
 use serde::Serialize;
 
+use infini_sidecar::eval::backoff::BackoffReport;
 use infini_sidecar::eval::experiment::{FitSummary, MIN_DOMAIN_TOKENS};
 use infini_sidecar::eval::neural::{ScoreReport, Totals};
 use infini_sidecar::eval::report::PplReport;
@@ -362,6 +363,7 @@ pub fn ppl_report(report: &PplReport) -> String {
         &marked("adaptive"),
         "Δ*",
         "helped / hurt*",
+        "bits/byte neural → *",
     ]);
     let ppl = |p: f64| format!("{p:.2}");
     for s in report
@@ -382,6 +384,14 @@ pub fn ppl_report(report: &PplReport) -> String {
             ppl(s.adaptive_perplexity),
             format!("{:.1}%", s.default_improvement),
             helped_hurt,
+            format!(
+                "{:.3} → {:.3}",
+                s.bits_per_byte.get("neural").copied().unwrap_or(f64::NAN),
+                s.bits_per_byte
+                    .get(&s.default_rule)
+                    .copied()
+                    .unwrap_or(f64::NAN)
+            ),
         ]);
     }
     out += &table.render();
@@ -404,13 +414,14 @@ pub fn score_report(report: &ScoreReport) -> String {
         "perplexity of {} ({}-token windows, stride {}):\n",
         report.model, report.window, report.stride
     );
-    let mut table = Table::new(&["domain", "documents", "tokens", "perplexity"]);
+    let mut table = Table::new(&["domain", "documents", "tokens", "perplexity", "bits/byte"]);
     let mut row = |name: &str, t: &Totals| {
         table.row([
             name.to_string(),
             count(t.documents as u64),
             count(t.tokens_scored as u64),
             format!("{:.2}", t.perplexity),
+            format!("{:.4}", t.bits_per_byte),
         ])
     };
     for (domain, t) in &report.by_domain {
@@ -439,6 +450,45 @@ pub fn generation(
         generation.prompt_ms,
         generation.decode_ms_per_token,
     )
+}
+
+/// `eval backoff`: perplexity and bits per byte per k and domain, then the generation.
+pub fn backoff_report(report: &BackoffReport) -> String {
+    let unit = if report.byte_level { "byte" } else { "token" };
+    let mut t = Table::new(&[
+        "k",
+        "domain",
+        "tokens",
+        "bytes",
+        "perplexity",
+        "bits/byte",
+        "s",
+    ]);
+    for r in &report.rows {
+        t.row([
+            r.levels.clone(),
+            r.domain.clone(),
+            count(r.tokens as u64),
+            count(r.bytes as u64),
+            format!("{:.2}", r.perplexity),
+            format!("{:.3}", r.bits_per_byte),
+            format!("{:.1}", r.seconds),
+        ]);
+    }
+    let mut out = format!(
+        "selective back-off, decay {}, {} weighting, floor {:e} (perplexity per {unit})\n{}",
+        report.decay,
+        report.weighting,
+        report.floor,
+        t.render()
+    );
+    if let Some(g) = &report.generation {
+        out += &format!(
+            "generated {} tokens ({} bytes) with k={} in {:.4} s: {:.0} bytes/s; median suffix length per level {:?}, matches {:?}\n{}\n",
+            g.tokens, g.bytes, g.levels, g.seconds, g.bytes_per_second, g.median_suffix_len, g.median_matches, g.text
+        );
+    }
+    out
 }
 
 #[cfg(test)]

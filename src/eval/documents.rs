@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use super::{EvalError, Result};
 use crate::corpus::{self, Content};
-use crate::model::Model;
+use crate::model::{Model, ModelError};
 
 /// One document to score, as the model's token ids (BOS included when the model wants one).
 #[derive(Debug, Clone)]
@@ -47,6 +47,21 @@ pub fn load_documents(
     budget: TokenBudget,
     max_doc_tokens: Option<usize>,
 ) -> Result<Vec<EvalDocument>> {
+    load_documents_with(
+        inputs,
+        |text| model.encode_document(text),
+        budget,
+        max_doc_tokens,
+    )
+}
+
+/// [`load_documents`] with another encoder than a model's (an index's tokenizer, or UTF-8 bytes).
+pub fn load_documents_with(
+    inputs: &[PathBuf],
+    encode: impl Fn(&str) -> std::result::Result<Vec<u32>, ModelError>,
+    budget: TokenBudget,
+    max_doc_tokens: Option<usize>,
+) -> Result<Vec<EvalDocument>> {
     let files = corpus::expand_inputs(inputs)?;
     let mut used: BTreeMap<String, usize> = BTreeMap::new();
     let mut docs = Vec::new();
@@ -65,13 +80,11 @@ pub fn load_documents(
         if left == Some(0) {
             continue;
         }
-        let mut tokens = model
-            .encode_document(&text)
-            .map_err(|source| EvalError::Tokenize {
-                index,
-                path: path.clone(),
-                source,
-            })?;
+        let mut tokens = encode(&text).map_err(|source| EvalError::Tokenize {
+            index,
+            path: path.clone(),
+            source,
+        })?;
         let keep = [left, max_doc_tokens].into_iter().flatten().min();
         if let Some(keep) = keep {
             tokens.truncate(keep);

@@ -158,6 +158,7 @@ pub fn ppl(
         (inputs.window.window, inputs.window.stride),
         &domains,
         params,
+        pairing.model.tokenizer(),
     )?;
     Ok((report, domains))
 }

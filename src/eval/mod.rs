@@ -2,6 +2,7 @@
 //! ∞-gram and mixed perplexities (`eval fit`, `eval ppl`, the per-token output), and speculative
 //! decoding (`eval spec`, and `eval workload` over a replayed workload with live indexes).
 
+pub mod backoff;
 pub mod documents;
 pub mod error;
 pub mod experiment;

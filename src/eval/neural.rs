@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use super::documents::EvalDocument;
 use super::Result;
+use crate::evidence::bits_per_byte;
 use crate::model::{DocumentScore, Model, WindowOptions};
 use crate::progress::token_bar;
 
@@ -17,24 +18,32 @@ pub struct DocumentReport {
     pub domain: String,
     pub path: String,
     pub tokens_scored: usize,
+    /// UTF-8 bytes of the scored tokens' text.
+    pub bytes_scored: usize,
     pub nll: f64,
     pub perplexity: f64,
+    pub bits_per_byte: f64,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Totals {
     pub documents: usize,
     pub tokens_scored: usize,
+    pub bytes_scored: usize,
     pub nll: f64,
     pub perplexity: f64,
+    /// Total NLL in bits over the UTF-8 bytes of the scored text: comparable across tokenizers.
+    pub bits_per_byte: f64,
 }
 
 impl Totals {
-    fn add(&mut self, tokens: usize, nll: f64) {
+    fn add(&mut self, tokens: usize, bytes: usize, nll: f64) {
         self.documents += 1;
         self.tokens_scored += tokens;
+        self.bytes_scored += bytes;
         self.nll += nll;
         self.perplexity = (self.nll / self.tokens_scored.max(1) as f64).exp();
+        self.bits_per_byte = bits_per_byte(self.nll, self.bytes_scored);
     }
 }
 
@@ -76,19 +85,23 @@ pub fn score_documents(
             .transformer()
             .score_document(&doc.tokens, opts, |n| bar.inc(n as u64))?;
         let (n, nll) = (score.positions.len(), score.nll());
-        report.total.add(n, nll);
+        // Tokens 1.. are scored (the first is the context of the first prediction).
+        let bytes = model.tokenizer().text_bytes(&doc.tokens[1..]);
+        report.total.add(n, bytes, nll);
         report
             .by_domain
             .entry(doc.domain.clone())
             .or_default()
-            .add(n, nll);
+            .add(n, bytes, nll);
         report.documents.push(DocumentReport {
             index: doc.index,
             domain: doc.domain.clone(),
             path: doc.path.clone(),
             tokens_scored: n,
+            bytes_scored: bytes,
             nll,
             perplexity: score.perplexity(),
+            bits_per_byte: bits_per_byte(nll, bytes),
         });
         scores.push(score);
     }

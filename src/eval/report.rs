@@ -10,6 +10,7 @@ use super::records::DomainRecords;
 use crate::evidence::{self, mix_tokens, usable_lambda, MixedToken, TokenRecord};
 use crate::mix::fit::{perplexity, TokenEvidence};
 use crate::mix::{improvement_percent, LambdaRule, MixError, MixingParams};
+use crate::tokenizer::Tokenizer;
 
 /// P∞(true token) above this counts as the ∞-gram agreeing with the text (paper §4).
 pub const AGREEMENT_PROB: f64 = 0.5;
@@ -47,6 +48,11 @@ pub struct Summary {
     pub sparse_share: f64,
     pub mean_effective_n: f64,
     pub median_effective_n: f64,
+    /// UTF-8 bytes of the scored tokens' text.
+    pub bytes_scored: usize,
+    /// Total NLL in bits over those bytes, for the neural model (`neural`) and each rule: what
+    /// compares models with different tokenizers.
+    pub bits_per_byte: BTreeMap<String, f64>,
 }
 
 /// A token counts as helped or hurt by mixing when its log-prob moved by more than this (1%): any
@@ -199,6 +205,7 @@ fn summarise(
     documents: usize,
     tokens: &[&TokenRecord],
     mixed: &RuleMixtures,
+    tokenizer: &Tokenizer,
 ) -> Summary {
     let unmixed: Vec<TokenEvidence> = tokens.iter().map(|t| t.evidence()).collect();
     let neural = perplexity(&unmixed, &vec![0.0; unmixed.len()]);
@@ -220,6 +227,25 @@ fn summarise(
     let agrees = |t: &&&TokenRecord| t.infgram_prob > AGREEMENT_PROB;
     let sparse: Vec<&&TokenRecord> = tokens.iter().filter(|t| t.sparse).collect();
     let n: Vec<usize> = tokens.iter().map(|t| t.effective_n()).collect();
+    let bytes: usize = tokens
+        .iter()
+        .map(|t| tokenizer.spelling(t.token).byte_len())
+        .sum();
+    let nll_of = |ppl: f64| ppl.ln() * tokens.len() as f64;
+    let mut bits_per_byte: BTreeMap<String, f64> = rules
+        .iter()
+        .map(|(r, m)| {
+            let name = r.name().to_string();
+            (
+                name,
+                evidence::bits_per_byte(nll_of(evidence::perplexity(m)), bytes),
+            )
+        })
+        .collect();
+    bits_per_byte.insert(
+        "neural".into(),
+        evidence::bits_per_byte(nll_of(neural), bytes),
+    );
     Summary {
         domain: domain.to_string(),
         documents,
@@ -242,6 +268,8 @@ fn summarise(
         sparse_share: share(sparse.len(), tokens.len()),
         mean_effective_n: n.iter().sum::<usize>() as f64 / n.len().max(1) as f64,
         median_effective_n: median(n),
+        bytes_scored: bytes,
+        bits_per_byte,
     }
 }
 
@@ -278,18 +306,25 @@ pub fn build_report(
     window: (usize, usize),
     domains: &[DomainRecords],
     params: &MixingParams,
+    tokenizer: &Tokenizer,
 ) -> Result<PplReport, MixError> {
     let mut by_domain = Vec::new();
     let mut all_mixed = RuleMixtures::empty(params);
     for d in domains {
         let tokens: Vec<&TokenRecord> = d.tokens.iter().collect();
         let mixed = RuleMixtures::of(d, params)?;
-        by_domain.push(summarise(&d.domain, d.documents, &tokens, &mixed));
+        by_domain.push(summarise(
+            &d.domain,
+            d.documents,
+            &tokens,
+            &mixed,
+            tokenizer,
+        ));
         all_mixed.extend(mixed);
     }
     let all: Vec<&TokenRecord> = domains.iter().flat_map(|d| &d.tokens).collect();
     let documents = domains.iter().map(|d| d.documents).sum();
-    let total = summarise("all", documents, &all, &all_mixed);
+    let total = summarise("all", documents, &all, &all_mixed, tokenizer);
     let perplexity_by_lambda = (0..=20)
         .map(|i| {
             let lambda = i as f64 / 20.0;
@@ -369,6 +404,28 @@ pub fn markdown(report: &PplReport) -> String {
             s.sparse_share * 100.0,
             s.mean_effective_n,
             s.median_effective_n,
+        );
+    }
+    out += "\nBits per byte (total NLL in bits over the UTF-8 bytes of the scored text):\n\n| domain | bytes | neural | λ1/λ2 | domain λ1/λ2 | gate | adaptive |\n|---|---|---|---|---|---|---|\n";
+    for s in report
+        .by_domain
+        .iter()
+        .chain(std::iter::once(&report.total))
+    {
+        let bpb = |rule: &str| {
+            s.bits_per_byte
+                .get(rule)
+                .map_or("–".into(), |v| format!("{v:.4}"))
+        };
+        out += &format!(
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
+            s.domain,
+            s.bytes_scored,
+            bpb("neural"),
+            bpb(LambdaRule::Split.name()),
+            bpb(LambdaRule::DomainSplit.name()),
+            bpb(LambdaRule::Gate.name()),
+            bpb(LambdaRule::Adaptive.name()),
         );
     }
     out += &format!(

@@ -200,6 +200,12 @@ pub fn perplexity(tokens: &[MixedToken]) -> f64 {
     (tokens.iter().map(|t| -t.logprob).sum::<f64>() / tokens.len() as f64).exp()
 }
 
+/// `nll` nats over `bytes` bytes of text, in bits a byte: what compares models whose tokenizers
+/// cut the same text into different numbers of tokens.
+pub fn bits_per_byte(nll: f64, bytes: usize) -> f64 {
+    nll / std::f64::consts::LN_2 / bytes.max(1) as f64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

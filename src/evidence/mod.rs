@@ -8,8 +8,8 @@ mod records;
 mod reference;
 
 pub use mixing::{
-    guard_copying, lambdas, mix_tokens, perplexity, step_lambda, usable_lambda, DecodeStep,
-    MixedToken, StepLambda,
+    bits_per_byte, guard_copying, lambdas, mix_tokens, perplexity, step_lambda, usable_lambda,
+    DecodeStep, MixedToken, StepLambda,
 };
 pub use records::{document_records, DocumentRecords, TokenRecord, RECORD_FORMAT};
 pub use reference::{Followed, ReferenceData};

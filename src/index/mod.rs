@@ -1,7 +1,9 @@
 //! The infini-gram engine: suffix-array indexes over tokenized text, built in shards, served from
 //! memory maps, answering n-gram and ∞-gram queries (paper §2, §3, App. A).
 
+pub mod backoff;
 pub mod build;
+pub mod bytes;
 pub mod decontam;
 pub mod dense;
 pub mod docs;
@@ -19,6 +21,7 @@ pub mod shard;
 pub mod split;
 pub mod suffix;
 pub mod token_file;
+pub mod trace;
 
 pub use error::{IndexError, Result};
 pub use format::TokenWidth;

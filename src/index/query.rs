@@ -121,6 +121,7 @@ impl Spread {
 }
 
 /// Per-shard ranges of one query, with the query's byte encoding.
+#[derive(Clone)]
 pub(crate) struct Matches {
     pub bytes: Vec<u8>,
     pub ranges: Vec<RankRange>,

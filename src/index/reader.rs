@@ -1,7 +1,9 @@
 //! Opening an index: finding its shards, checking every size against the others and the manifest,
 //! and refusing anything inconsistent before the first query can read garbage.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use crate::index::format::{Manifest, ShardPaths, TokenWidth, MANIFEST_FILE, TOKENIZER_FILE};
 use crate::index::next_table::NextTable;
@@ -30,6 +32,9 @@ pub struct Index {
     vocab_size: u64,
     manifest: Option<Manifest>,
     tokenizer: Option<Tokenizer>,
+    /// What follows the empty prompt (every token's count), once asked: the last back-off level
+    /// of every context, too long a walk to repeat (`index::backoff`).
+    pub(crate) unigram: OnceLock<BTreeMap<u32, u64>>,
 }
 
 fn shard_count(dir: &Path) -> usize {
@@ -139,6 +144,7 @@ impl Index {
             vocab_size,
             manifest,
             tokenizer,
+            unigram: OnceLock::new(),
         })
     }
 
@@ -165,6 +171,7 @@ impl Index {
             joined.shards.extend(part.shards);
         }
         joined.manifest = None;
+        joined.unigram = OnceLock::new();
         Ok(joined)
     }
 

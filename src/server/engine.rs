@@ -1,4 +1,5 @@
-//! The engine's RPCs: tokenizer, counts, next-token distributions and document search.
+//! The engine's RPCs: tokenizer, counts, next-token distributions, document search, the ∞-gram's
+//! own generation (selective back-off) and maximal matching spans.
 
 use std::collections::BTreeMap;
 
@@ -6,7 +7,9 @@ use tonic::Status;
 
 use super::config::Limits;
 use super::{check_len, check_max_support, index_status, pb, State};
-use crate::index::docs::{Cnf, SearchOptions, SearchResult};
+use crate::index::backoff::{Backoff, Weighting};
+use crate::index::docs::{Cnf, Document, SearchOptions, SearchResult};
+use crate::index::trace::TraceOptions;
 use crate::mix::MixingParams;
 use crate::model::Model;
 
@@ -201,20 +204,20 @@ pub(super) fn search_response(
         cnt: found.cnt,
         doc_cnt: found.doc_cnt,
         approx: found.approx,
-        documents: found
-            .documents
-            .into_iter()
-            .map(|d| pb::Document {
-                doc_ix: d.doc_ix,
-                doc_len: d.doc_len,
-                disp_len: d.disp_len,
-                needle_offset: d.needle_offset,
-                metadata: d.metadata.unwrap_or_default(),
-                token_ids: d.token_ids,
-                text: d.text.unwrap_or_default(),
-            })
-            .collect(),
+        documents: found.documents.into_iter().map(document).collect(),
         partial,
+    }
+}
+
+fn document(d: Document) -> pb::Document {
+    pb::Document {
+        doc_ix: d.doc_ix,
+        doc_len: d.doc_len,
+        disp_len: d.disp_len,
+        needle_offset: d.needle_offset,
+        metadata: d.metadata.unwrap_or_default(),
+        token_ids: d.token_ids,
+        text: d.text.unwrap_or_default(),
     }
 }
 
@@ -231,4 +234,111 @@ pub(super) fn token_probs(dist: &BTreeMap<u32, u64>) -> Vec<pb::TokenProb> {
             cont_cnt: c,
         })
         .collect()
+}
+
+/// Tokens a `Generate` request may ask for. Each costs a search or two per level and a distribution
+/// per level; the request's deadline stops a long one.
+const MAX_GENERATED_TOKENS: u32 = 8192;
+
+pub(super) fn generate(s: &State, r: pb::GenerateRequest) -> Result<pb::GenerateResponse, Status> {
+    check_len(&s.limits, "the prompt", r.prompt.len())?;
+    if r.max_new_tokens > MAX_GENERATED_TOKENS {
+        return Err(Status::invalid_argument(format!(
+            "max_new_tokens must be at most {MAX_GENERATED_TOKENS}"
+        )));
+    }
+    let defaults = Backoff::default();
+    let spec = Backoff {
+        levels: match r.levels {
+            None => defaults.levels,
+            Some(0) => None,
+            Some(k) => Some(k as usize),
+        },
+        decay: if r.decay == 0.0 {
+            defaults.decay
+        } else {
+            r.decay
+        },
+        weighting: if r.weigh_distributions {
+            Weighting::Distributions
+        } else {
+            Weighting::Counts
+        },
+        ..defaults
+    };
+    let index = s.index()?;
+    let made = index
+        .backoff_generate(
+            &r.prompt,
+            &spec,
+            r.max_new_tokens as usize,
+            r.temperature,
+            r.seed,
+        )
+        .map_err(index_status)?;
+    Ok(pb::GenerateResponse {
+        text: s.tokenizer.decode(&made.tokens).unwrap_or_default(),
+        steps: made
+            .levels
+            .iter()
+            .map(|levels| pb::GenerateStep {
+                levels: levels
+                    .iter()
+                    .map(|&(suffix_len, count)| pb::BackoffLevel {
+                        suffix_len: suffix_len as u32,
+                        count,
+                    })
+                    .collect(),
+            })
+            .collect(),
+        tokens: made.tokens,
+    })
+}
+
+pub(super) fn trace(s: &State, r: pb::TraceRequest) -> Result<pb::TraceResponse, Status> {
+    let ids = match (r.ids.is_empty(), r.text.is_empty()) {
+        (false, false) => {
+            return Err(Status::invalid_argument(
+                "give the ids or the text to trace, not both",
+            ))
+        }
+        (true, false) => s
+            .tokenizer
+            .encode(&r.text)
+            .map_err(|e| Status::invalid_argument(format!("tokenizing the text: {e}")))?,
+        _ => r.ids,
+    };
+    check_len(&s.limits, "the traced sequence", ids.len())?;
+    let defaults = TraceOptions::default();
+    let or_default = |v: u32, d: usize| if v == 0 { d } else { v as usize };
+    let opts = TraceOptions {
+        min_len: or_default(r.min_len, defaults.min_len),
+        max_documents: or_default(r.maxnum, defaults.max_documents),
+        max_disp_len: or_default(r.max_disp_len, defaults.max_disp_len),
+        max_shown_tokens: s.limits.max_message_bytes as u64 / BYTES_PER_SHOWN_TOKEN,
+    };
+    if opts.max_documents > s.limits.max_top_k {
+        return Err(Status::invalid_argument(format!(
+            "maxnum must be at most {}",
+            s.limits.max_top_k
+        )));
+    }
+    check_answer_size(&s.limits, opts.max_documents, opts.max_disp_len)?;
+    let spans = s.index()?.trace(&ids, opts).map_err(index_status)?;
+    Ok(pb::TraceResponse {
+        spans: spans
+            .into_iter()
+            .map(|span| pb::TraceSpan {
+                start: span.start as u32,
+                end: span.end as u32,
+                count: span.count,
+                text: s
+                    .tokenizer
+                    .decode(&ids[span.start..span.end])
+                    .unwrap_or_default(),
+                documents: span.documents.into_iter().map(document).collect(),
+            })
+            .collect(),
+        ids,
+    })
 }

@@ -155,7 +155,10 @@ impl Neural {
                     kernels: Some(kernels),
                     ..LoadOptions::default()
                 };
-                Model::load(path, &opts)
+                let model = Model::load(path, &opts)?;
+                // Bits per byte need every token's spelling: worked out now, not on a request.
+                model.tokenizer().spelling(0);
+                Ok::<_, crate::model::ModelError>(model)
             })
             .transpose()?;
         Ok(Self { mixing, model })
@@ -562,6 +565,24 @@ impl Sidecar for SidecarService {
         let deadline = deadline_of(&request);
         let r = request.into_inner();
         self.run(deadline, move |s| mixing::mix(s, r)).await
+    }
+
+    async fn generate(
+        &self,
+        request: Request<pb::GenerateRequest>,
+    ) -> Result<Response<pb::GenerateResponse>, Status> {
+        let deadline = deadline_of(&request);
+        let r = request.into_inner();
+        self.run(deadline, move |s| engine::generate(s, r)).await
+    }
+
+    async fn trace(
+        &self,
+        request: Request<pb::TraceRequest>,
+    ) -> Result<Response<pb::TraceResponse>, Status> {
+        let deadline = deadline_of(&request);
+        let r = request.into_inner();
+        self.run(deadline, move |s| engine::trace(s, r)).await
     }
 
     async fn draft(

@@ -32,6 +32,8 @@ const METHODS: &[&str] = &[
     "Session",
     "AddDocuments",
     "Batch",
+    "Generate",
+    "Trace",
     // sidecar.shard.v1, on shard servers.
     "Describe",
     "Continuations",

@@ -13,7 +13,7 @@ use tonic::Status;
 use super::kv_budget::KvReservation;
 use super::mixing::LambdaChoice;
 use super::{index_status, mix_status, pb, stop_status, stopped, State, WorkPermit};
-use crate::evidence::{document_records, mix_tokens, EvidenceError};
+use crate::evidence::{bits_per_byte, document_records, mix_tokens, EvidenceError};
 use crate::index::IndexError;
 use crate::interrupt::StopSignal;
 use crate::mix::{LambdaRule, MixError};
@@ -88,6 +88,7 @@ fn score_all(
         totals.tokens += scored.tokens;
         totals.neural_nll += scored.neural_nll;
         totals.mixed_nll += scored.mixed_nll;
+        totals.bytes += scored.bytes;
         let item = pb::score_response::Item::Document(scored);
         if tx
             .blocking_send(Ok(pb::ScoreResponse { item: Some(item) }))
@@ -100,6 +101,8 @@ fn score_all(
     let per_token = |nll: f64| (nll / totals.tokens.max(1) as f64).exp();
     totals.neural_perplexity = per_token(totals.neural_nll);
     totals.mixed_perplexity = per_token(totals.mixed_nll);
+    totals.neural_bits_per_byte = bits_per_byte(totals.neural_nll, totals.bytes as usize);
+    totals.mixed_bits_per_byte = bits_per_byte(totals.mixed_nll, totals.bytes as usize);
     let item = pb::score_response::Item::Totals(totals);
     let _ = tx.blocking_send(Ok(pb::ScoreResponse { item: Some(item) }));
     Ok(())
@@ -139,6 +142,7 @@ fn score_document(
     for (r, m) in records.iter().zip(&mixed) {
         out.neural_nll -= r.neural_logprob as f64;
         out.mixed_nll -= m.logprob;
+        out.bytes += model.tokenizer().spelling(r.token).byte_len() as u64;
         if per_token {
             out.token_scores.push(pb::TokenScore {
                 token: r.token,
@@ -151,5 +155,7 @@ fn score_document(
             });
         }
     }
+    out.neural_bits_per_byte = bits_per_byte(out.neural_nll, out.bytes as usize);
+    out.mixed_bits_per_byte = bits_per_byte(out.mixed_nll, out.bytes as usize);
     Ok(out)
 }

@@ -1,9 +1,14 @@
 //! Tokenizers, from a `tokenizer.json` or rebuilt from a GGUF model's metadata, with a fingerprint that
-//! says whether two tokenizers give token ids the same meaning.
+//! says whether two tokenizers give token ids the same meaning; and the UTF-8 byte "tokenizer" of
+//! byte-level indexes (one index for every model's tokenizer, see [`crate::index::bytes`]).
 
 pub mod gguf;
+mod spelling;
+
+pub use spelling::Spelling;
 
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
@@ -28,33 +33,70 @@ const GGUF_CONTROL: u64 = 3;
 
 #[derive(Clone)]
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    engine: Engine,
     fingerprint: String,
     source: String,
     eos_token_id: Option<u32>,
+    /// Every token's bytes, worked out on first use (only byte-level mixing asks).
+    spellings: Arc<OnceLock<Vec<Spelling>>>,
 }
 
+#[derive(Clone)]
+enum Engine {
+    /// A Hugging Face tokenizer: BPE, SentencePiece-style, with its added tokens.
+    Hf(Box<tokenizers::Tokenizer>),
+    /// Token id = byte value of UTF-8 text, [`BYTE_EOS`] for document ends.
+    Utf8Bytes,
+}
+
+/// Vocabulary of the byte tokenizer: every byte value but 0xFF, which is the 1-byte separator. UTF-8
+/// never uses 0xFE or 0xFF, so text gives ids up to 0xF4 and 0xFE is free to mean end of document.
+pub const BYTE_VOCAB_SIZE: u64 = 255;
+/// The byte tokenizer's end of document (a byte UTF-8 never holds).
+pub const BYTE_EOS: u32 = 0xFE;
+/// What a byte index's `tokenizer.json` holds: a marker, not a Hugging Face tokenizer.
+const BYTES_JSON: &str = r#"{"infini_sidecar_tokenizer":"utf8-bytes"}"#;
+const BYTES_FINGERPRINT: &str = "utf8-bytes";
+
 impl Tokenizer {
-    /// Loads a `tokenizer.json`, or the tokenizer inside a `.gguf` model file.
+    /// Loads a `tokenizer.json` (or a byte index's marker), or the tokenizer inside a `.gguf` model file.
     pub fn from_file(path: &Path) -> Result<Self> {
         if path.extension().is_some_and(|e| e == "gguf") {
             Self::from_gguf(path)
         } else {
-            let inner = tokenizers::Tokenizer::from_file(path)
+            let json = std::fs::read_to_string(path)
                 .map_err(|e| TokenizerError::Load(format!("{}: {e}", path.display())))?;
-            let eos = document_end_token(&inner);
-            Self::wrap(inner, path, eos)
+            Self::from_json(&json, &path.display().to_string())
         }
     }
 
     /// A tokenizer from `tokenizer.json` text (what [`Tokenizer::to_json`] writes), named `source`:
     /// how a router gets its shards' tokenizer.
     pub fn from_json(json: &str, source: &str) -> Result<Self> {
+        if json.trim() == BYTES_JSON {
+            return Ok(Self::utf8_bytes());
+        }
         let inner: tokenizers::Tokenizer = json
             .parse()
             .map_err(|e| TokenizerError::Load(format!("{source}: {e}")))?;
         let eos = document_end_token(&inner);
         Self::wrap(inner, Path::new(source), eos)
+    }
+
+    /// The tokenizer of byte-level indexes: UTF-8 bytes as ids (see [`BYTE_VOCAB_SIZE`]).
+    pub fn utf8_bytes() -> Self {
+        Tokenizer {
+            engine: Engine::Utf8Bytes,
+            fingerprint: BYTES_FINGERPRINT.to_owned(),
+            source: "UTF-8 bytes".to_owned(),
+            eos_token_id: Some(BYTE_EOS),
+            spellings: Arc::default(),
+        }
+    }
+
+    /// Whether ids are UTF-8 bytes (a byte-level index's tokenizer).
+    pub fn is_utf8_bytes(&self) -> bool {
+        matches!(self.engine, Engine::Utf8Bytes)
     }
 
     /// Rebuilds a byte-level BPE tokenizer from `tokenizer.ggml.*` metadata (GPT-2 style models such as
@@ -148,20 +190,24 @@ impl Tokenizer {
     ) -> Result<Self> {
         let fingerprint = fingerprint(&inner)?;
         Ok(Tokenizer {
-            inner,
+            engine: Engine::Hf(Box::new(inner)),
             fingerprint,
             source: source.display().to_string(),
             eos_token_id,
+            spellings: Arc::default(),
         })
     }
 
     /// Token ids of `text`, with no special tokens added. A text longer than [`PIECE_BYTES`] is
     /// encoded in pieces (see [`pieces`]), so memory stays bounded whatever the length of a document.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let inner = match &self.engine {
+            Engine::Hf(inner) => inner,
+            Engine::Utf8Bytes => return Ok(text.bytes().map(u32::from).collect()),
+        };
         let mut ids = Vec::new();
         for piece in pieces(text, PIECE_BYTES) {
-            let encoding = self
-                .inner
+            let encoding = inner
                 .encode_fast(piece, false)
                 .map_err(|e| TokenizerError::Run(e.to_string()))?;
             ids.extend_from_slice(encoding.get_ids());
@@ -170,13 +216,36 @@ impl Tokenizer {
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner
-            .decode(ids, false)
-            .map_err(|e| TokenizerError::Run(e.to_string()))
+        match &self.engine {
+            Engine::Hf(inner) => inner
+                .decode(ids, false)
+                .map_err(|e| TokenizerError::Run(e.to_string())),
+            Engine::Utf8Bytes => {
+                let bytes: Vec<u8> = ids
+                    .iter()
+                    .filter(|&&id| id < BYTE_EOS)
+                    .map(|&id| id as u8)
+                    .collect();
+                Ok(String::from_utf8_lossy(&bytes).into_owned())
+            }
+        }
     }
 
     pub fn vocab_size(&self) -> u64 {
-        self.inner.get_vocab_size(true) as u64
+        match &self.engine {
+            Engine::Hf(inner) => inner.get_vocab_size(true) as u64,
+            Engine::Utf8Bytes => BYTE_VOCAB_SIZE,
+        }
+    }
+
+    /// The bytes of token `id` in the text it stands for (see [`Spelling`]); ids past the
+    /// vocabulary have none.
+    pub fn spelling(&self, id: u32) -> &Spelling {
+        let all = self.spellings.get_or_init(|| match &self.engine {
+            Engine::Hf(inner) => spelling::of_vocabulary(inner, self.eos_token_id),
+            Engine::Utf8Bytes => spelling::of_bytes(),
+        });
+        all.get(id as usize).unwrap_or(&Spelling::Nothing)
     }
 
     /// The token that ends a document, which an index uses for document ends (see `document_end_token`).
@@ -192,11 +261,19 @@ impl Tokenizer {
         &self.source
     }
 
+    /// UTF-8 bytes of text that `ids` stand for: what bits per byte divide by.
+    pub fn text_bytes(&self, ids: &[u32]) -> usize {
+        ids.iter().map(|&id| self.spelling(id).byte_len()).sum()
+    }
+
     /// The tokenizer as `tokenizer.json` text, so an index can carry it.
     pub fn to_json(&self) -> Result<String> {
-        self.inner
-            .to_string(true)
-            .map_err(|e| TokenizerError::Run(e.to_string()))
+        match &self.engine {
+            Engine::Hf(inner) => inner
+                .to_string(true)
+                .map_err(|e| TokenizerError::Run(e.to_string())),
+            Engine::Utf8Bytes => Ok(BYTES_JSON.to_owned()),
+        }
     }
 }
 

@@ -3,8 +3,6 @@
 //! very end of the corpus, continuations at a separator, ids outside the vocabulary, queries longer than
 //! any document.
 
-use std::collections::BTreeMap;
-
 use infini_sidecar::corpus::{Content, InputDoc};
 use infini_sidecar::index::build::{build, BuildOptions};
 use infini_sidecar::index::docs::SearchOptions;
@@ -12,68 +10,9 @@ use infini_sidecar::index::next_table::NextTableSpec;
 use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
 use proptest::prelude::*;
 
-/// The corpus as documents, and the oracle answers computed from them alone.
-struct Oracle {
-    docs: Vec<Vec<u32>>,
-    eos: u32,
-}
+use crate::common::oracle::Oracle;
 
 impl Oracle {
-    fn occurrences(&self, q: &[u32]) -> Vec<(usize, usize)> {
-        let mut out = Vec::new();
-        for (d, doc) in self.docs.iter().enumerate() {
-            if q.len() <= doc.len() {
-                for i in 0..=doc.len() - q.len() {
-                    if &doc[i..i + q.len()] == q {
-                        out.push((d, i));
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    fn total_tokens(&self) -> u64 {
-        self.docs.iter().map(|d| d.len() as u64 + 1).sum()
-    }
-
-    fn count(&self, q: &[u32]) -> u64 {
-        if q.is_empty() {
-            self.total_tokens()
-        } else {
-            self.occurrences(q).len() as u64
-        }
-    }
-
-    /// Next-token counts; the end of a document (separator or end of corpus) is eos.
-    fn ntd(&self, prompt: &[u32]) -> BTreeMap<u32, u64> {
-        let mut dist = BTreeMap::new();
-        if prompt.is_empty() {
-            for doc in &self.docs {
-                *dist.entry(self.eos).or_insert(0) += 1; // the separator before it
-                for &t in doc {
-                    *dist.entry(t).or_insert(0) += 1;
-                }
-            }
-            return dist;
-        }
-        for (d, i) in self.occurrences(prompt) {
-            let next = self.docs[d]
-                .get(i + prompt.len())
-                .copied()
-                .unwrap_or(self.eos);
-            *dist.entry(next).or_insert(0) += 1;
-        }
-        dist
-    }
-
-    fn suffix_len(&self, prompt: &[u32]) -> usize {
-        (0..=prompt.len())
-            .rev()
-            .find(|&l| self.count(&prompt[prompt.len() - l..]) > 0)
-            .unwrap_or(0)
-    }
-
     /// Matches of a clause in document `d`: every occurrence of each of its n-grams.
     fn clause_matches(&self, d: usize, clause: &[Vec<u32>]) -> u64 {
         clause

@@ -4,6 +4,8 @@
 
 mod common;
 
+mod backoff;
+mod byte_level;
 mod cli;
 mod cluster;
 mod deploy;
@@ -24,3 +26,4 @@ mod server_hardening;
 mod server_load;
 mod server_model;
 mod spec_real;
+mod trace;

@@ -5,13 +5,16 @@ use crate::common;
 
 use common::server::{authed, build_index, config, open_session, start, step, Running};
 use infini_sidecar::draft::{DraftOptions, Sequence};
+use infini_sidecar::index::backoff::Backoff;
 use infini_sidecar::index::docs::SearchOptions;
+use infini_sidecar::index::trace::TraceOptions;
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::mix::features::GateFeatures;
 use infini_sidecar::mix::{
     self, LambdaRule, MixingParams, NeuralDistribution, SequenceTrust, SparseDistribution,
     NUM_FEATURES,
 };
+use infini_sidecar::server::config::ServeConfig;
 use infini_sidecar::server::pb::{self, draft_request, mix_request, session_request};
 use tonic::Code;
 
@@ -493,5 +496,148 @@ async fn adaptive_lambda_follows_each_sequence() {
     let err = client.mix(mix_call(30, &long_id)).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     drop(tx);
+    let _ = stop.send(());
+}
+
+/// `Generate` and `Trace` over a real server: a byte-level index (text in, spans over its bytes)
+/// and the token index, each answer equal to the library's, bad requests refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generate_and_trace_answer_as_the_library_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let texts = common::minipile_texts("train", 60, "");
+    let index = crate::byte_level::byte_index(dir.path(), &texts, None);
+    let Running {
+        mut client, stop, ..
+    } = start(ServeConfig {
+        mixing: None,
+        ..config(dir.path(), index.dir().to_path_buf(), false)
+    })
+    .await;
+
+    // A passage of an indexed document between two novel phrases.
+    let passage: String = texts[3].chars().skip(200).take(300).collect();
+    let inner: String = passage.chars().skip(10).take(280).collect();
+    let text = format!("Zqx wvk plorb: {passage} -- fnarg quux blee.");
+    let traced = client
+        .trace(pb::TraceRequest {
+            text: text.clone(),
+            min_len: 40,
+            maxnum: 2,
+            max_disp_len: 80,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let bytes: Vec<u32> = text.bytes().map(u32::from).collect();
+    assert_eq!(traced.ids, bytes);
+    let want = index
+        .trace(
+            &bytes,
+            TraceOptions {
+                min_len: 40,
+                max_documents: 2,
+                max_disp_len: 80,
+                ..TraceOptions::default()
+            },
+        )
+        .unwrap();
+    let got: Vec<(u32, u32, u64)> = traced
+        .spans
+        .iter()
+        .map(|s| (s.start, s.end, s.count))
+        .collect();
+    let want_spans: Vec<(u32, u32, u64)> = want
+        .iter()
+        .map(|s| (s.start as u32, s.end as u32, s.count))
+        .collect();
+    assert_eq!(got, want_spans);
+    assert!(
+        traced.spans.iter().any(|s| s.text.contains(&inner)),
+        "{:?}",
+        traced.spans.iter().map(|s| &s.text).collect::<Vec<_>>()
+    );
+
+    let prompt: Vec<u32> = b"The ".iter().map(|&b| u32::from(b)).collect();
+    for (levels, temperature) in [(None, 0.0), (Some(0), 1.0), (Some(3), 0.7)] {
+        let made = client
+            .generate(pb::GenerateRequest {
+                prompt: prompt.clone(),
+                max_new_tokens: 40,
+                levels,
+                temperature,
+                seed: 5,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let spec = Backoff {
+            levels: match levels {
+                None => Backoff::default().levels,
+                Some(0) => None,
+                Some(k) => Some(k as usize),
+            },
+            ..Backoff::default()
+        };
+        let want = index
+            .backoff_generate(&prompt, &spec, 40, temperature, 5)
+            .unwrap();
+        assert_eq!(made.tokens, want.tokens, "{levels:?}");
+        assert_eq!(made.steps.len(), want.levels.len());
+        assert_eq!(
+            made.text,
+            String::from_utf8_lossy(&want.tokens.iter().map(|&t| t as u8).collect::<Vec<_>>())
+        );
+    }
+
+    for (bad, what) in [
+        (
+            pb::TraceRequest {
+                ids: vec![97],
+                text: "a".into(),
+                ..Default::default()
+            },
+            "not both",
+        ),
+        (
+            pb::TraceRequest {
+                ids: vec![300],
+                ..Default::default()
+            },
+            "vocabulary",
+        ),
+        (
+            pb::TraceRequest {
+                text: "a".into(),
+                maxnum: 5000,
+                ..Default::default()
+            },
+            "maxnum",
+        ),
+    ] {
+        let err = client.trace(bad).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+        assert!(err.message().contains(what), "{}", err.message());
+    }
+    let err = client
+        .generate(pb::GenerateRequest {
+            prompt: prompt.clone(),
+            max_new_tokens: 1 << 20,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let err = client
+        .generate(pb::GenerateRequest {
+            prompt,
+            max_new_tokens: 4,
+            temperature: -1.0,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     let _ = stop.send(());
 }

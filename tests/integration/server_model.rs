@@ -492,6 +492,7 @@ async fn score_matches_eval_ppl_for_every_rule_and_lambda_0_and_1() {
         (window.window, window.stride),
         &domains,
         &params,
+        model.tokenizer(),
     )
     .unwrap();
     let unseen = domains
@@ -550,6 +551,8 @@ async fn score_matches_eval_ppl_for_every_rule_and_lambda_0_and_1() {
             panic!("totals missing");
         };
         assert_eq!(totals.tokens as usize, total.tokens_scored);
+        assert_eq!(totals.bytes as usize, total.bytes_scored);
+        assert!(rel(totals.neural_bits_per_byte, total.bits_per_byte["neural"]) < 1e-6);
         assert!(
             rel(totals.neural_perplexity, total.neural_perplexity) < 1e-6,
             "{lambda:?}: neural {} vs eval ppl {}",

@@ -1,6 +1,7 @@
 //! Shared helpers of the integration tests: the real assets fetched by `scripts/fetch_assets.py`.
 #![allow(dead_code)]
 
+pub mod oracle;
 pub mod server;
 
 use std::path::PathBuf;
@@ -36,6 +37,38 @@ pub fn smollm2_tokenizer() -> Tokenizer {
 pub fn minipile_docs(split: &str, n: usize) -> Vec<InputDoc> {
     let files = expand_inputs(&[assets().join(format!("minipile/{split}.jsonl"))]).unwrap();
     text_documents(files).take(n).map(|d| d.unwrap()).collect()
+}
+
+/// The texts of the first `n` documents of a mini-Pile split whose metadata holds `domain` (any
+/// domain for "").
+pub fn minipile_texts(split: &str, n: usize, domain: &str) -> Vec<String> {
+    let tag = format!("\"{domain}\"");
+    minipile_docs(split, usize::MAX)
+        .into_iter()
+        .filter(|d| domain.is_empty() || d.metadata.as_deref().is_some_and(|m| m.contains(&tag)))
+        .filter_map(|d| match d.content {
+            infini_sidecar::corpus::Content::Text(t) => Some(t),
+            infini_sidecar::corpus::Content::Tokens(_) => None,
+        })
+        .take(n)
+        .collect()
+}
+
+/// An index over `docs` (token ids, or texts with `opts.tokenizer`), opened.
+pub fn index_of<T: Clone>(
+    docs: &[T],
+    content: impl Fn(T) -> infini_sidecar::corpus::Content,
+    opts: &infini_sidecar::index::build::BuildOptions,
+) -> infini_sidecar::index::Index {
+    let input = docs.iter().map(|d| {
+        Ok(InputDoc {
+            content: content(d.clone()),
+            metadata: None,
+            input_bytes: 0,
+        })
+    });
+    infini_sidecar::index::build::build(input, opts).unwrap();
+    infini_sidecar::index::Index::open(&opts.out, &Default::default()).unwrap()
 }
 
 /// The first Brown document of the mini-Pile test split.

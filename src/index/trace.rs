@@ -1,0 +1,153 @@
+//! Maximal matching spans (OLMoTrace): the spans of a text, such as a model's output, that occur
+//! verbatim in the reference data and cannot grow on either side, with their counts and documents.
+//!
+//! For each start i, one search finds e(i), the end of the longest span from i that occurs. The
+//! span (i, e(i)) cannot grow to the right by definition, and it can grow to the left exactly when
+//! (i − 1, e(i)) occurs, that is when e(i − 1) ≥ e(i). So the maximal spans are those with
+//! e(i) > e(i − 1). The searches, one per suffix of the text, run in parallel chunks; within a
+//! chunk each starts from what the one before found (e(i) ≥ e(i − 1)). Each is exact (the engine's
+//! count), and each span's documents come from the document search, refused before it starts
+//! when the spans' documents would show more than `max_shown_tokens`.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::index::docs::{Document, SearchOptions};
+use crate::index::{Index, IndexError, Result};
+
+/// Longest text traced at once (tokens): one search per token, each up to the span's length.
+pub const MAX_TRACE_TOKENS: usize = 8192;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceOptions {
+    /// Shortest span reported (tokens).
+    pub min_len: usize,
+    /// Documents listed per span.
+    pub max_documents: usize,
+    /// Tokens shown of each document, around the span.
+    pub max_disp_len: usize,
+    /// Most document tokens shown over all spans (each span's shown documents times
+    /// `max_disp_len`): a trace that would show more is refused before its documents are read.
+    pub max_shown_tokens: u64,
+}
+
+impl Default for TraceOptions {
+    fn default() -> Self {
+        TraceOptions {
+            min_len: 8,
+            max_documents: 3,
+            max_disp_len: 64,
+            max_shown_tokens: 1 << 22,
+        }
+    }
+}
+
+/// A maximal matching span `ids[start..end]`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TraceSpan {
+    pub start: usize,
+    pub end: usize,
+    /// Occurrences in the reference data.
+    pub count: u64,
+    /// Places in documents that hold it (at most `max_documents`, spread over its matches as the
+    /// document search spreads them), each shown around the span.
+    pub documents: Vec<Document>,
+}
+
+impl Index {
+    /// The maximal spans of `ids` of at least `min_len` tokens that occur in the reference data.
+    pub fn trace(&self, ids: &[u32], opts: TraceOptions) -> Result<Vec<TraceSpan>> {
+        if ids.len() > MAX_TRACE_TOKENS {
+            return Err(IndexError::Invalid(format!(
+                "a trace takes at most {MAX_TRACE_TOKENS} tokens, not {}",
+                ids.len()
+            )));
+        }
+        self.check_ids(ids)?;
+        // Chunks of starts in parallel; within one, e(i) ≥ e(i − 1) lets each search start from
+        // what the last one found, so a chunk costs O(its length) searches, not O(length × span).
+        let signal = crate::interrupt::current();
+        let chunk = ids.len().div_ceil(rayon::current_num_threads()).max(32);
+        let starts: Vec<usize> = (0..ids.len()).step_by(chunk).collect();
+        let ends: Vec<(usize, u64)> = starts
+            .par_iter()
+            .map(|&from| {
+                let to = (from + chunk).min(ids.len());
+                crate::interrupt::run_under(signal.as_ref(), || self.longest_spans(ids, from..to))
+            })
+            .collect::<Result<Vec<_>>>()?
+            .concat();
+        let mut spans = Vec::new();
+        let mut prev_end = 0;
+        for (start, &(len, count)) in ends.iter().enumerate() {
+            let end = start + len;
+            if end > prev_end && len >= opts.min_len.max(1) {
+                spans.push((start, end, count));
+            }
+            prev_end = prev_end.max(end);
+        }
+        let shown: u64 = spans
+            .iter()
+            .map(|&(_, _, count)| count.min(opts.max_documents as u64))
+            .sum::<u64>()
+            .saturating_mul(opts.max_disp_len as u64);
+        if shown > opts.max_shown_tokens {
+            return Err(IndexError::Invalid(format!(
+                "the {} spans' documents would show {shown} tokens, more than {}: ask for fewer or shorter documents, or longer spans",
+                spans.len(),
+                opts.max_shown_tokens
+            )));
+        }
+        let search = SearchOptions {
+            maxnum: opts.max_documents,
+            max_disp_len: opts.max_disp_len,
+            ..SearchOptions::default()
+        };
+        spans
+            .into_par_iter()
+            .map(|(start, end, count)| {
+                let documents = if opts.max_documents == 0 {
+                    Vec::new()
+                } else {
+                    crate::interrupt::run_under(signal.as_ref(), || {
+                        self.search_docs(&ids[start..end], search)
+                    })?
+                    .documents
+                };
+                Ok(TraceSpan {
+                    start,
+                    end,
+                    count,
+                    documents,
+                })
+            })
+            .collect()
+    }
+
+    /// For each start in `starts`, the length of the longest span of `ids` from it that occurs,
+    /// and its count: the span the last start found, less its first token, is located (it
+    /// occurs), then grown one token at a time inside its own ranges.
+    fn longest_spans(&self, ids: &[u32], starts: Range<usize>) -> Result<Vec<(usize, u64)>> {
+        let mut out = Vec::with_capacity(starts.len());
+        let mut carried = 0;
+        for i in starts {
+            if crate::interrupt::interrupted() {
+                return Err(IndexError::Interrupted);
+            }
+            let mut matches = self.locate(self.encode(&ids[i..i + carried]), None);
+            let mut len = carried;
+            while let Some(&next) = ids.get(i + len) {
+                let grown = self.extend(&matches, next);
+                if grown.count() == 0 {
+                    break;
+                }
+                (matches, len) = (grown, len + 1);
+            }
+            out.push((len, matches.count()));
+            carried = len.saturating_sub(1);
+        }
+        Ok(out)
+    }
+}
