@@ -37,6 +37,20 @@ class ClientTest(unittest.TestCase):
         found = self.sidecar.search_documents([[self.ids[:2]]], maxnum=1)
         self.assertEqual(found.cnt, self.sidecar.count(self.ids[:2]))
 
+    def test_generate_and_trace(self):
+        made = self.sidecar.generate(self.ids[:4], 12, levels=0, temperature=0.0)
+        again = self.sidecar.generate(self.ids[:4], 12, levels=0, temperature=0.0)
+        self.assertEqual(list(made.tokens), list(again.tokens))
+        self.assertEqual(len(made.steps), len(made.tokens))
+        # A passage of the reference data is one span, its count the engine's.
+        span_ids = self.ids[:12]
+        traced = self.sidecar.trace(span_ids, min_len=2, maxnum=1)
+        self.assertEqual(list(traced.ids), span_ids)
+        if self.sidecar.count(span_ids[:2]) > 0:
+            self.assertTrue(any(s.start == 0 for s in traced.spans))
+        for span in traced.spans:
+            self.assertEqual(span.count, self.sidecar.count(span_ids[span.start:span.end]))
+
     def test_mix_and_errors(self):
         neural = top_k_logprobs([11, 12, 13], [-1.0, -2.0, -3.0])
         mixed = self.sidecar.mix(self.ids, top_k_logprobs=neural, rule=0.25, top_k=5)

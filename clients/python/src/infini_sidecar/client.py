@@ -114,6 +114,26 @@ class Sidecar:
                                             max_clause_freq=max_clause_freq)
         return self._call(self.stub.SearchDocuments, request)
 
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, levels: Optional[int] = None,
+                 decay: float = 0.0, weigh_distributions: bool = False, temperature: float = 1.0,
+                 seed: int = 0) -> pb.GenerateResponse:
+        """The ∞-gram alone as a language model (selective back-off): `levels` k (None: 2, 0: every
+        level), weights decay^i (0: 0.1), drawn at `temperature` (0: the most likely token)."""
+        request = pb.GenerateRequest(prompt=list(prompt), max_new_tokens=max_new_tokens, decay=decay,
+                                     weigh_distributions=weigh_distributions, temperature=temperature,
+                                     seed=seed)
+        if levels is not None:
+            request.levels = levels
+        return self._call(self.stub.Generate, request)
+
+    def trace(self, ids: Sequence[int] = (), text: str = "", min_len: int = 0, maxnum: int = 0,
+              max_disp_len: int = 0) -> pb.TraceResponse:
+        """Maximal matching spans of `ids` (or of `text`, encoded with the index's tokenizer) that occur
+        verbatim in the reference data, with their counts and documents."""
+        request = pb.TraceRequest(ids=list(ids), text=text, min_len=min_len, maxnum=maxnum,
+                                  max_disp_len=max_disp_len)
+        return self._call(self.stub.Trace, request)
+
     def mix(self, context: Sequence[int], *, logits=None, top_k_logprobs: Optional[pb.NeuralTopK] = None,
             own_model: bool = False, rule: Rule = None, top_k: int = 8, sequence_id: str = "",
             max_match: int = 0) -> pb.MixResponse:
