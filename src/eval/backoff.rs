@@ -157,21 +157,6 @@ fn generation_speed(
     )?;
     let seconds = start.elapsed().as_secs_f64();
     let bytes = tokenizer.text_bytes(&made.tokens);
-    let level_count = made.levels.iter().map(Vec::len).max().unwrap_or(0);
-    let median = |get: &dyn Fn(&(usize, u64)) -> u64| -> Vec<u64> {
-        (0..level_count)
-            .map(|l| {
-                let mut v: Vec<u64> = made
-                    .levels
-                    .iter()
-                    .filter_map(|x| x.get(l))
-                    .map(get)
-                    .collect();
-                v.sort_unstable();
-                v.get(v.len() / 2).copied().unwrap_or(0)
-            })
-            .collect()
-    };
     Ok(GenerationSpeed {
         levels: levels_name(levels),
         tokens: made.tokens.len(),
@@ -181,10 +166,22 @@ fn generation_speed(
         text: tokenizer
             .decode(&made.tokens)
             .map_err(|e| EvalError::Invalid(e.to_string()))?,
-        median_suffix_len: median(&|x| x.0 as u64)
-            .into_iter()
-            .map(|v| v as usize)
-            .collect(),
-        median_matches: median(&|x| x.1),
+        median_suffix_len: median_per_level(&made.levels, |x| x.0),
+        median_matches: median_per_level(&made.levels, |x| x.1),
     })
+}
+
+/// The median of `get` over the steps, for each level (steps with fewer levels left out).
+fn median_per_level<T: Ord + Copy + Default>(
+    steps: &[Vec<(usize, u64)>],
+    get: impl Fn(&(usize, u64)) -> T,
+) -> Vec<T> {
+    let levels = steps.iter().map(Vec::len).max().unwrap_or(0);
+    (0..levels)
+        .map(|l| {
+            let mut v: Vec<T> = steps.iter().filter_map(|x| x.get(l)).map(&get).collect();
+            v.sort_unstable();
+            v.get(v.len() / 2).copied().unwrap_or_default()
+        })
+        .collect()
 }

@@ -231,21 +231,15 @@ fn summarise(
         .iter()
         .map(|t| tokenizer.spelling(t.token).byte_len())
         .sum();
-    let nll_of = |ppl: f64| ppl.ln() * tokens.len() as f64;
     let mut bits_per_byte: BTreeMap<String, f64> = rules
         .iter()
         .map(|(r, m)| {
-            let name = r.name().to_string();
-            (
-                name,
-                evidence::bits_per_byte(nll_of(evidence::perplexity(m)), bytes),
-            )
+            let nll: f64 = m.iter().map(|t| -t.logprob).sum();
+            (r.name().to_string(), evidence::bits_per_byte(nll, bytes))
         })
         .collect();
-    bits_per_byte.insert(
-        "neural".into(),
-        evidence::bits_per_byte(nll_of(neural), bytes),
-    );
+    let neural_nll: f64 = tokens.iter().map(|t| -(t.neural_logprob as f64)).sum();
+    bits_per_byte.insert("neural".into(), evidence::bits_per_byte(neural_nll, bytes));
     Summary {
         domain: domain.to_string(),
         documents,
