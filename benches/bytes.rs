@@ -1,9 +1,10 @@
 //! What a byte-level index costs per token (`cargo bench --bench bytes`): at 100 positions of
-//! mini-Pile test documents, SmolLM2's 64 most likely next tokens and Gemma-3's are given their
-//! ∞-gram probability by marginalising over their bytes (`Index::byte_context_of_tokens`, then
-//! `token_probs`), on one byte index of the mini-Pile train split (built once into the assets
-//! folder, or `INFINI_SIDECAR_BENCH_BYTE_INDEX`). Beside it, in the same run, SmolLM2's decode step
-//! (`model generate`, greedy, 64 tokens). Writes `eval/results/bytes.json`.
+//! mini-Pile test documents, the ∞-gram's distribution over SmolLM2's tokens and over Gemma-3's
+//! from their 64 most likely next tokens (`Index::byte_context_of_tokens`, then
+//! `evidence::bytes::marginalise`: the candidates' runs of the vocabulary walked over their bytes),
+//! on one byte index of the mini-Pile train split (built once into the assets folder, or
+//! `INFINI_SIDECAR_BENCH_BYTE_INDEX`). Beside it, in the same run, SmolLM2's decode step (`model
+//! generate`, greedy, 64 tokens). Writes `eval/results/bytes.json`.
 
 mod common;
 
@@ -11,6 +12,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use infini_sidecar::corpus::{expand_inputs, text_documents};
+use infini_sidecar::evidence::bytes::marginalise;
 use infini_sidecar::index::build::{build, BuildOptions};
 use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
 use infini_sidecar::model::{GenerateOptions, LoadOptions, Model};
@@ -36,13 +38,13 @@ fn byte_index() -> Index {
     Index::open(&dir, &OpenOptions::default()).unwrap()
 }
 
-/// µs per position of marginalising each position's candidates (`(context, candidates)`).
-fn marginalise(index: &Index, tokenizer: &Tokenizer, cases: &[(Vec<u32>, Vec<u32>)]) -> f64 {
+/// µs per position of the ∞-gram's distribution from each position's candidates
+/// (`(context, candidates)`), its byte context looked up afresh.
+fn byte_steps(index: &Index, tokenizer: &Tokenizer, cases: &[(Vec<u32>, Vec<u32>)]) -> f64 {
     let start = Instant::now();
     for (context, candidates) in cases {
-        let spellings: Vec<_> = candidates.iter().map(|&t| tokenizer.spelling(t)).collect();
         let ctx = index.byte_context_of_tokens(tokenizer, context).unwrap();
-        std::hint::black_box(ctx.token_probs(index, &spellings));
+        std::hint::black_box(marginalise(index, tokenizer, &ctx, candidates));
     }
     start.elapsed().as_secs_f64() * 1e6 / cases.len() as f64
 }
@@ -80,10 +82,10 @@ fn main() {
     let smollm2_cases = cases(&smollm2);
     let gemma_cases = cases(&gemma);
     // Warm the index's pages and the spelling tables, then time.
-    marginalise(&index, smollm2.tokenizer(), &smollm2_cases);
-    marginalise(&index, gemma.tokenizer(), &gemma_cases);
-    let smollm2_us = marginalise(&index, smollm2.tokenizer(), &smollm2_cases);
-    let gemma_us = marginalise(&index, gemma.tokenizer(), &gemma_cases);
+    byte_steps(&index, smollm2.tokenizer(), &smollm2_cases);
+    byte_steps(&index, gemma.tokenizer(), &gemma_cases);
+    let smollm2_us = byte_steps(&index, smollm2.tokenizer(), &smollm2_cases);
+    let gemma_us = byte_steps(&index, gemma.tokenizer(), &gemma_cases);
     let decode = smollm2
         .transformer()
         .generate(

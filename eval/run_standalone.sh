@@ -34,15 +34,16 @@ for split in ["train", "validation", "test"]:
                 if split == "test":
                     d["text"] = cut(d["text"], 20000)
                 out.write(json.dumps(d) + "\n")
-seen = collections.Counter()
-with open(f"{work}/minipile-test-sample.jsonl", "w") as out:
-    for line in open(f"{src}/test.jsonl"):
-        d = json.loads(line)
-        domain = d["meta"]["pile_set_name"]
-        if seen[domain] < 6 and len(d["text"].encode()) >= 500:
-            d["text"] = cut(d["text"], 3000)
-            out.write(json.dumps(d) + "\n")
-            seen[domain] += 1
+for split in ["test", "validation"]:
+    seen = collections.Counter()
+    with open(f"{work}/minipile-{split}-sample.jsonl", "w") as out:
+        for line in open(f"{src}/{split}.jsonl"):
+            d = json.loads(line)
+            domain = d["meta"]["pile_set_name"]
+            if seen[domain] < 6 and len(d["text"].encode()) >= 500:
+                d["text"] = cut(d["text"], 3000)
+                out.write(json.dumps(d) + "\n")
+                seen[domain] += 1
 PY
 S="$WORK/shakespeare"
 "$BIN" index build --bytes --input "$S-train.jsonl" --out "$WORK/idx-bytes" --force
@@ -64,3 +65,18 @@ M="$WORK/minipile-test-sample.jsonl"
   --input "$M" --work-dir "$WORK/records-minipile" --out-dir "$OUT/minipile-smollm2"
 "$BIN" model score --model "$GEMMA" --input "$M" --summary --output "$OUT/minipile-gemma3.json"
 "$BIN" eval backoff --index "$DEFAULT_INDEX" --input "$M" --generate 0 --output "$OUT/minipile-backoff-smollm2-index.json"
+# One byte index of the mini-Pile train split, decontaminated as the token index is (48-byte n-grams
+# for its 13 tokens), mixed with SmolLM2 and with Gemma-3: λ1/λ2 and the gate fitted on a
+# validation sample cut as the test sample is, then bits per byte on the test sample.
+BYTES="$WORK/idx-minipile-bytes"
+if [ ! -f "$BYTES/sidecar-index.json" ]; then
+  "$BIN" index build --bytes --input "$A/minipile/train.jsonl" --out "$BYTES" --memory-gib 4 \
+    --decontaminate "$A/minipile/test.jsonl" "$A/minipile/validation.jsonl" --decontaminate-ngram 48
+fi
+for pair in "smollm2:$SMOLLM2_GGUF" "gemma3:$GEMMA"; do
+  name="${pair%%:*}" model="${pair#*:}"
+  "$BIN" eval fit --model "$model" --index "$BYTES" --input "$WORK/minipile-validation-sample.jsonl" \
+    --work-dir "$WORK/records-bytes-$name-validation" --out "$OUT/minipile-bytes-$name-mixing.json"
+  "$BIN" eval ppl --model "$model" --index "$BYTES" --mixing "$OUT/minipile-bytes-$name-mixing.json" \
+    --input "$M" --work-dir "$WORK/records-bytes-$name-test" --out-dir "$OUT/minipile-bytes-$name"
+done

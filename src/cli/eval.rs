@@ -55,12 +55,14 @@ pub fn run(command: EvalCommand) -> Result<()> {
     }
 }
 
-/// A model, an index built with its tokenizer, and evaluation text.
+/// A model, an index built with its tokenizer (or, for fit and ppl, a byte-level one), and
+/// evaluation text.
 #[derive(Args)]
 struct PairingArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// The reference index (built with the model's tokenizer).
+    /// The reference index: built with the model's tokenizer, or byte-level (`index build
+    /// --bytes`) for eval fit and eval ppl.
     #[arg(long)]
     index: PathBuf,
     /// Pile-style JSON lines (`text`, `meta.pile_set_name`), text files or folders.
@@ -227,7 +229,7 @@ fn run_spec(args: SpecArgs) -> Result<()> {
         bail!("--max-draft must be at most {}", spec::MAX_VERIFY_ROWS - 1);
     }
     let (model, index) = open_pairing(&args.pairing)?;
-    Pairing::new(&model, &index)?;
+    Pairing::same_tokenizer(&model, &index)?;
     let docs = load_documents(
         &args.pairing.inputs,
         &model,
@@ -342,8 +344,8 @@ fn run_generate(args: GenerateArgs) -> Result<()> {
         .map(|s| sampler(s, &params))
         .collect::<Result<Vec<_>>>()?;
     let (model, index) = open_pairing(&args.pairing)?;
-    let pairing = Pairing::new(&model, &index)?;
-    params.check_tokenizer(&pairing.fingerprint())?;
+    let pairing = Pairing::same_tokenizer(&model, &index)?;
+    params.check_pairing(&pairing.fingerprint(), false)?;
     let opts = GenerationEvalOptions {
         prompts_per_domain: args.prompts_per_domain,
         prompt_tokens: args.prompt_tokens,
@@ -440,7 +442,7 @@ fn run_workload(args: WorkloadArgs) -> Result<()> {
     let requests = workload::read(&args.workload)?;
     let model = load_model(&args.model)?;
     let index = Index::open(&args.index, &OpenOptions::default())?;
-    Pairing::new(&model, &index)?;
+    Pairing::same_tokenizer(&model, &index)?;
     let mut report = workload::run(&model, &index, &requests)?;
     report.simulated = workload::simulate(&index, &requests, &report.replay, &report.references)?;
     let replay_json = serde_json::to_string(&report.replay)?;

@@ -19,7 +19,8 @@ use crate::model::{Model, WindowOptions};
 /// A domain needs this many validation tokens for λ1/λ2 of its own (else it uses the global pair).
 pub const MIN_DOMAIN_TOKENS: usize = 500;
 
-/// A model and a reference index that share a tokenizer.
+/// A model and a reference index that share a tokenizer, or a byte-level index (which serves any
+/// model's tokenizer when scoring, see `evidence::bytes`).
 pub struct Pairing<'a> {
     pub model: &'a Model,
     pub index: &'a Index,
@@ -27,6 +28,22 @@ pub struct Pairing<'a> {
 
 impl<'a> Pairing<'a> {
     pub fn new(model: &'a Model, index: &'a Index) -> Result<Self> {
+        if index.is_byte_level() {
+            return Ok(Self { model, index });
+        }
+        Self::same_tokenizer(model, index)
+    }
+
+    /// A pairing for decoding jobs (drafts, generation), which read token answers of the index:
+    /// refuses a byte-level index.
+    pub fn same_tokenizer(model: &'a Model, index: &'a Index) -> Result<Self> {
+        if index.is_byte_level() {
+            return Err(EvalError::Invalid(format!(
+                "the index at {} is byte-level: drafting and generation need one built with the \
+                 model's tokenizer (scoring, eval fit and eval ppl take either)",
+                index.dir().display()
+            )));
+        }
         let Some(record) = index.manifest().and_then(|m| m.tokenizer.as_ref()) else {
             return Err(EvalError::Invalid(format!(
                 "the index at {} records no tokenizer, so it cannot be paired with a model",
@@ -139,6 +156,7 @@ pub fn fit(
         record,
     );
     params.by_domain = by_domain;
+    params.byte_level = pairing.index.is_byte_level();
     params.default_rule = LambdaRule::Adaptive;
     params.decode_max_match = Some(DEFAULT_DECODE_MAX_MATCH);
     Ok(params)
@@ -150,7 +168,7 @@ pub fn ppl(
     inputs: &EvalInputs,
     params: &MixingParams,
 ) -> Result<(PplReport, Vec<DomainRecords>)> {
-    params.check_tokenizer(&pairing.fingerprint())?;
+    params.check_pairing(&pairing.fingerprint(), pairing.index.is_byte_level())?;
     let domains = pairing.records(inputs)?;
     let report = build_report(
         pairing.model.source().display().to_string(),

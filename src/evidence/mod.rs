@@ -3,6 +3,7 @@
 //! both the evaluator (`eval ppl`, the per-token output) and the service (`Score`, `Mix`), so they
 //! score and mix documents one way.
 
+pub mod bytes;
 mod mixing;
 mod records;
 mod reference;

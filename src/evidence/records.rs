@@ -4,8 +4,10 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use super::bytes;
 use super::{EvidenceError, ReferenceData};
-use crate::mix::features::{gate_features, GateFeatures, NeuralContext};
+use crate::index::dense::TokenScore;
+use crate::mix::features::{gate_features, GateFeatures, InfgramContext, NeuralContext};
 use crate::mix::fit::TokenEvidence;
 use crate::model::{Model, WindowOptions};
 
@@ -55,7 +57,8 @@ pub struct DocumentRecords {
 }
 
 /// Scores one document (`doc` is its index in the input): the model with the window protocol, the
-/// index densely, and the gate features of every position. `progress` hears of scored tokens.
+/// reference data densely, and the gate features of every position. A byte-level index reads the
+/// model's distribution at each position ([`super::bytes`]). `progress` hears of scored tokens.
 pub fn document_records(
     model: &Model,
     reference: &dyn ReferenceData,
@@ -64,15 +67,31 @@ pub fn document_records(
     tokens: &[u32],
     progress: impl FnMut(usize),
 ) -> Result<DocumentRecords, EvidenceError> {
-    let t = Instant::now();
-    let neural = model
-        .transformer()
-        .score_document(tokens, window, progress)?;
-    let neural_seconds = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    let (scores, contexts) = reference.document(tokens)?;
-    // Neural position scores start at token 1 (token 0 is only context).
-    let infgram = scores.iter().zip(&contexts).skip(1);
+    let (neural, infgram, neural_seconds, infgram_seconds) = match reference.byte_index() {
+        Some(index) => {
+            let t = Instant::now();
+            let (neural, positions, infgram_seconds) =
+                bytes::document(model, index, window, tokens, progress)?;
+            let infgram: Vec<(TokenScore, InfgramContext)> = positions
+                .into_iter()
+                .map(|p| (p.score, p.context))
+                .collect();
+            let neural_seconds = t.elapsed().as_secs_f64() - infgram_seconds;
+            (neural, infgram, neural_seconds, infgram_seconds)
+        }
+        None => {
+            let t = Instant::now();
+            let neural = model
+                .transformer()
+                .score_document(tokens, window, progress)?;
+            let neural_seconds = t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            let (scores, contexts) = reference.document(tokens)?;
+            // Neural position scores start at token 1 (token 0 is only context).
+            let infgram = scores.into_iter().zip(contexts).skip(1).collect();
+            (neural, infgram, neural_seconds, t.elapsed().as_secs_f64())
+        }
+    };
     let records = neural
         .positions
         .iter()
@@ -93,13 +112,13 @@ pub fn document_records(
                 suffix_len: inf.suffix_len,
                 prompt_cnt: inf.prompt_cnt,
                 sparse: inf.sparse,
-                features: gate_features(context, &neural_context),
+                features: gate_features(&context, &neural_context),
             }
         })
         .collect();
     Ok(DocumentRecords {
         tokens: records,
         neural_seconds,
-        infgram_seconds: t.elapsed().as_secs_f64(),
+        infgram_seconds,
     })
 }

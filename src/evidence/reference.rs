@@ -22,6 +22,13 @@ pub trait ReferenceData: Send + Sync {
     /// Refuses ids outside the vocabulary.
     fn check_ids(&self, ids: &[u32]) -> Result<(), IndexError>;
 
+    /// The byte-level index behind it, if it is one: its evidence over a model's tokens needs the
+    /// model's candidates at each position ([`super::bytes`]), so callers take that path instead of
+    /// the token answers below.
+    fn byte_index(&self) -> Option<&Index> {
+        None
+    }
+
     /// The exact ∞-gram distribution after `context`; refuses ids outside the vocabulary.
     fn infgram(&self, context: &[u32]) -> Result<InfgramNtdResult, IndexError>;
 
@@ -121,6 +128,10 @@ impl ReferenceData for Index {
 
     fn check_ids(&self, ids: &[u32]) -> Result<(), IndexError> {
         Index::check_ids(self, ids)
+    }
+
+    fn byte_index(&self) -> Option<&Index> {
+        self.is_byte_level().then_some(self)
     }
 
     fn infgram(&self, context: &[u32]) -> Result<InfgramNtdResult, IndexError> {

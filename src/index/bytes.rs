@@ -17,9 +17,10 @@
 //!   token spelling one gets 0, and a context's text starts after its last one, as it starts after
 //!   its last end of text (a new document).
 //!
-//! Nothing mixes a model with a byte index yet: this is the routine that will.
+//! `evidence::bytes` mixes a model with a byte index through this routine.
 
 use crate::index::query::Matches;
+use crate::index::suffix::SuffixMatch;
 use crate::index::{Index, IndexError, Result};
 use crate::tokenizer::{Spelling, Tokenizer, BYTE_EOS};
 
@@ -38,11 +39,7 @@ impl Index {
     /// The ∞-gram context of `text` (raw bytes, from after its last 0xFE or 0xFF on; only its
     /// longest occurring suffix is kept).
     pub fn byte_context(&self, text: &[u8]) -> Result<ByteContext> {
-        if !self.is_byte_level() {
-            return Err(IndexError::Invalid(
-                "this index holds a tokenizer's ids, not UTF-8 bytes: build it with --bytes".into(),
-            ));
-        }
+        self.require_byte_level()?;
         let start = text
             .iter()
             .rposition(|&b| u32::from(b) >= BYTE_EOS)
@@ -55,6 +52,15 @@ impl Index {
         })
     }
 
+    fn require_byte_level(&self) -> Result<()> {
+        match self.is_byte_level() {
+            true => Ok(()),
+            false => Err(IndexError::Invalid(
+                "this index holds a tokenizer's ids, not UTF-8 bytes: build it with --bytes".into(),
+            )),
+        }
+    }
+
     /// The byte context of a model's token ids: their spellings from the last end of text on.
     pub fn byte_context_of_tokens(
         &self,
@@ -62,6 +68,68 @@ impl Index {
         ids: &[u32],
     ) -> Result<ByteContext> {
         self.byte_context(&text_after_last_end(tokenizer, ids))
+    }
+}
+
+/// The text of a model's token sequence read a token at a time, with the longest suffix of it that
+/// occurs in a byte-level index kept up to date byte by byte (a document's positions in one pass, as
+/// [`Index::byte_context_of_tokens`] would give each afresh).
+pub struct ByteText {
+    /// Byte ids of all the text read.
+    bytes: Vec<u32>,
+    /// Where the text restarted last (after an end of text or a byte ≥ 0xFE).
+    start: usize,
+    matched: SuffixMatch,
+}
+
+impl ByteText {
+    pub fn new(index: &Index) -> Result<Self> {
+        index.require_byte_level()?;
+        Ok(Self {
+            bytes: Vec::new(),
+            start: 0,
+            matched: SuffixMatch::new(index),
+        })
+    }
+
+    /// Reads one more token of `tokenizer`.
+    pub fn push(&mut self, index: &Index, tokenizer: &Tokenizer, id: u32) {
+        let spelled = match tokenizer.spelling(id) {
+            Spelling::Bytes(b) => b,
+            Spelling::EndOfText => return self.restart(index),
+            Spelling::Nothing => return,
+        };
+        for &b in spelled.iter() {
+            if u32::from(b) >= BYTE_EOS {
+                self.restart(index);
+                continue;
+            }
+            self.bytes.push(u32::from(b));
+            self.matched.advance(index, &self.bytes[self.start..]);
+        }
+    }
+
+    fn restart(&mut self, index: &Index) {
+        self.start = self.bytes.len();
+        self.matched = SuffixMatch::new(index);
+    }
+
+    /// All the text read, as byte ids.
+    pub fn bytes(&self) -> &[u32] {
+        &self.bytes
+    }
+
+    /// The part of [`Self::bytes`] the next token's context reads: since the text last restarted.
+    pub fn span(&self) -> std::ops::Range<usize> {
+        self.start..self.bytes.len()
+    }
+
+    /// The context of the next token.
+    pub fn context(&self) -> ByteContext {
+        ByteContext {
+            suffix_len: self.matched.suffix_len(),
+            matches: self.matched.matches().clone(),
+        }
     }
 }
 
@@ -114,24 +182,100 @@ impl ByteContext {
             }
         }
         order.sort_unstable_by_key(|&(_, b)| b);
+        self.walk_sorted(
+            index,
+            order.len(),
+            |k| order[k].1,
+            |k, count| {
+                probs[order[k].0] = count as f64 / total;
+            },
+        );
+        probs
+    }
+
+    /// Every token of `tokenizer` whose spelling starts with one of `roots` and can follow this
+    /// context (the model's candidates and every longer token the text could go on with), with the
+    /// count of the context followed by its spelling: its chain-rule probability times
+    /// [`Self::prompt_cnt`]. In spelling order; a run of tokens whose common prefix never follows
+    /// the context costs one extension.
+    pub fn extensions(
+        &self,
+        index: &Index,
+        tokenizer: &Tokenizer,
+        roots: &[&[u8]],
+    ) -> Vec<(u32, u64)> {
+        let mut out = Vec::new();
+        let order = tokenizer.spelling_order();
+        let spelled = |id: u32| match tokenizer.spelling(id) {
+            Spelling::Bytes(b) => &b[..],
+            _ => &[],
+        };
+        let mut roots = roots.to_vec();
+        roots.sort_unstable();
+        let mut walked_to = 0;
+        for root in roots {
+            let lo = order
+                .partition_point(|&id| spelled(id) < root)
+                .max(walked_to);
+            let run = order[lo..].partition_point(|&id| spelled(id).starts_with(root));
+            let run = &order[lo..lo + run];
+            self.walk_sorted(
+                index,
+                run.len(),
+                |k| spelled(run[k]),
+                |k, count| {
+                    out.push((run[k], count));
+                },
+            );
+            walked_to = lo + run.len();
+        }
+        out
+    }
+
+    /// Walks `n` spellings in sorted order (`spelling(k)`) from this context, each prefix's
+    /// extension shared with the spellings after it: `visit(k, count)` hears the count of the
+    /// context followed by spelling k, for every spelling whose prefixes all follow; the run of
+    /// spellings after one whose prefix never follows is skipped.
+    fn walk_sorted<'s>(
+        &self,
+        index: &Index,
+        n: usize,
+        spelling: impl Fn(usize) -> &'s [u8],
+        mut visit: impl FnMut(usize, u64),
+    ) {
         // path[d]: the matches after the first d bytes of the spelling walked last.
         let mut path: Vec<Matches> = Vec::new();
         let mut prev: &[u8] = &[];
-        for (i, bytes) in order {
+        let mut k = 0;
+        while k < n {
+            let bytes = spelling(k);
             let common = prev.iter().zip(bytes).take_while(|(a, b)| a == b).count();
             path.truncate(common);
-            while path.len() < bytes.len() {
+            while path.len() < bytes.len() && path.last().is_none_or(|m| m.count() > 0) {
                 let last = path.last().unwrap_or(&self.matches);
-                if last.count() == 0 {
-                    break;
-                }
                 path.push(index.extend(last, u32::from(bytes[path.len()])));
             }
-            if path.len() == bytes.len() {
-                probs[i] = path.last().map_or(0, Matches::count) as f64 / total;
-            }
             prev = bytes;
+            let count = path.last().map_or(self.matches.count(), Matches::count);
+            if count > 0 {
+                visit(k, count);
+                k += 1;
+                continue;
+            }
+            // bytes[..path.len()] never follows: neither does any spelling starting with it, and
+            // those are the sorted run from k on (found by bisection: a run can be most of a
+            // vocabulary).
+            let dead = &bytes[..path.len()];
+            let (mut lo, mut hi) = (k + 1, n);
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                if spelling(mid).starts_with(dead) {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            k = lo;
         }
-        probs
     }
 }

@@ -11,15 +11,36 @@ use crate::softmax::log_softmax;
 /// The ∞-gram's next-token distribution: the tokens seen after the matched suffix, with probabilities
 /// that sum to one, sorted by token so a lookup is a binary search (the support of a short suffix
 /// can be most of the vocabulary).
+///
+/// From a byte-level index the entries cover what the model's candidates spell, and the mass they
+/// leave (`model_share`) is given to every token in proportion to the model's probability of it
+/// (see `evidence::bytes`). From a token index that share is 0.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SparseDistribution {
     entries: Vec<(u32, f64)>,
+    model_share: f64,
 }
 
 impl SparseDistribution {
     pub fn new(mut entries: Vec<(u32, f64)>) -> Self {
         entries.sort_by_key(|(t, _)| *t);
-        Self { entries }
+        Self {
+            entries,
+            model_share: 0.0,
+        }
+    }
+
+    /// Entries that sum to 1 − `model_share`, the rest given out in the model's shape.
+    pub fn deferring(entries: Vec<(u32, f64)>, model_share: f64) -> Self {
+        Self {
+            model_share,
+            ..Self::new(entries)
+        }
+    }
+
+    /// The mass given to every token in proportion to the model's probability of it.
+    pub fn model_share(&self) -> f64 {
+        self.model_share
     }
 
     /// Memory held, for callers that keep distributions around.
@@ -43,13 +64,21 @@ impl SparseDistribution {
                 .map(|(&token, &c)| (token, c as f64 / t as f64))
                 .collect(),
         };
-        Self { entries }
+        Self::new(entries)
     }
 
-    pub fn prob(&self, token: u32) -> f64 {
-        self.entries
+    /// P∞(token), where the model gives the distribution `neural`.
+    pub fn prob(&self, token: u32, neural: &NeuralDistribution) -> f64 {
+        self.prob_beside(token, neural.prob(token))
+    }
+
+    /// P∞(token), where the model gives the token `neural_prob`.
+    pub fn prob_beside(&self, token: u32, neural_prob: f64) -> f64 {
+        let entry = self
+            .entries
             .binary_search_by_key(&token, |(t, _)| *t)
-            .map_or(0.0, |i| self.entries[i].1)
+            .map_or(0.0, |i| self.entries[i].1);
+        entry + self.model_share * neural_prob
     }
 }
 
@@ -220,7 +249,7 @@ pub struct MixedDistribution {
 
 /// The `top_k` most likely tokens of λ·P∞ + (1−λ)·P_neural. Only tokens in the ∞-gram's support or
 /// the neural top-k can be among them: any other token has at most (1−λ) times the k-th neural
-/// probability, which every neural top-k token reaches.
+/// probability, which every neural top-k token reaches (with a model share s, (1−λ+λs) times it).
 pub fn mix(
     infgram: &SparseDistribution,
     neural: &NeuralDistribution,
@@ -234,7 +263,12 @@ pub fn mix(
     let mut top: Vec<(u32, f64)> = candidates
         .into_iter()
         .filter(|&t| (t as usize) < neural.vocab_size())
-        .map(|t| (t, mixed_prob(infgram.prob(t), neural.prob(t), lambda)))
+        .map(|t| {
+            (
+                t,
+                mixed_prob(infgram.prob(t, neural), neural.prob(t), lambda),
+            )
+        })
         .collect();
     top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     top.truncate(top_k);
@@ -252,8 +286,9 @@ pub fn mix_full(
     neural: &NeuralDistribution,
     lambda: f64,
 ) -> Vec<f64> {
+    let neural_weight = 1.0 - lambda + lambda * infgram.model_share;
     let mut out: Vec<f64> = (0..neural.vocab_size() as u32)
-        .map(|t| (1.0 - lambda) * neural.prob(t))
+        .map(|t| neural_weight * neural.prob(t))
         .collect();
     for &(t, p) in &infgram.entries {
         if let Some(slot) = out.get_mut(t as usize) {
@@ -271,28 +306,56 @@ mod tests {
         vec![2.0, 1.0, 0.5, -1.0, 3.0, 0.0]
     }
 
+    /// The full mixture sums to one, and `mix`'s top 3 and rest are the brute-force ones: the full
+    /// vector sorted.
+    fn agrees_with_brute_force(inf: &SparseDistribution, nn: &NeuralDistribution, lambda: f64) {
+        let full = mix_full(inf, nn, lambda);
+        assert!((full.iter().sum::<f64>() - 1.0).abs() < 1e-6);
+        let mixed = mix(inf, nn, lambda, 3);
+        let mut order: Vec<(u32, f64)> = full
+            .iter()
+            .enumerate()
+            .map(|(t, p)| (t as u32, *p))
+            .collect();
+        order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        assert_eq!(mixed.top.len(), 3);
+        for (got, want) in mixed.top.iter().zip(&order) {
+            assert_eq!(got.0, want.0, "λ={lambda}");
+            assert!((got.1 - want.1).abs() < 1e-12);
+        }
+        let listed: f64 = order[..3].iter().map(|x| x.1).sum();
+        assert!((mixed.rest_mass - (1.0 - listed)).abs() < 1e-12);
+    }
+
     #[test]
     fn full_mixture_sums_to_one_and_top_k_agrees_with_it() {
         let nn = NeuralDistribution::from_logits(&logits()).unwrap();
         let inf = SparseDistribution::new(vec![(3, 0.75), (5, 0.25)]);
         for lambda in [0.0, 0.2, 0.5, 0.9] {
+            agrees_with_brute_force(&inf, &nn, lambda);
+        }
+    }
+
+    /// A byte-level ∞-gram's distribution: entries on some tokens, the rest of its mass given out in
+    /// the model's shape. The full mixture still sums to one, and the top-k, led by tokens the
+    /// entries give little, is the brute-force one.
+    #[test]
+    fn the_model_share_follows_the_model() {
+        let nn = NeuralDistribution::from_logits(&logits()).unwrap();
+        // Entries on the model's top two, 4 and 0, with little mass; 0.95 of the ∞-gram's mass in
+        // the model's shape.
+        let inf = SparseDistribution::deferring(vec![(4, 0.0), (0, 0.05)], 0.95);
+        assert!((inf.prob(1, &nn) - 0.95 * nn.prob(1)).abs() < 1e-12);
+        assert!((inf.prob(0, &nn) - 0.05 - 0.95 * nn.prob(0)).abs() < 1e-12);
+        let total: f64 = (0..6).map(|t| inf.prob(t, &nn)).sum();
+        assert!((total - 1.0).abs() < 1e-6, "{total}");
+        for lambda in [0.1, 0.5, 0.9] {
             let full = mix_full(&inf, &nn, lambda);
-            assert!((full.iter().sum::<f64>() - 1.0).abs() < 1e-6);
-            let mixed = mix(&inf, &nn, lambda, 3);
-            // Brute force: sort the full vector.
-            let mut order: Vec<(u32, f64)> = full
-                .iter()
-                .enumerate()
-                .map(|(t, p)| (t as u32, *p))
-                .collect();
-            order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-            assert_eq!(mixed.top.len(), 3);
-            for (got, want) in mixed.top.iter().zip(&order) {
-                assert_eq!(got.0, want.0, "λ={lambda}");
-                assert!((got.1 - want.1).abs() < 1e-12);
+            for t in 0..6 {
+                let want = mixed_prob(inf.prob(t, &nn), nn.prob(t), lambda);
+                assert!((full[t as usize] - want).abs() < 1e-12);
             }
-            let listed: f64 = order[..3].iter().map(|x| x.1).sum();
-            assert!((mixed.rest_mass - (1.0 - listed)).abs() < 1e-12);
+            agrees_with_brute_force(&inf, &nn, lambda);
         }
     }
 
@@ -302,7 +365,11 @@ mod tests {
         let nn = NeuralDistribution::from_logits(&[0.0, 0.0]).unwrap();
         let unsorted = SparseDistribution::new(vec![(9, 0.5), (2, 0.25), (4, 0.25)]);
         assert_eq!(
-            (unsorted.prob(2), unsorted.prob(9), unsorted.prob(3)),
+            (
+                unsorted.prob(2, &nn),
+                unsorted.prob(9, &nn),
+                unsorted.prob(3, &nn)
+            ),
             (0.25, 0.5, 0.0)
         );
         let inf = SparseDistribution::new(vec![(1, 1.0)]);

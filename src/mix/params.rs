@@ -72,6 +72,10 @@ pub struct MixingParams {
     pub model: String,
     pub index: String,
     pub tokenizer_fingerprint: String,
+    /// Fitted against a byte-level index (`evidence::bytes`): its λ and gate read byte evidence, so
+    /// they fit no token index, nor a token index's file a byte index.
+    #[serde(default)]
+    pub byte_level: bool,
     /// λ1: for sparse ∞-gram estimates.
     pub lambda_sparse: f64,
     /// λ2: for the rest.
@@ -115,6 +119,7 @@ impl MixingParams {
             model,
             index,
             tokenizer_fingerprint,
+            byte_level: false,
             lambda_sparse: split.0,
             lambda_dense: split.1,
             by_domain: BTreeMap::new(),
@@ -203,11 +208,21 @@ impl MixingParams {
     }
 
     /// Refuses an index or model whose tokenizer differs from the one the λ were fitted with.
-    pub fn check_tokenizer(&self, fingerprint: &str) -> Result<(), MixError> {
+    /// Refuses a pairing other than the one fitted: the model's tokenizer (`fingerprint`), and a
+    /// byte-level index or a token one.
+    pub fn check_pairing(&self, fingerprint: &str, byte_level: bool) -> Result<(), MixError> {
         if fingerprint != self.tokenizer_fingerprint {
             return Err(MixError::Invalid(format!(
                 "the mixing file was fitted with tokenizer {}, this pairing uses {fingerprint}",
                 self.tokenizer_fingerprint
+            )));
+        }
+        let level = |bytes| if bytes { "a byte-level" } else { "a token" };
+        if byte_level != self.byte_level {
+            return Err(MixError::Invalid(format!(
+                "the mixing file was fitted against {} index, this pairing uses {} one",
+                level(self.byte_level),
+                level(byte_level)
             )));
         }
         Ok(())

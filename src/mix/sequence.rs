@@ -93,7 +93,7 @@ impl AdaptiveSequence {
         let seen = Observation {
             position,
             base: p.base,
-            p_infgram: p.infgram.prob(token),
+            p_infgram: p.infgram.prob(token, &p.neural),
             p_neural: p.neural.prob(token),
         };
         self.trust.observe(seen.base, seen.p_infgram, seen.p_neural);

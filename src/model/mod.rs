@@ -25,7 +25,8 @@ pub const SHORT_PASS_ROWS: usize = 16;
 pub use config::{Activation, Architecture, ModelConfig};
 pub use generate::{GenerateOptions, Generation};
 pub use scoring::{
-    plan_windows, DocumentScore, NextTokenDistribution, PositionScore, Window, WindowOptions,
+    plan_windows, DocumentScore, LogitRow, NextTokenDistribution, PositionScore, Window,
+    WindowOptions,
 };
 pub use transformer::Transformer;
 

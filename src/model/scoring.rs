@@ -22,6 +22,30 @@ pub struct PositionScore {
     pub top_prob: f32,
 }
 
+/// One position's row of logits with its log-normaliser, as [`Transformer::score_document_with`]
+/// hands it to a caller that reads more of the distribution than the scored token's.
+pub struct LogitRow<'a> {
+    logits: &'a [f32],
+    log_norm: f64,
+}
+
+impl LogitRow<'_> {
+    /// P(token); 0 past the row.
+    pub fn prob(&self, token: u32) -> f64 {
+        self.logits
+            .get(token as usize)
+            .map_or(0.0, |&l| (l as f64 - self.log_norm).exp())
+    }
+
+    /// The `k` most likely tokens with their probabilities, most likely first.
+    pub fn top(&self, k: usize) -> Vec<(u32, f64)> {
+        top_k_of(self.logits, k)
+            .into_iter()
+            .map(|(id, l)| (id, (l as f64 - self.log_norm).exp()))
+            .collect()
+    }
+}
+
 /// The model's distribution after a context: the `top_k` most likely tokens and, on request, every
 /// token's log-prob.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -145,7 +169,8 @@ impl Transformer {
             .enumerate()
             .map(|(b, s)| {
                 let rows = hidden.get(b)?.narrow(0, 0, s.len().saturating_sub(1))?;
-                self.position_scores(&rows, &s[1..])
+                let scored = self.position_scores(&rows, &s[1..], 1, &|_, _| ())?;
+                Ok(scored.into_iter().map(|(score, ())| score).collect())
             })
             .collect()
     }
@@ -156,8 +181,22 @@ impl Transformer {
         &self,
         tokens: &[u32],
         opts: WindowOptions,
-        mut on_window: impl FnMut(usize),
+        on_window: impl FnMut(usize),
     ) -> Result<DocumentScore, ModelError> {
+        Ok(self
+            .score_document_with(tokens, opts, on_window, |_, _| ())?
+            .0)
+    }
+
+    /// [`Self::score_document`], handing each position's whole distribution to `per_row(position,
+    /// row)` (rows of a chunk in parallel) and keeping what it gives, in position order.
+    pub fn score_document_with<R: Send>(
+        &self,
+        tokens: &[u32],
+        opts: WindowOptions,
+        mut on_window: impl FnMut(usize),
+        per_row: impl Fn(usize, &LogitRow) -> R + Sync,
+    ) -> Result<(DocumentScore, Vec<R>), ModelError> {
         self.check_tokens(tokens)?;
         if opts.window > self.max_context() {
             return Err(ModelError::Invalid(format!(
@@ -167,6 +206,7 @@ impl Transformer {
             )));
         }
         let mut positions = Vec::with_capacity(tokens.len().saturating_sub(1));
+        let mut kept = Vec::with_capacity(tokens.len().saturating_sub(1));
         // Windows are independent passes; one cache, emptied each time, keeps its allocation.
         let mut cache = self.new_cache();
         for w in plan_windows(tokens.len(), opts)? {
@@ -179,20 +219,26 @@ impl Transformer {
             // Row r predicts token start + r + 1.
             let first_row = w.score_from - 1 - w.start;
             let rows = hidden.narrow(0, first_row, w.end - w.score_from)?;
-            let scored = self.position_scores(&rows, &tokens[w.score_from..w.end])?;
+            let scored =
+                self.position_scores(&rows, &tokens[w.score_from..w.end], w.score_from, &per_row)?;
             on_window(scored.len());
-            positions.extend(scored);
+            for (score, row) in scored {
+                positions.push(score);
+                kept.push(row);
+            }
         }
-        Ok(DocumentScore { positions })
+        Ok((DocumentScore { positions }, kept))
     }
 
-    /// Turns hidden states `(rows, hidden)` into the scores of `targets` (one per row), a chunk of
-    /// rows at a time.
-    fn position_scores(
+    /// Turns hidden states `(rows, hidden)` into the scores of `targets` (one per row, the first at
+    /// position `first`), a chunk of rows at a time, each with what `per_row` makes of its row.
+    fn position_scores<R: Send>(
         &self,
         hidden: &Tensor,
         targets: &[u32],
-    ) -> Result<Vec<PositionScore>, ModelError> {
+        first: usize,
+        per_row: &(impl Fn(usize, &LogitRow) -> R + Sync),
+    ) -> Result<Vec<(PositionScore, R)>, ModelError> {
         let mut out = Vec::with_capacity(targets.len());
         for (c, chunk_targets) in targets.chunks(LOGIT_ROWS_PER_CHUNK).enumerate() {
             let rows = hidden.narrow(0, c * LOGIT_ROWS_PER_CHUNK, chunk_targets.len())?;
@@ -200,10 +246,18 @@ impl Transformer {
                 .logits(&rows)?
                 .to_device(&Device::Cpu)?
                 .to_vec2::<f32>()?;
-            let scored: Vec<PositionScore> = logits
+            let chunk_first = first + c * LOGIT_ROWS_PER_CHUNK;
+            let scored: Vec<(PositionScore, R)> = logits
                 .par_iter()
                 .zip(chunk_targets.par_iter())
-                .map(|(row, &target)| score_row(row, target))
+                .enumerate()
+                .map(|(r, (logits, &target))| {
+                    let (score, log_norm) = score_row(logits, target);
+                    (
+                        score,
+                        per_row(chunk_first + r, &LogitRow { logits, log_norm }),
+                    )
+                })
                 .collect();
             out.extend(scored);
         }
@@ -212,8 +266,9 @@ impl Transformer {
 }
 
 /// The score of `target` under the softmax of `logits`, with the distribution's entropy and top
-/// probability, in one pass of f64 sums.
-fn score_row(logits: &[f32], target: u32) -> PositionScore {
+/// probability, in one pass of f64 sums; and the row's log-normaliser (a logit less it is a
+/// log-prob).
+fn score_row(logits: &[f32], target: u32) -> (PositionScore, f64) {
     let max = row_max(logits);
     let (mut z, mut weighted) = (0f64, 0f64);
     for &l in logits {
@@ -227,11 +282,12 @@ fn score_row(logits: &[f32], target: u32) -> PositionScore {
         .get(target as usize)
         .copied()
         .unwrap_or(f32::NEG_INFINITY) as f64;
-    PositionScore {
+    let score = PositionScore {
         logprob: (target_logit - max - log_z) as f32,
         entropy: (log_z - weighted / z) as f32,
         top_prob: (1.0 / z) as f32,
-    }
+    };
+    (score, max + log_z)
 }
 
 /// The `k` highest-scoring (id, value) pairs, best first.
@@ -298,8 +354,16 @@ mod tests {
         let logits = [1.0f32, 3.0, -2.0, 0.5];
         let z: f64 = logits.iter().map(|&l| (l as f64).exp()).sum();
         let p: Vec<f64> = logits.iter().map(|&l| (l as f64).exp() / z).collect();
-        let s = score_row(&logits, 2);
+        let (s, log_norm) = score_row(&logits, 2);
         assert!((s.logprob as f64 - p[2].ln()).abs() < 1e-6);
+        let row = LogitRow {
+            logits: &logits,
+            log_norm,
+        };
+        assert!((row.prob(1) - p[1]).abs() < 1e-12);
+        assert_eq!(row.top(2)[0].0, 1);
+        assert!((row.top(2)[1].1 - p[0]).abs() < 1e-12);
+        assert_eq!(row.prob(9), 0.0);
         let entropy: f64 = -p.iter().map(|p| p * p.ln()).sum::<f64>();
         assert!((s.entropy as f64 - entropy).abs() < 1e-6);
         assert!((s.top_prob as f64 - p[1]).abs() < 1e-6);

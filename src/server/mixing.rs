@@ -196,6 +196,7 @@ pub(super) fn mixed(
 
 /// The unary `Mix`: the ∞-gram looked up afresh, the own model run over the whole context.
 pub(super) fn mix(s: &State, r: pb::MixRequest) -> Result<pb::MixResponse, Status> {
+    s.refuse_byte_level("Mix")?;
     s.check_len("the context", r.context.len())?;
     let options = MixOptions {
         top_k: s.check_top_k(r.top_k)?,

@@ -164,10 +164,21 @@ impl Neural {
         Ok(Self { mixing, model })
     }
 
+    /// Beside a byte-level index: any model, and a mixing file fitted against one with this model.
+    fn check_byte_level(&self) -> Result<(), ServeError> {
+        match (&self.mixing, &self.model) {
+            (Some(m), Some(model)) => Ok(m.check_pairing(model.tokenizer().fingerprint(), true)?),
+            (Some(_), None) => Err(ServeError::Setup(
+                "a mixing file beside a byte-level index needs the model it was fitted with".into(),
+            )),
+            (None, _) => Ok(()),
+        }
+    }
+
     /// Refuses a mixing file or a model fitted to another tokenizer than `whose`'s.
     fn check_tokenizer(&self, tokenizer: &Tokenizer, whose: &str) -> Result<(), ServeError> {
         if let Some(m) = &self.mixing {
-            m.check_tokenizer(tokenizer.fingerprint())?;
+            m.check_pairing(tokenizer.fingerprint(), false)?;
         }
         if let Some(m) = &self.model {
             m.check_tokenizer(tokenizer.fingerprint(), whose)?;
@@ -309,6 +320,27 @@ impl State {
         check_len(&self.limits, what, len)
     }
 
+    /// Refuses the ids of a document the model scores: the reference data's vocabulary, or the
+    /// model's where the index is byte-level (any model's text goes into it).
+    fn check_scored_ids(&self, model: &Model, ids: &[u32]) -> Result<(), Status> {
+        match self.reference.byte_index() {
+            Some(_) => model.transformer().check_tokens(ids).map_err(model_status),
+            None => self.reference.check_ids(ids).map_err(index_status),
+        }
+    }
+
+    /// Refuses decoding-time mixing (`Mix`, sessions, `Batch`) over a byte-level index: only whole
+    /// documents (`Score`) mix with one so far.
+    fn refuse_byte_level(&self, what: &str) -> Result<(), Status> {
+        match self.reference.byte_index() {
+            Some(_) => Err(Status::failed_precondition(format!(
+                "{what} over a byte-level index is not supported yet: serve an index built with the \
+                 model's tokenizer (Score takes either)"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     fn check_top_k(&self, top_k: u32) -> Result<usize, Status> {
         if top_k == 0 || top_k as usize > self.limits.max_top_k {
             return Err(Status::invalid_argument(format!(
@@ -360,7 +392,11 @@ impl SidecarService {
             ))
         })?;
         let neural = Neural::load(config)?;
-        neural.check_tokenizer(&tokenizer, "the index")?;
+        if index.is_byte_level() {
+            neural.check_byte_level()?;
+        } else {
+            neural.check_tokenizer(&tokenizer, "the index")?;
+        }
         let live = config
             .live
             .config()

@@ -39,6 +39,7 @@ struct NeuralCache {
 
 impl Session {
     pub(super) fn new(s: &State, start: pb::SessionStart) -> Result<Self, Status> {
+        s.refuse_byte_level("a session")?;
         s.check_len("the context", start.context.len())?;
         let neural = match start.use_model {
             true => Some(NeuralCache {

@@ -39,6 +39,10 @@ pub struct Tokenizer {
     eos_token_id: Option<u32>,
     /// Every token's bytes, worked out on first use (only byte-level mixing asks).
     spellings: Arc<OnceLock<Vec<Spelling>>>,
+    /// Ids in order of their spelling, one a spelling (see [`Tokenizer::spelling_order`]).
+    spelling_order: Arc<OnceLock<Vec<u32>>>,
+    /// Each token's first cut (see [`Tokenizer::first_cut`]).
+    first_cuts: Arc<OnceLock<Vec<u32>>>,
 }
 
 #[derive(Clone)]
@@ -91,6 +95,8 @@ impl Tokenizer {
             source: "UTF-8 bytes".to_owned(),
             eos_token_id: Some(BYTE_EOS),
             spellings: Arc::default(),
+            spelling_order: Arc::default(),
+            first_cuts: Arc::default(),
         }
     }
 
@@ -195,6 +201,8 @@ impl Tokenizer {
             source: source.display().to_string(),
             eos_token_id,
             spellings: Arc::default(),
+            spelling_order: Arc::default(),
+            first_cuts: Arc::default(),
         })
     }
 
@@ -246,6 +254,55 @@ impl Tokenizer {
             Engine::Utf8Bytes => spelling::of_bytes(),
         });
         all.get(id as usize).unwrap_or(&Spelling::Nothing)
+    }
+
+    /// The ids of the tokens that spell text, sorted by their bytes, so the tokens whose spelling
+    /// starts with given bytes are a run of it. Where several tokens spell the same bytes (a
+    /// byte-fallback token beside a regular one) only the one encoding those bytes gives is kept:
+    /// the one the tokenizer cuts text into.
+    pub fn spelling_order(&self) -> &[u32] {
+        self.spelling_order.get_or_init(|| {
+            let vocab = self.vocab_size() as u32;
+            spelling::order(
+                (0..vocab).map(|id| (id, self.spelling(id))),
+                |bytes, alike| {
+                    let encoded = std::str::from_utf8(bytes)
+                        .ok()
+                        .and_then(|text| self.encode(text).ok());
+                    match encoded.as_deref() {
+                        Some(&[id]) if alike.contains(&id) => id,
+                        // SentencePiece vocabularies put byte-fallback tokens first.
+                        _ => alike.iter().copied().max().unwrap_or_default(),
+                    }
+                },
+            )
+        })
+    }
+
+    /// The token this tokenizer cuts first from text that starts with token `id`'s spelling: the
+    /// first token of the spelling encoded on its own (itself, unless the pre-tokenizer or the BPE
+    /// merges split it: "X-" is "X" then "-" in GPT-2-style tokenizers). Worked out for the whole
+    /// vocabulary on first use; a token that spells no text, or does not encode back to a prefix
+    /// of itself, is its own first cut.
+    pub fn first_cut(&self, id: u32) -> u32 {
+        let cuts = self.first_cuts.get_or_init(|| {
+            (0..self.vocab_size() as u32)
+                .map(|id| {
+                    let Spelling::Bytes(bytes) = self.spelling(id) else {
+                        return id;
+                    };
+                    let first = std::str::from_utf8(bytes)
+                        .ok()
+                        .and_then(|text| self.encode(text).ok())
+                        .and_then(|ids| ids.first().copied());
+                    match first {
+                        Some(cut) if matches!(self.spelling(cut), Spelling::Bytes(c) if bytes.starts_with(c)) => cut,
+                        _ => id,
+                    }
+                })
+                .collect()
+        });
+        cuts.get(id as usize).copied().unwrap_or(id)
     }
 
     /// The token that ends a document, which an index uses for document ends (see `document_end_token`).

@@ -63,6 +63,33 @@ pub(super) fn of_vocabulary(tok: &tokenizers::Tokenizer, eos: Option<u32>) -> Ve
 }
 
 /// The byte tokenizer's spellings: each id its own byte, [`BYTE_EOS`] the end of text.
+/// The ids of `tokens` that spell text (bytes UTF-8 may hold), sorted by spelling; of ids that
+/// spell alike, the one `canonical(bytes, ids)` picks.
+pub(super) fn order<'a>(
+    tokens: impl Iterator<Item = (u32, &'a Spelling)>,
+    canonical: impl Fn(&[u8], &[u32]) -> u32,
+) -> Vec<u32> {
+    let mut spelled: Vec<(&[u8], u32)> = tokens
+        .filter_map(|(id, s)| match s {
+            Spelling::Bytes(b) if !b.is_empty() && b.iter().all(|&x| x < 0xFE) => {
+                Some((&b[..], id))
+            }
+            _ => None,
+        })
+        .collect();
+    spelled.sort_unstable();
+    spelled
+        .chunk_by(|a, b| a.0 == b.0)
+        .map(|alike| match alike {
+            [(_, id)] => *id,
+            _ => {
+                let ids: Vec<u32> = alike.iter().map(|&(_, id)| id).collect();
+                canonical(alike[0].0, &ids)
+            }
+        })
+        .collect()
+}
+
 pub(super) fn of_bytes() -> Vec<Spelling> {
     (0..BYTE_VOCAB_SIZE as u32)
         .map(|id| match id {

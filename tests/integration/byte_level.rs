@@ -25,13 +25,13 @@ pub fn byte_index(dir: &Path, docs: &[String], max_shard_tokens: Option<u64>) ->
     common::index_of(docs, Content::Text, &opts)
 }
 
-fn ids(text: &[u8]) -> Vec<u32> {
+pub fn ids(text: &[u8]) -> Vec<u32> {
     text.iter().map(|&b| u32::from(b)).collect()
 }
 
 /// P(spelling | context) as the chain rule over its bytes, each factor a brute-force ∞-gram
 /// probability with the context grown by one byte.
-fn chain_rule(oracle: &Oracle, context: &[u8], spelling: &Spelling) -> f64 {
+pub fn chain_rule(oracle: &Oracle, context: &[u8], spelling: &Spelling) -> f64 {
     let factor = |ctx: &[u32], next: u32| {
         let n = oracle.suffix_len(ctx);
         let suffix = &ctx[ctx.len() - n..];
@@ -141,7 +141,7 @@ fn tricky_text() -> String {
     )
 }
 
-fn gemma_tokenizer() -> Tokenizer {
+pub fn gemma_tokenizer() -> Tokenizer {
     Tokenizer::from_file(&common::assets().join("gemma3/tokenizer.json")).unwrap()
 }
 

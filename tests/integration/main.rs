@@ -6,6 +6,7 @@ mod common;
 
 mod backoff;
 mod byte_level;
+mod byte_mixing;
 mod cli;
 mod cluster;
 mod deploy;

@@ -439,7 +439,7 @@ async fn adaptive_lambda_follows_each_sequence() {
         assert_eq!(by_id.lambda, m.lambda, "token {i}");
         lambdas.push(m.lambda);
         let infgram = index.infgram_ntd(&tokens[..i], None).unwrap();
-        let p_inf = SparseDistribution::from_ntd(&infgram.ntd).prob(tokens[i]);
+        let p_inf = SparseDistribution::from_ntd(&infgram.ntd).prob(tokens[i], &neural);
         trust.observe(base, p_inf, neural.prob(tokens[i]));
         let append = session_request::Step::Append(pb::SessionAppend {
             tokens: vec![tokens[i]],

@@ -1,0 +1,344 @@
+//! Mixing a model with a byte-level index: the ∞-gram's distribution over the model's tokens against
+//! the rule written in `evidence::bytes`, worked from brute-force chain-rule products; a document's
+//! contexts read in one pass against fresh searches; the records of real text scored with SmolLM2
+//! against a fresh marginalisation at each position from the same pass of the model; and `Score`
+//! over a served byte index against those records.
+
+use infini_sidecar::evidence::bytes::{marginalise, BYTE_CANDIDATES};
+use infini_sidecar::evidence::{document_records, mix_tokens};
+use infini_sidecar::index::bytes::ByteText;
+use infini_sidecar::mix::params::FitRecord;
+use infini_sidecar::mix::{LambdaRule, MixingParams, NeuralDistribution};
+use infini_sidecar::model::{LoadOptions, Model, WindowOptions};
+use infini_sidecar::server::config::ServeConfig;
+use infini_sidecar::server::pb;
+use infini_sidecar::server::SidecarService;
+use infini_sidecar::tokenizer::{Spelling, Tokenizer, BYTE_EOS};
+use proptest::prelude::*;
+
+use super::byte_level::{byte_index, chain_rule, ids};
+use crate::common;
+use crate::common::oracle::Oracle;
+use crate::common::server::{self, Running};
+use tonic::Code;
+
+/// The first `n` bytes of `s`, or fewer, to a character's end.
+fn cut(s: &str, n: usize) -> &str {
+    let end = (0..=n.min(s.len()))
+        .rev()
+        .find(|&i| s.is_char_boundary(i))
+        .unwrap_or(0);
+    &s[..end]
+}
+
+/// The rule of `evidence::bytes` by brute force, from chain-rule products over a brute-force
+/// ∞-gram: P∞ of every token after `context`, given the model's `candidates` and distribution.
+fn the_rule(
+    oracle: &Oracle,
+    tokenizer: &Tokenizer,
+    context: &[u8],
+    candidates: &[u32],
+    neural: &NeuralDistribution,
+) -> Vec<f64> {
+    let bytes = |id: u32| match tokenizer.spelling(id) {
+        Spelling::Bytes(b) => Some(&b[..]),
+        _ => None,
+    };
+    let roots: Vec<&[u8]> = candidates.iter().filter_map(|&t| bytes(t)).collect();
+    // The tokens the tokenizer cuts text into whose spelling starts with a candidate's and that
+    // can follow the context.
+    let walked: Vec<(u32, &[u8], f64)> = tokenizer
+        .spelling_order()
+        .iter()
+        .filter_map(|&id| bytes(id).map(|b| (id, b)))
+        .filter(|(_, b)| roots.iter().any(|r| b.starts_with(r)))
+        .map(|(id, b)| (id, b, chain_rule(oracle, context, tokenizer.spelling(id))))
+        .filter(|&(_, _, m)| m > 0.0)
+        .collect();
+    let mut p = vec![0.0; tokenizer.vocab_size() as usize];
+    for &(id, own, m) in &walked {
+        // The event "the longest walked token the text starts with is this one".
+        let longer: Vec<&(u32, &[u8], f64)> = walked
+            .iter()
+            .filter(|w| w.1.len() > own.len() && w.1.starts_with(own))
+            .collect();
+        let nearest = longer.iter().filter(|w| {
+            !longer
+                .iter()
+                .any(|c| c.1.len() < w.1.len() && w.1.starts_with(c.1))
+        });
+        let event = m - nearest.map(|w| w.2).sum::<f64>();
+        // It goes to the token the tokenizer cuts first from this one's spelling (itself when that
+        // is no text on its own).
+        let first = std::str::from_utf8(own)
+            .ok()
+            .map(|text| tokenizer.encode(text).unwrap()[0])
+            .filter(|&cut| bytes(cut).is_some_and(|c| own.starts_with(c)))
+            .unwrap_or(id);
+        p[first as usize] += event;
+    }
+    for &t in candidates {
+        if *tokenizer.spelling(t) == Spelling::EndOfText {
+            p[t as usize] = chain_rule(oracle, context, &Spelling::EndOfText);
+        }
+    }
+    let rest = 1.0 - p.iter().sum::<f64>();
+    for (t, slot) in p.iter_mut().enumerate() {
+        *slot += rest * neural.prob(t as u32);
+    }
+    p
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// SmolLM2's real vocabulary over a small alphabet, the model's candidates the tokens spelled
+    /// in it (and a few others): P∞ of every candidate is the rule's, of every other token its share
+    /// of the model's, and P∞ sums to one over all 49,152 tokens.
+    #[test]
+    fn byte_distributions_follow_the_rule_and_sum_to_one(
+        docs in proptest::collection::vec(
+            proptest::collection::vec(prop::sample::select(vec!["a", "b", " ", "é", "\n"]), 0..40)
+                .prop_map(|v| v.concat()),
+            1..6,
+        ),
+        context in proptest::collection::vec(prop::sample::select(vec!["a", "b", " ", "é"]), 0..12)
+            .prop_map(|v| v.concat()),
+        seed in 0u64..1000,
+        all_mass_on_candidates in any::<bool>(),
+    ) {
+        let tokenizer = common::smollm2_tokenizer();
+        let dir = tempfile::tempdir().unwrap();
+        let index = byte_index(dir.path(), &docs, None);
+        let oracle = Oracle { docs: docs.iter().map(|d| ids(d.as_bytes())).collect(), eos: BYTE_EOS };
+        // Candidates: the first 40 tokens spelled in the alphabet, with high and varied logits.
+        let in_alphabet = |id: &u32| match tokenizer.spelling(*id) {
+            Spelling::Bytes(b) => std::str::from_utf8(b)
+                .is_ok_and(|s| s.chars().all(|c| "ab é\n".contains(c))),
+            _ => false,
+        };
+        let vocab = tokenizer.vocab_size();
+        let chosen: Vec<u32> = (0..vocab as u32).filter(in_alphabet).take(40).collect();
+        let logits: Vec<f32> = (0..vocab as u32)
+            .map(|id| {
+                let noise = ((id as u64 * 2654435761 + seed * 97) % 1000) as f32 / 250.0;
+                match (chosen.contains(&id), all_mass_on_candidates) {
+                    (true, _) => 10.0 + noise,
+                    (false, true) => f32::MIN,
+                    (false, false) => noise - 2.0,
+                }
+            })
+            .collect();
+        let neural = NeuralDistribution::from_logits(&logits).unwrap();
+        let mut candidates = chosen.clone();
+        // Beside them a token outside the alphabet (a spelling the index never holds) and the end
+        // of text.
+        candidates.push(tokenizer.encode("xyz").unwrap()[0]);
+        candidates.push(tokenizer.eos_token_id().unwrap());
+        let context_bytes = context.as_bytes();
+        let step = marginalise(&index, &tokenizer, &index.byte_context(context_bytes).unwrap(), &candidates);
+        let want = the_rule(&oracle, &tokenizer, context_bytes, &candidates, &neural);
+        let mut total = 0.0;
+        for (t, &w) in want.iter().enumerate() {
+            let got = step.dist.prob(t as u32, &neural);
+            prop_assert!((got - w).abs() <= 1e-9, "token {t} ({:?}): {got} vs the rule's {w}", tokenizer.spelling(t as u32));
+            total += got;
+        }
+        prop_assert!((total - 1.0).abs() < 1e-6, "P∞ sums to {}", total);
+        prop_assert_eq!(step.sparse, want.iter().any(|&w| w >= 1.0 - 1e-9));
+    }
+}
+
+/// A document's contexts read a token at a time ([`ByteText`]) are those a fresh search of each
+/// prefix's text gives, across an end of text, a control token and a byte-fallback character.
+#[test]
+fn contexts_read_in_one_pass_are_fresh_searches() {
+    let docs = common::minipile_texts("train", 30, "");
+    let dir = tempfile::tempdir().unwrap();
+    let index = byte_index(dir.path(), &docs, Some(400_000));
+    for tokenizer in [
+        common::smollm2_tokenizer(),
+        super::byte_level::gemma_tokenizer(),
+    ] {
+        let eos = tokenizer.eos_token_id().unwrap();
+        let mut tokens = tokenizer.encode(cut(&docs[3], 1500)).unwrap();
+        tokens.push(eos);
+        tokens.extend(
+            tokenizer
+                .encode(&format!("{} 🦀 東京", cut(&docs[7], 600)))
+                .unwrap(),
+        );
+        let mut text = ByteText::new(&index).unwrap();
+        for i in 0..tokens.len() {
+            let fresh = index
+                .byte_context_of_tokens(&tokenizer, &tokens[..i])
+                .unwrap();
+            let read = text.context();
+            assert_eq!(
+                (read.suffix_len(), read.prompt_cnt()),
+                (fresh.suffix_len(), fresh.prompt_cnt()),
+                "{} at token {i}",
+                tokenizer.source()
+            );
+            text.push(&index, &tokenizer, tokens[i]);
+        }
+    }
+}
+
+/// SmolLM2 scoring held-out text against a byte index of real documents: each record's P∞ is the
+/// marginalisation, from the same pass of the model, over a fresh byte context of its prefix; the
+/// ∞-gram is sure of most tokens of the indexed half and of few of the rest.
+#[test]
+fn smollm2_records_against_a_byte_index() {
+    let docs = common::minipile_texts("train", 60, "");
+    let dir = tempfile::tempdir().unwrap();
+    let index = byte_index(dir.path(), &docs, None);
+    let model = Model::load(&common::smollm2_gguf(), &LoadOptions::default()).unwrap();
+    let tokenizer = model.tokenizer();
+    // A passage that is half in the index (so long matches), half not.
+    let indexed = cut(&docs[5], 400);
+    let text = format!("{indexed}{}", cut(&common::brown_test_text(), 300));
+    let tokens = tokenizer.encode(&text).unwrap();
+    let records = document_records(&model, &index, WindowOptions::default(), 0, &tokens, |_| {})
+        .unwrap()
+        .tokens;
+    assert_eq!(records.len(), tokens.len() - 1);
+    let (_, fresh) = model
+        .transformer()
+        .score_document_with(
+            &tokens,
+            WindowOptions::default(),
+            |_| {},
+            |position, row| {
+                let context = index
+                    .byte_context_of_tokens(tokenizer, &tokens[..position])
+                    .unwrap();
+                let candidates: Vec<u32> = row
+                    .top(BYTE_CANDIDATES)
+                    .into_iter()
+                    .map(|(t, _)| t)
+                    .collect();
+                let step = marginalise(&index, tokenizer, &context, &candidates);
+                let token = tokens[position];
+                (
+                    step.dist.prob_beside(token, row.prob(token)),
+                    context.suffix_len(),
+                    step.sparse,
+                )
+            },
+        )
+        .unwrap();
+    for (r, &(prob, suffix_len, sparse)) in records.iter().zip(&fresh) {
+        assert_eq!(
+            (r.infgram_prob, r.suffix_len, r.sparse),
+            (prob, suffix_len, sparse),
+            "position {}",
+            r.position
+        );
+    }
+    let mean = |rs: &[infini_sidecar::evidence::TokenRecord]| {
+        rs.iter().map(|r| r.infgram_prob).sum::<f64>() / rs.len() as f64
+    };
+    let indexed_tokens = tokenizer.encode(indexed).unwrap().len();
+    let (inside, outside) = records.split_at(indexed_tokens - 1);
+    assert!(mean(&inside[20..]) > 0.8, "{}", mean(&inside[20..]));
+    assert!(mean(outside) < mean(&inside[20..]) - 0.3);
+}
+
+/// A sidecar serving a byte index with SmolLM2: `Score` gives, token by token, the library's
+/// records mixed under the file's λ1/λ2; decoding-time mixing says it is not supported; a mixing
+/// file fitted against a token index is refused at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_byte_index_serves_score_and_refuses_decoding() {
+    let docs = common::minipile_texts("train", 60, "");
+    let dir = tempfile::tempdir().unwrap();
+    let index = byte_index(dir.path(), &docs, None);
+    let model = Model::load(&common::smollm2_gguf(), &LoadOptions::default()).unwrap();
+    let mixing = |byte_level: bool| {
+        let mut params = MixingParams::new(
+            "test".into(),
+            "test".into(),
+            model.tokenizer().fingerprint().to_string(),
+            (0.4, 0.05),
+            None,
+            FitRecord::default(),
+        );
+        params.byte_level = byte_level;
+        let path = dir.path().join(format!("mixing-{byte_level}.json"));
+        params.save(&path).unwrap();
+        (path, params)
+    };
+    let (byte_file, params) = mixing(true);
+    let config = ServeConfig {
+        model: Some(common::smollm2_gguf()),
+        mixing: Some(byte_file),
+        ..server::config(dir.path(), index.dir().to_path_buf(), false)
+    };
+    let (token_file, _) = mixing(false);
+    let refused = SidecarService::open(&ServeConfig {
+        mixing: Some(token_file),
+        ..config.clone()
+    })
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(refused.contains("byte-level"), "{refused}");
+    let Running {
+        mut client, stop, ..
+    } = server::start(config).await;
+
+    let texts = common::minipile_texts("test", 2, "");
+    let scored: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| model.tokenizer().encode(cut(t, 1200)).unwrap())
+        .collect();
+    let request = pb::ScoreRequest {
+        documents: scored
+            .iter()
+            .map(|ids| pb::ScoreDocument {
+                token_ids: ids.clone(),
+                domain: String::new(),
+            })
+            .collect(),
+        lambda: Some(pb::score_request::Lambda::Split(true)),
+        per_token: true,
+    };
+    let mut stream = client.score(request).await.unwrap().into_inner();
+    let mut documents = Vec::new();
+    while let Some(r) = stream.message().await.unwrap() {
+        if let Some(pb::score_response::Item::Document(d)) = r.item {
+            documents.push(d);
+        }
+    }
+    assert_eq!(documents.len(), 2);
+    for (d, ids) in documents.iter().zip(&scored) {
+        let records = document_records(&model, &index, WindowOptions::default(), 0, ids, |_| {})
+            .unwrap()
+            .tokens;
+        let mixed = mix_tokens(&records, LambdaRule::DomainSplit, Some(&params), None).unwrap();
+        assert_eq!(d.token_scores.len(), records.len());
+        for ((got, r), m) in d.token_scores.iter().zip(&records).zip(&mixed) {
+            assert_eq!(
+                (got.token, got.infgram_prob, got.mixed_logprob, got.lambda),
+                (r.token, r.infgram_prob, m.logprob, m.lambda)
+            );
+        }
+    }
+
+    let refused = client
+        .mix(pb::MixRequest {
+            context: scored[0][..20].to_vec(),
+            neural: Some(pb::mix_request::Neural::OwnModel(true)),
+            top_k: 5,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("byte-level"),
+        "{}",
+        refused.message()
+    );
+    let _ = stop.send(());
+}
