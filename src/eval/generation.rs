@@ -13,13 +13,11 @@ use serde::Serialize;
 
 use super::documents::EvalDocument;
 use super::{EvalError, Result};
-use crate::evidence::{self, DecodeStep};
+use crate::evidence::{self, DecodeStep, StepInfgram};
 use crate::index::suffix::SuffixMatch;
 use crate::index::Index;
 use crate::mix::distribution::mix_full;
-use crate::mix::{
-    AdaptiveSequence, LambdaRule, MixingParams, NeuralDistribution, SparseDistribution,
-};
+use crate::mix::{AdaptiveSequence, LambdaRule, MixingParams, NeuralDistribution};
 use crate::model::{Model, ModelError};
 use crate::progress::token_bar;
 
@@ -172,7 +170,7 @@ fn sample(
                 (probs, 0.0, None)
             }
             Sampler::Mixed { rule, max_match } => {
-                let infgram = suffix.infgram_ntd(index, None)?;
+                let infgram = StepInfgram::Tokens(suffix.infgram_ntd(index, None)?);
                 let decode = DecodeStep {
                     context: &context,
                     infgram: &infgram,
@@ -186,7 +184,7 @@ fn sample(
                     Some(&mut adaptive),
                     max_match,
                 )?;
-                let sparse = SparseDistribution::from_ntd(&infgram.ntd);
+                let sparse = infgram.distribution();
                 let probs = mix_full(&sparse, &neural, step.lambda);
                 (probs, step.lambda, Some((step.base, sparse)))
             }

@@ -3,12 +3,13 @@
 
 use serde::Serialize;
 
+use super::bytes::ByteStep;
 use super::{ReferenceData, TokenRecord};
 use crate::index::query::InfgramNtdResult;
-use crate::mix::features::{gate_features, NeuralContext, NUM_FEATURES};
+use crate::mix::features::{gate_features, InfgramContext, NeuralContext, NUM_FEATURES};
 use crate::mix::{
     mixed_prob, AdaptiveSequence, GateFeatures, LambdaRule, MixError, MixingParams,
-    NeuralDistribution, SequenceTrust, LAMBDA_MAX, LAMBDA_MIN,
+    NeuralDistribution, SequenceTrust, SparseDistribution, LAMBDA_MAX, LAMBDA_MIN,
 };
 
 /// The λ a mixture uses when `lambda` is asked for: never 0 or 1, where a token that one side gives
@@ -119,11 +120,81 @@ pub struct StepLambda {
     pub features: Option<GateFeatures>,
 }
 
+/// What the ∞-gram says before a decoding step's token: a token index's exact answer, or a
+/// byte-level index's distribution over the model's tokens ([`super::bytes::decode_step`]) with the
+/// context's text in byte ids (what the gate's features read) and how many of the context's last
+/// tokens its match covers.
+pub enum StepInfgram {
+    Tokens(InfgramNtdResult),
+    Bytes {
+        step: ByteStep,
+        text: Vec<u32>,
+        matched_tokens: usize,
+    },
+}
+
+impl StepInfgram {
+    /// Length of the context's longest suffix found (tokens, or bytes).
+    pub fn suffix_len(&self) -> usize {
+        match self {
+            Self::Tokens(r) => r.suffix_len,
+            Self::Bytes { step, .. } => step.suffix_len,
+        }
+    }
+
+    pub fn prompt_cnt(&self) -> u64 {
+        match self {
+            Self::Tokens(r) => r.ntd.prompt_cnt,
+            Self::Bytes { step, .. } => step.prompt_cnt,
+        }
+    }
+
+    /// Length of the context's longest match in the model's tokens (what the copy guard reads).
+    pub fn matched_tokens(&self) -> usize {
+        match self {
+            Self::Tokens(r) => r.suffix_len,
+            Self::Bytes { matched_tokens, .. } => *matched_tokens,
+        }
+    }
+
+    pub fn sparse(&self) -> bool {
+        match self {
+            Self::Tokens(r) => r.sparse,
+            Self::Bytes { step, .. } => step.sparse,
+        }
+    }
+
+    /// The ∞-gram's next-token distribution.
+    pub fn distribution(&self) -> SparseDistribution {
+        match self {
+            Self::Tokens(r) => SparseDistribution::from_ntd(&r.ntd),
+            Self::Bytes { step, .. } => step.dist.clone(),
+        }
+    }
+
+    /// The gate's view of the step after `context`.
+    fn gate_context(
+        &self,
+        reference: &dyn ReferenceData,
+        context: &[u32],
+    ) -> Result<InfgramContext, MixError> {
+        match (self, reference.byte_index()) {
+            (Self::Tokens(r), _) => reference.context_after(context, r),
+            (Self::Bytes { step, text, .. }, Some(index)) => {
+                InfgramContext::new(index, text, &step.score())
+            }
+            (Self::Bytes { .. }, None) => Err(MixError::Invalid(
+                "a byte-level step over a reference that is not byte-level".into(),
+            )),
+        }
+    }
+}
+
 /// What a decoding step knows before its token: the context, the ∞-gram's and the model's views.
 #[derive(Clone, Copy)]
 pub struct DecodeStep<'a> {
     pub context: &'a [u32],
-    pub infgram: &'a InfgramNtdResult,
+    pub infgram: &'a StepInfgram,
     pub neural: &'a NeuralDistribution,
 }
 
@@ -151,7 +222,7 @@ pub fn step_lambda(
     };
     let features = match base_rule {
         LambdaRule::Gate => {
-            let ctx = reference.context_after(context, infgram)?;
+            let ctx = infgram.gate_context(reference, context)?;
             let (entropy, top_prob) = neural.entropy_and_top();
             Some(gate_features(&ctx, &NeuralContext { entropy, top_prob }))
         }
@@ -161,7 +232,7 @@ pub fn step_lambda(
         base_rule,
         params,
         None,
-        &[infgram.sparse],
+        &[infgram.sparse()],
         &[features.unwrap_or([0.0; NUM_FEATURES])],
     )?
     .first()
@@ -174,7 +245,7 @@ pub fn step_lambda(
     };
     let lambda = match rule {
         LambdaRule::Fixed(_) => lambda,
-        _ => guard_copying(lambda, infgram.suffix_len, max_match),
+        _ => guard_copying(lambda, infgram.matched_tokens(), max_match),
     };
     Ok(StepLambda {
         lambda,
@@ -184,10 +255,10 @@ pub fn step_lambda(
 }
 
 /// λ of a decoding step once the copy guard has been applied: the smallest usable λ when the
-/// context's match (`suffix_len` tokens) has reached `max_match`.
-pub fn guard_copying(lambda: f64, suffix_len: usize, max_match: Option<usize>) -> f64 {
+/// context's match (`matched_tokens` of the model's tokens) has reached `max_match`.
+pub fn guard_copying(lambda: f64, matched_tokens: usize, max_match: Option<usize>) -> f64 {
     match max_match {
-        Some(max) if suffix_len >= max => LAMBDA_MIN,
+        Some(max) if matched_tokens >= max => LAMBDA_MIN,
         _ => lambda,
     }
 }

@@ -10,7 +10,7 @@ mod reference;
 
 pub use mixing::{
     bits_per_byte, guard_copying, lambdas, mix_tokens, perplexity, step_lambda, usable_lambda,
-    DecodeStep, MixedToken, StepLambda,
+    DecodeStep, MixedToken, StepInfgram, StepLambda,
 };
 pub use records::{document_records, DocumentRecords, TokenRecord, RECORD_FORMAT};
 pub use reference::{Followed, ReferenceData};

@@ -20,6 +20,7 @@
 //! `evidence::bytes` mixes a model with a byte index through this routine.
 
 use crate::index::query::Matches;
+use crate::index::shard::RankRange;
 use crate::index::suffix::SuffixMatch;
 use crate::index::{Index, IndexError, Result};
 use crate::tokenizer::{Spelling, Tokenizer, BYTE_EOS};
@@ -131,6 +132,36 @@ impl ByteText {
             matches: self.matched.matches().clone(),
         }
     }
+
+    /// The context of the next token without its suffix's bytes, for a caller that keeps one a
+    /// position (a copied passage's suffix can be most of a document): rebuilt from the text by
+    /// [`KeptContext::context`].
+    pub fn kept_context(&self) -> KeptContext {
+        KeptContext {
+            suffix_len: self.matched.suffix_len(),
+            ranges: self.matched.matches().ranges.clone(),
+        }
+    }
+}
+
+/// A [`ByteContext`] less its suffix's bytes (see [`ByteText::kept_context`]).
+pub struct KeptContext {
+    suffix_len: usize,
+    ranges: Vec<RankRange>,
+}
+
+impl KeptContext {
+    /// The context again, from the text it ends (at least its matched suffix).
+    pub fn context(&self, text: &[u32]) -> ByteContext {
+        let suffix = &text[text.len().saturating_sub(self.suffix_len)..];
+        ByteContext {
+            suffix_len: self.suffix_len,
+            matches: Matches {
+                bytes: suffix.iter().map(|&b| b as u8).collect(),
+                ranges: self.ranges.clone(),
+            },
+        }
+    }
 }
 
 /// The bytes `ids` spell, from the last end of text on.
@@ -159,6 +190,14 @@ impl ByteContext {
         self.matches.count()
     }
 
+    /// The probability that the text ends here (a document's end follows the suffix).
+    pub fn end_prob(&self, index: &Index) -> f64 {
+        match self.matches.count() {
+            0 => 0.0,
+            n => index.cont_count(&self.matches, index.eos_token_id()) as f64 / n as f64,
+        }
+    }
+
     /// The chain-rule probability of each spelling after this context (see the module notes).
     /// Spellings are walked in sorted order so that tokens sharing a prefix share its extensions.
     pub fn token_probs(&self, index: &Index, spellings: &[&Spelling]) -> Vec<f64> {
@@ -175,9 +214,7 @@ impl ByteContext {
                 {
                     order.push((i, b))
                 }
-                Spelling::EndOfText => {
-                    probs[i] = index.cont_count(&self.matches, index.eos_token_id()) as f64 / total;
-                }
+                Spelling::EndOfText => probs[i] = self.end_prob(index),
                 _ => {}
             }
         }
@@ -206,10 +243,7 @@ impl ByteContext {
     ) -> Vec<(u32, u64)> {
         let mut out = Vec::new();
         let order = tokenizer.spelling_order();
-        let spelled = |id: u32| match tokenizer.spelling(id) {
-            Spelling::Bytes(b) => &b[..],
-            _ => &[],
-        };
+        let spelled = |id: u32| tokenizer.spelling(id).bytes();
         let mut roots = roots.to_vec();
         roots.sort_unstable();
         let mut walked_to = 0;

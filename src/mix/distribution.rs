@@ -12,9 +12,9 @@ use crate::softmax::log_softmax;
 /// that sum to one, sorted by token so a lookup is a binary search (the support of a short suffix
 /// can be most of the vocabulary).
 ///
-/// From a byte-level index the entries cover what the model's candidates spell, and the mass they
-/// leave (`model_share`) is given to every token in proportion to the model's probability of it
-/// (see `evidence::bytes`). From a token index that share is 0.
+/// From a byte-level index the entries cover what the model's candidates spell and sum to less, and
+/// the mass they leave (`model_share`) is given to every token in proportion to the model's
+/// probability of it (see `evidence::bytes`). From a token index that share is 0.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SparseDistribution {
     entries: Vec<(u32, f64)>,
@@ -36,11 +36,6 @@ impl SparseDistribution {
             model_share,
             ..Self::new(entries)
         }
-    }
-
-    /// The mass given to every token in proportion to the model's probability of it.
-    pub fn model_share(&self) -> f64 {
-        self.model_share
     }
 
     /// Memory held, for callers that keep distributions around.
@@ -189,7 +184,7 @@ impl NeuralDistribution {
     }
 
     /// The `k` most likely tokens with their probabilities, most likely first.
-    fn top(&self, k: usize) -> Vec<(u32, f64)> {
+    pub fn top(&self, k: usize) -> Vec<(u32, f64)> {
         let mut all: Vec<(u32, f64)> = match self {
             Self::Full { logprobs } => {
                 let mut idx: Vec<u32> = (0..logprobs.len() as u32).collect();

@@ -7,10 +7,9 @@ use tonic::Status;
 use super::kv_budget::KvReservation;
 use super::mix_sequences::check_sequence_id;
 use super::{mix_status, model_status, pb, State};
-use crate::evidence::{self, DecodeStep};
-use crate::index::query::InfgramNtdResult;
+use crate::evidence::{self, bytes, DecodeStep, EvidenceError, StepInfgram};
 use crate::mix::features::feature_names;
-use crate::mix::{self, AdaptiveSequence, LambdaRule, NeuralDistribution, SparseDistribution};
+use crate::mix::{self, AdaptiveSequence, LambdaRule, NeuralDistribution};
 
 /// Where the neural distribution comes from.
 pub(super) enum NeuralInput {
@@ -102,7 +101,7 @@ pub(super) fn neural_distribution(
     input: Option<NeuralInput>,
     own_logits: impl FnOnce() -> Result<Vec<f32>, Status>,
 ) -> Result<NeuralDistribution, Status> {
-    let vocab = s.reference.vocab_size() as usize;
+    let vocab = s.mix_vocab_size()? as usize;
     match input {
         Some(NeuralInput::Logits(l)) if l.len() != vocab => Err(Status::invalid_argument(format!(
             "{} logits for a vocabulary of {vocab}",
@@ -144,7 +143,7 @@ pub(super) struct MixOptions {
 pub(super) fn mixed(
     s: &State,
     context: &[u32],
-    infgram: &InfgramNtdResult,
+    infgram: &StepInfgram,
     neural: NeuralDistribution,
     rule: LambdaRule,
     mut sequence: Option<&mut AdaptiveSequence>,
@@ -168,7 +167,7 @@ pub(super) fn mixed(
         max_match,
     )
     .map_err(mix_status)?;
-    let sparse = SparseDistribution::from_ntd(&infgram.ntd);
+    let sparse = infgram.distribution();
     let mixed = mix::mix(&sparse, &neural, step.lambda, options.top_k);
     let response = pb::MixResponse {
         top: mixed
@@ -182,9 +181,9 @@ pub(super) fn mixed(
             .collect(),
         rest_mass: mixed.rest_mass,
         lambda: step.lambda,
-        suffix_len: infgram.suffix_len as u32,
-        prompt_cnt: infgram.ntd.prompt_cnt,
-        sparse: infgram.sparse,
+        suffix_len: infgram.suffix_len() as u32,
+        prompt_cnt: infgram.prompt_cnt(),
+        sparse: infgram.sparse(),
         gate_feature_names: step.features.map(|_| feature_names()).unwrap_or_default(),
         gate_features: step.features.map(|f| f.to_vec()).unwrap_or_default(),
     };
@@ -194,9 +193,10 @@ pub(super) fn mixed(
     Ok(response)
 }
 
-/// The unary `Mix`: the ∞-gram looked up afresh, the own model run over the whole context.
+/// The unary `Mix`: the ∞-gram looked up afresh, the own model run over the whole context. Over a
+/// byte-level index the context is in the model's tokens, and the ∞-gram's view reads the model's
+/// distribution (`evidence::bytes`).
 pub(super) fn mix(s: &State, r: pb::MixRequest) -> Result<pb::MixResponse, Status> {
-    s.refuse_byte_level("Mix")?;
     s.check_len("the context", r.context.len())?;
     let options = MixOptions {
         top_k: s.check_top_k(r.top_k)?,
@@ -205,10 +205,7 @@ pub(super) fn mix(s: &State, r: pb::MixRequest) -> Result<pb::MixResponse, Statu
     check_sequence_id(&r.sequence_id)?;
     let follows_sequence = !r.sequence_id.is_empty();
     let rule = LambdaChoice::resolve(r.lambda.map(Into::into), s, follows_sequence)?;
-    let infgram = s
-        .reference
-        .infgram(&r.context)
-        .map_err(super::index_status)?;
+    s.check_model_ids(&r.context)?;
     let neural = neural_distribution(s, r.neural.map(Into::into), || {
         if r.context.is_empty() {
             return Err(Status::invalid_argument(
@@ -224,6 +221,18 @@ pub(super) fn mix(s: &State, r: pb::MixRequest) -> Result<pb::MixResponse, Statu
             .to_vec1::<f32>()
             .map_err(|e| Status::internal(e.to_string()))
     })?;
+    let infgram = match s.reference.byte_index() {
+        Some(index) => bytes::decode_step(index, s.model()?.tokenizer(), &r.context, &neural)
+            .map_err(|e| match e {
+                EvidenceError::Index(e) => super::index_status(e),
+                e => Status::internal(e.to_string()),
+            })?,
+        None => StepInfgram::Tokens(
+            s.reference
+                .infgram(&r.context)
+                .map_err(super::index_status)?,
+        ),
+    };
     if !follows_sequence || rule != LambdaRule::Adaptive {
         return mixed(s, &r.context, &infgram, neural, rule, None, options);
     }

@@ -320,22 +320,34 @@ impl State {
         check_len(&self.limits, what, len)
     }
 
-    /// Refuses the ids of a document the model scores: the reference data's vocabulary, or the
+    /// Refuses ids outside the vocabulary of mixing requests: the reference data's, or the
     /// model's where the index is byte-level (any model's text goes into it).
-    fn check_scored_ids(&self, model: &Model, ids: &[u32]) -> Result<(), Status> {
+    fn check_model_ids(&self, ids: &[u32]) -> Result<(), Status> {
         match self.reference.byte_index() {
-            Some(_) => model.transformer().check_tokens(ids).map_err(model_status),
+            Some(_) => self
+                .model()?
+                .transformer()
+                .check_tokens(ids)
+                .map_err(model_status),
             None => self.reference.check_ids(ids).map_err(index_status),
         }
     }
 
-    /// Refuses decoding-time mixing (`Mix`, sessions, `Batch`) over a byte-level index: only whole
-    /// documents (`Score`) mix with one so far.
+    /// The vocabulary of mixing requests (see [`Self::check_model_ids`]).
+    fn mix_vocab_size(&self) -> Result<u64, Status> {
+        match self.reference.byte_index() {
+            Some(_) => Ok(self.model()?.tokenizer().vocab_size()),
+            None => Ok(self.reference.vocab_size()),
+        }
+    }
+
+    /// Refuses sessions and `Batch` over a byte-level index: they follow a sequence through the
+    /// reference data a token at a time, which a byte index does not do yet.
     fn refuse_byte_level(&self, what: &str) -> Result<(), Status> {
         match self.reference.byte_index() {
             Some(_) => Err(Status::failed_precondition(format!(
                 "{what} over a byte-level index is not supported yet: serve an index built with the \
-                 model's tokenizer (Score takes either)"
+                 model's tokenizer (Score and Mix take either)"
             ))),
             None => Ok(()),
         }
@@ -394,6 +406,11 @@ impl SidecarService {
         let neural = Neural::load(config)?;
         if index.is_byte_level() {
             neural.check_byte_level()?;
+            if let Some(model) = &neural.model {
+                // What a byte index reads of the model's vocabulary: worked out now, not on a
+                // request.
+                model.tokenizer().spelling_order();
+            }
         } else {
             neural.check_tokenizer(&tokenizer, "the index")?;
         }

@@ -28,14 +28,14 @@ pub(super) fn start(
     request: pb::ScoreRequest,
     deadline: Option<Instant>,
 ) -> Result<ReceiverStream<Result<pb::ScoreResponse, Status>>, Status> {
-    let model = state.model()?;
+    state.model()?;
     let rule = LambdaChoice::resolve(request.lambda.map(Into::into), &state, true)?;
     for (i, d) in request.documents.iter().enumerate() {
         if d.token_ids.is_empty() {
             return Err(Status::invalid_argument(format!("document {i} is empty")));
         }
         state.check_len(&format!("document {i}"), d.token_ids.len())?;
-        state.check_scored_ids(model, &d.token_ids)?;
+        state.check_model_ids(&d.token_ids)?;
     }
     let kv = KvReservation::new(&state.kv_budget, WindowOptions::default().window)?;
     let permit = state.permit()?;

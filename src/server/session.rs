@@ -16,6 +16,7 @@ use super::metrics::Metrics;
 use super::mixing::{mixed, neural_distribution, LambdaChoice, MixOptions};
 use super::{drafting, index_status, model_status, on_pool, pb, State};
 use crate::draft::{DraftOptions, DraftTree, Sequence};
+use crate::evidence::StepInfgram;
 use crate::mix::{AdaptiveSequence, LambdaRule};
 use crate::model::KvCache;
 
@@ -137,7 +138,7 @@ impl Session {
     pub(super) fn mix(&mut self, s: &State, m: pb::SessionMix) -> Result<pb::MixResponse, Status> {
         let top_k = s.check_top_k(m.top_k)?;
         let rule = LambdaChoice::resolve(m.lambda.map(Into::into), s, true)?;
-        let infgram = self.seq.infgram(&*s.reference).map_err(index_status)?;
+        let infgram = StepInfgram::Tokens(self.seq.infgram(&*s.reference).map_err(index_status)?);
         let neural = neural_distribution(s, m.neural.map(Into::into), || self.own_logits(s))?;
         let adaptive = match (rule, &s.mixing) {
             (LambdaRule::Adaptive, Some(p)) => Some(

@@ -41,8 +41,6 @@ pub struct Tokenizer {
     spellings: Arc<OnceLock<Vec<Spelling>>>,
     /// Ids in order of their spelling, one a spelling (see [`Tokenizer::spelling_order`]).
     spelling_order: Arc<OnceLock<Vec<u32>>>,
-    /// Each token's first cut (see [`Tokenizer::first_cut`]).
-    first_cuts: Arc<OnceLock<Vec<u32>>>,
 }
 
 #[derive(Clone)]
@@ -96,7 +94,6 @@ impl Tokenizer {
             eos_token_id: Some(BYTE_EOS),
             spellings: Arc::default(),
             spelling_order: Arc::default(),
-            first_cuts: Arc::default(),
         }
     }
 
@@ -202,7 +199,6 @@ impl Tokenizer {
             eos_token_id,
             spellings: Arc::default(),
             spelling_order: Arc::default(),
-            first_cuts: Arc::default(),
         })
     }
 
@@ -277,32 +273,6 @@ impl Tokenizer {
                 },
             )
         })
-    }
-
-    /// The token this tokenizer cuts first from text that starts with token `id`'s spelling: the
-    /// first token of the spelling encoded on its own (itself, unless the pre-tokenizer or the BPE
-    /// merges split it: "X-" is "X" then "-" in GPT-2-style tokenizers). Worked out for the whole
-    /// vocabulary on first use; a token that spells no text, or does not encode back to a prefix
-    /// of itself, is its own first cut.
-    pub fn first_cut(&self, id: u32) -> u32 {
-        let cuts = self.first_cuts.get_or_init(|| {
-            (0..self.vocab_size() as u32)
-                .map(|id| {
-                    let Spelling::Bytes(bytes) = self.spelling(id) else {
-                        return id;
-                    };
-                    let first = std::str::from_utf8(bytes)
-                        .ok()
-                        .and_then(|text| self.encode(text).ok())
-                        .and_then(|ids| ids.first().copied());
-                    match first {
-                        Some(cut) if matches!(self.spelling(cut), Spelling::Bytes(c) if bytes.starts_with(c)) => cut,
-                        _ => id,
-                    }
-                })
-                .collect()
-        });
-        cuts.get(id as usize).copied().unwrap_or(id)
     }
 
     /// The token that ends a document, which an index uses for document ends (see `document_end_token`).

@@ -17,12 +17,16 @@ pub enum Spelling {
 }
 
 impl Spelling {
-    /// Bytes of text the token stands for (0 for an end of text or a control token).
-    pub fn byte_len(&self) -> usize {
+    /// The bytes of text the token stands for (none for an end of text or a control token).
+    pub fn bytes(&self) -> &[u8] {
         match self {
-            Spelling::Bytes(b) => b.len(),
-            _ => 0,
+            Spelling::Bytes(b) => b,
+            _ => &[],
         }
+    }
+
+    pub fn byte_len(&self) -> usize {
+        self.bytes().len()
     }
 }
 
@@ -62,7 +66,6 @@ pub(super) fn of_vocabulary(tok: &tokenizers::Tokenizer, eos: Option<u32>) -> Ve
         .collect()
 }
 
-/// The byte tokenizer's spellings: each id its own byte, [`BYTE_EOS`] the end of text.
 /// The ids of `tokens` that spell text (bytes UTF-8 may hold), sorted by spelling; of ids that
 /// spell alike, the one `canonical(bytes, ids)` picks.
 pub(super) fn order<'a>(
@@ -90,6 +93,7 @@ pub(super) fn order<'a>(
         .collect()
 }
 
+/// The byte tokenizer's spellings: each id its own byte, [`BYTE_EOS`] the end of text.
 pub(super) fn of_bytes() -> Vec<Spelling> {
     (0..BYTE_VOCAB_SIZE as u32)
         .map(|id| match id {

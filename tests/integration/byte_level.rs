@@ -222,3 +222,33 @@ fn the_chain_rule_holds_across_real_tokenizers() {
         );
     }
 }
+
+/// The vocabulary in spelling order, one token a spelling, keeps every token the tokenizers cut
+/// text into: Gemma-3 spells "A" twice (a token and the byte fallback `<0x41>`) and keeps the
+/// token.
+#[test]
+fn spelling_order_keeps_the_tokens_text_is_cut_into() {
+    let text = tricky_text();
+    for tokenizer in [common::smollm2_tokenizer(), gemma_tokenizer()] {
+        let order = tokenizer.spelling_order();
+        let spelled = |id: u32| tokenizer.spelling(id).bytes();
+        assert!(order.windows(2).all(|w| spelled(w[0]) < spelled(w[1])));
+        let kept: std::collections::HashSet<u32> = order.iter().copied().collect();
+        for id in tokenizer.encode(&text).unwrap() {
+            assert!(kept.contains(&id), "{}: token {id}", tokenizer.source());
+        }
+    }
+    let gemma = gemma_tokenizer();
+    let a = gemma.encode("A").unwrap();
+    let twins: Vec<u32> = (0..gemma.vocab_size() as u32)
+        .filter(|&id| gemma.spelling(id).bytes() == b"A")
+        .collect();
+    assert_eq!(a.len(), 1);
+    assert!(twins.len() >= 2 && twins.contains(&a[0]), "{twins:?}");
+    let kept: Vec<u32> = twins
+        .iter()
+        .copied()
+        .filter(|id| gemma.spelling_order().contains(id))
+        .collect();
+    assert_eq!(kept, a);
+}

@@ -2,13 +2,13 @@
 //! the rule written in `evidence::bytes`, worked from brute-force chain-rule products; a document's
 //! contexts read in one pass against fresh searches; the records of real text scored with SmolLM2
 //! against a fresh marginalisation at each position from the same pass of the model; and `Score`
-//! over a served byte index against those records.
+//! and `Mix` over a served byte index against the library.
 
-use infini_sidecar::evidence::bytes::{marginalise, BYTE_CANDIDATES};
+use infini_sidecar::evidence::bytes::{decode_step, marginalise, BYTE_CANDIDATES};
 use infini_sidecar::evidence::{document_records, mix_tokens};
 use infini_sidecar::index::bytes::ByteText;
 use infini_sidecar::mix::params::FitRecord;
-use infini_sidecar::mix::{LambdaRule, MixingParams, NeuralDistribution};
+use infini_sidecar::mix::{mix, LambdaRule, MixingParams, NeuralDistribution};
 use infini_sidecar::model::{LoadOptions, Model, WindowOptions};
 use infini_sidecar::server::config::ServeConfig;
 use infini_sidecar::server::pb;
@@ -45,12 +45,11 @@ fn the_rule(
         _ => None,
     };
     let roots: Vec<&[u8]> = candidates.iter().filter_map(|&t| bytes(t)).collect();
-    // The tokens the tokenizer cuts text into whose spelling starts with a candidate's and that
-    // can follow the context.
-    let walked: Vec<(u32, &[u8], f64)> = tokenizer
-        .spelling_order()
-        .iter()
-        .filter_map(|&id| bytes(id).map(|b| (id, b)))
+    // The tokens whose spelling starts with a candidate's and that can follow the context (SmolLM2
+    // spells no two tokens alike).
+    let walked: Vec<(u32, &[u8], f64)> = (0..tokenizer.vocab_size() as u32)
+        .filter_map(|id| bytes(id).map(|b| (id, b)))
+        .filter(|(_, b)| !b.is_empty() && b.iter().all(|&x| x < 0xFE))
         .filter(|(_, b)| roots.iter().any(|r| b.starts_with(r)))
         .map(|(id, b)| (id, b, chain_rule(oracle, context, tokenizer.spelling(id))))
         .filter(|&(_, _, m)| m > 0.0)
@@ -68,14 +67,7 @@ fn the_rule(
                 .any(|c| c.1.len() < w.1.len() && w.1.starts_with(c.1))
         });
         let event = m - nearest.map(|w| w.2).sum::<f64>();
-        // It goes to the token the tokenizer cuts first from this one's spelling (itself when that
-        // is no text on its own).
-        let first = std::str::from_utf8(own)
-            .ok()
-            .map(|text| tokenizer.encode(text).unwrap()[0])
-            .filter(|&cut| bytes(cut).is_some_and(|c| own.starts_with(c)))
-            .unwrap_or(id);
-        p[first as usize] += event;
+        p[id as usize] += event;
     }
     for &t in candidates {
         if *tokenizer.spelling(t) == Spelling::EndOfText {
@@ -246,10 +238,10 @@ fn smollm2_records_against_a_byte_index() {
 }
 
 /// A sidecar serving a byte index with SmolLM2: `Score` gives, token by token, the library's
-/// records mixed under the file's λ1/λ2; decoding-time mixing says it is not supported; a mixing
-/// file fitted against a token index is refused at start.
+/// records mixed under the file's λ1/λ2, and `Mix` the library's decoding step; sessions say they
+/// are not supported; a mixing file fitted against a token index is refused at start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_byte_index_serves_score_and_refuses_decoding() {
+async fn a_byte_index_serves_score_and_mix() {
     let docs = common::minipile_texts("train", 60, "");
     let dir = tempfile::tempdir().unwrap();
     let index = byte_index(dir.path(), &docs, None);
@@ -325,20 +317,53 @@ async fn a_byte_index_serves_score_and_refuses_decoding() {
         }
     }
 
-    let refused = client
+    // Mix after a prefix of a scored document, with the sidecar's own model: the library's step.
+    let context = &scored[0][..40];
+    let mixed = client
         .mix(pb::MixRequest {
-            context: scored[0][..20].to_vec(),
+            context: context.to_vec(),
             neural: Some(pb::mix_request::Neural::OwnModel(true)),
+            lambda: Some(pb::mix_request::Lambda::Split(true)),
             top_k: 5,
             ..Default::default()
         })
         .await
-        .unwrap_err();
-    assert_eq!(refused.code(), Code::FailedPrecondition);
-    assert!(
-        refused.message().contains("byte-level"),
-        "{}",
-        refused.message()
+        .unwrap()
+        .into_inner();
+    let transformer = model.transformer();
+    let logits = transformer
+        .forward_last(context, &mut transformer.new_cache())
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let neural = NeuralDistribution::from_logits(&logits).unwrap();
+    let step = decode_step(&index, model.tokenizer(), context, &neural).unwrap();
+    let (l1, l2) = params.split_for(None);
+    let lambda = if step.sparse() { l1 } else { l2 };
+    let want = mix(&step.distribution(), &neural, lambda, 5);
+    assert_eq!(mixed.lambda, lambda);
+    assert_eq!(
+        (mixed.suffix_len as usize, mixed.sparse),
+        (step.suffix_len(), step.sparse())
     );
+    let got: Vec<(u32, f64)> = mixed.top.iter().map(|t| (t.token, t.prob)).collect();
+    assert_eq!(got, want.top);
+    assert!(
+        step.suffix_len() > 20,
+        "the document's prefix is in the index"
+    );
+
+    // A session follows its sequence through the index a token at a time: not over bytes yet.
+    let (tx, mut replies) = server::open_session(&mut client).await;
+    let start = pb::session_request::Step::Start(pb::SessionStart {
+        context: context.to_vec(),
+        ..Default::default()
+    });
+    let reply = server::step(&tx, &mut replies, start).await;
+    let Some(pb::session_response::Result::Error(e)) = reply.result else {
+        panic!("a session over a byte index started: {reply:?}");
+    };
+    assert_eq!(Code::from(e.code), Code::FailedPrecondition);
+    assert!(e.message.contains("byte-level"), "{}", e.message);
     let _ = stop.send(());
 }
