@@ -2,23 +2,30 @@
 //! a model and an index built with its tokenizer.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 
 use infini_sidecar::draft::{spec, DraftOptions};
 use infini_sidecar::eval::backoff::{self as eval_backoff, BackoffEvalOptions};
-use infini_sidecar::eval::documents::{load_documents, load_documents_with, TokenBudget};
+use infini_sidecar::eval::contamination::{self, ContaminationOptions};
+use infini_sidecar::eval::documents::{
+    load_documents, load_documents_with, EvalDocument, TokenBudget,
+};
 use infini_sidecar::eval::experiment::{self, EvalInputs, FitSummary, Pairing};
 use infini_sidecar::eval::generation::{self, GenerationEvalOptions, Sampler};
 use infini_sidecar::eval::per_token::write_per_token;
 use infini_sidecar::eval::report as eval_report;
 use infini_sidecar::eval::spec::{self as eval_spec, SpecEvalOptions};
 use infini_sidecar::eval::workload;
+use infini_sidecar::evidence::byte_reference;
 use infini_sidecar::index::backoff::{Backoff, Weighting};
+use infini_sidecar::index::decontam;
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::mix::{GateOptions, LambdaRule, MixingParams};
 use infini_sidecar::model::{Model, ModelError, WindowOptions};
+use infini_sidecar::tokenizer::Tokenizer;
 
 use crate::cli::text;
 use crate::{load_model, open_writer, ModelArgs};
@@ -42,6 +49,10 @@ pub enum EvalCommand {
     /// The ∞-gram alone as a language model (selective back-off): perplexity and bits per byte of
     /// documents for each k, and its generation speed.
     Backoff(BackoffEvalArgs),
+    /// How much of each benchmark item appears verbatim in an index: the share of its n-grams found
+    /// (contaminated past a threshold), its longest match and the documents that hold it, per item,
+    /// per domain and overall.
+    Contamination(ContaminationArgs),
 }
 
 pub fn run(command: EvalCommand) -> Result<()> {
@@ -52,6 +63,7 @@ pub fn run(command: EvalCommand) -> Result<()> {
         EvalCommand::Generate(args) => run_generate(args),
         EvalCommand::Workload(args) => run_workload(args),
         EvalCommand::Backoff(args) => run_backoff(args),
+        EvalCommand::Contamination(args) => run_contamination(args),
     }
 }
 
@@ -229,7 +241,8 @@ fn run_spec(args: SpecArgs) -> Result<()> {
         bail!("--max-draft must be at most {}", spec::MAX_VERIFY_ROWS - 1);
     }
     let (model, index) = open_pairing(&args.pairing)?;
-    Pairing::same_tokenizer(&model, &index)?;
+    Pairing::new(&model, &index)?;
+    let reference = byte_reference::for_model(Arc::new(index), model.tokenizer());
     let docs = load_documents(
         &args.pairing.inputs,
         &model,
@@ -250,7 +263,7 @@ fn run_spec(args: SpecArgs) -> Result<()> {
             ..DraftOptions::default()
         },
     };
-    let rows = eval_spec::run(&model, &index, &docs, &opts)?;
+    let rows = eval_spec::run(&model, &*reference, &docs, &opts)?;
     let md = eval_spec::markdown(&rows);
     let written = match &args.out_dir {
         Some(dir) => write_results(dir, "spec", &rows, &md)?,
@@ -547,20 +560,31 @@ pub struct BackoffEvalArgs {
     format: text::Format,
 }
 
-fn run_backoff(args: BackoffEvalArgs) -> Result<()> {
-    let index = Index::open(&args.index, &OpenOptions::default())?;
+/// The documents of `inputs` cut into `index`'s tokens (bytes for a byte-level index), and its
+/// tokenizer.
+fn index_documents(
+    index: &Index,
+    inputs: &[PathBuf],
+    budget: TokenBudget,
+) -> Result<(Vec<EvalDocument>, Tokenizer)> {
     let Some(tokenizer) = index.tokenizer().cloned() else {
-        bail!("{}: the index carries no tokenizer", args.index.display());
+        bail!("{}: the index carries no tokenizer", index.dir().display());
     };
     let encode = |text: &str| {
         tokenizer
             .encode(text)
             .map_err(|e| ModelError::Tokenizer(e.to_string()))
     };
+    let docs = load_documents_with(inputs, encode, budget, None)?;
+    Ok((docs, tokenizer))
+}
+
+fn run_backoff(args: BackoffEvalArgs) -> Result<()> {
+    let index = Index::open(&args.index, &OpenOptions::default())?;
     let budget = args
         .max_tokens
         .map_or(TokenBudget::All, TokenBudget::PerDomain);
-    let docs = load_documents_with(&args.inputs, encode, budget, None)?;
+    let (docs, tokenizer) = index_documents(&index, &args.inputs, budget)?;
     let opts = BackoffEvalOptions {
         levels: args.levels.iter().map(|l| l.0).collect(),
         backoff: args.backoff.spec(),
@@ -580,4 +604,54 @@ fn run_backoff(args: BackoffEvalArgs) -> Result<()> {
     args.format.print(&report, || {
         text::backoff_report(&report) + &text::wrote(&written)
     })
+}
+
+#[derive(Args)]
+pub struct ContaminationArgs {
+    /// A token or byte-level index; items are cut into its tokens.
+    #[arg(long)]
+    index: PathBuf,
+    /// The benchmark: Pile-style JSON lines (`text`, `meta.pile_set_name` for its domains), text
+    /// files or folders.
+    #[arg(long = "input", num_args = 1.., required = true)]
+    inputs: Vec<PathBuf>,
+    /// n-gram length in the index's tokens [default: 13 tokens, 50 bytes on a byte-level index].
+    #[arg(long)]
+    ngram: Option<usize>,
+    /// Share of an item's n-grams found that makes it contaminated.
+    #[arg(long, default_value_t = decontam::DEFAULT_THRESHOLD)]
+    threshold: f64,
+    /// Documents listed for each item's longest match.
+    #[arg(long, default_value_t = 3)]
+    max_documents: usize,
+    /// Items listed in the table, those with the largest shares (the JSON has every item).
+    #[arg(long, default_value_t = 20)]
+    worst: usize,
+    /// Write contamination.json (every item) and contamination.md here.
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+    #[command(flatten)]
+    format: text::Format,
+}
+
+fn run_contamination(args: ContaminationArgs) -> Result<()> {
+    let index = Index::open(&args.index, &OpenOptions::default())?;
+    let (items, _) = index_documents(&index, &args.inputs, TokenBudget::All)?;
+    let ngram = args.ngram.unwrap_or(match index.is_byte_level() {
+        true => contamination::BYTE_NGRAM,
+        false => contamination::TOKEN_NGRAM,
+    });
+    let opts = ContaminationOptions {
+        ngram,
+        threshold: args.threshold,
+        max_documents: args.max_documents,
+    };
+    let report = contamination::report(&index, &items, &opts)?;
+    let md = contamination::markdown(&report, args.worst);
+    let written = match &args.out_dir {
+        Some(dir) => write_results(dir, "contamination", &report, &md)?,
+        None => Vec::new(),
+    };
+    args.format
+        .print(&report, || md.clone() + &text::wrote(&written))
 }

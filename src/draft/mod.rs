@@ -13,9 +13,10 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::evidence::{Followed, ReferenceData};
+use crate::evidence::{EvidenceError, Followed, ReferenceData, StepInfgram};
 use crate::index::Result;
 use crate::live::{LiveError, LiveStore};
+use crate::mix::NeuralDistribution;
 pub use calibration::Origin;
 use calibration::{Calibrated, Calibration};
 use lookup::PromptLookup;
@@ -216,7 +217,8 @@ impl Sequence {
         &self.tokens
     }
 
-    /// Length of the longest suffix of the sequence found in the reference data.
+    /// Length of the longest suffix of the sequence found in the reference data (tokens, or bytes
+    /// over a byte-level index).
     pub fn suffix_len(&self) -> usize {
         self.followed.suffix_len()
     }
@@ -226,12 +228,14 @@ impl Sequence {
         self.followed.prompt_cnt()
     }
 
-    /// The exact ∞-gram distribution after the sequence.
-    pub fn infgram(
+    /// What the ∞-gram says of the next token, whose model distribution is `neural`
+    /// ([`ReferenceData::step_followed`]).
+    pub fn step(
         &self,
         reference: &dyn ReferenceData,
-    ) -> Result<crate::index::query::InfgramNtdResult> {
-        reference.infgram_followed(&self.followed)
+        neural: &NeuralDistribution,
+    ) -> Result<StepInfgram, EvidenceError> {
+        reference.step_followed(&self.followed, &self.tokens, neural)
     }
 
     /// Appends tokens (checked against the vocabulary first, so a bad id changes nothing; a
@@ -389,7 +393,7 @@ impl Sequence {
     ) -> Result<DraftTree> {
         let (conts, len) = match origin {
             Origin::Index => {
-                let len = self.followed.suffix_len();
+                let len = self.followed.matched_tokens();
                 let depth = opts.depth_for(len);
                 let conts = reference.continuations(
                     &self.followed,

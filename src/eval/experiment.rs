@@ -34,13 +34,13 @@ impl<'a> Pairing<'a> {
         Self::same_tokenizer(model, index)
     }
 
-    /// A pairing for decoding jobs (drafts, generation), which read token answers of the index:
-    /// refuses a byte-level index.
+    /// A pairing for the decoding jobs that read token answers of the index (generation, workload
+    /// replays): refuses a byte-level index.
     pub fn same_tokenizer(model: &'a Model, index: &'a Index) -> Result<Self> {
         if index.is_byte_level() {
             return Err(EvalError::Invalid(format!(
-                "the index at {} is byte-level: drafting and generation need one built with the \
-                 model's tokenizer (scoring, eval fit and eval ppl take either)",
+                "the index at {} is byte-level: generation and workload replays need one built with \
+                 the model's tokenizer (scoring, eval fit, eval ppl and eval spec take either)",
                 index.dir().display()
             )));
         }

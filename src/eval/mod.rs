@@ -3,6 +3,7 @@
 //! decoding (`eval spec`, and `eval workload` over a replayed workload with live indexes).
 
 pub mod backoff;
+pub mod contamination;
 pub mod documents;
 pub mod error;
 pub mod experiment;

@@ -10,7 +10,7 @@ use super::documents::EvalDocument;
 use super::{EvalError, Result};
 use crate::draft::spec::{decode, SpecOptions, SpecRun};
 use crate::draft::{DraftOptions, DraftSource, Extras};
-use crate::index::Index;
+use crate::evidence::ReferenceData;
 use crate::model::Model;
 
 #[derive(Debug, Clone, Copy)]
@@ -94,7 +94,7 @@ fn prompts(docs: &[EvalDocument], opts: &SpecEvalOptions) -> BTreeMap<String, Ve
 /// Rows per domain and source, then the totals over all domains.
 pub fn run(
     model: &Model,
-    index: &Index,
+    reference: &dyn ReferenceData,
     docs: &[EvalDocument],
     opts: &SpecEvalOptions,
 ) -> Result<Vec<SpecRow>> {
@@ -134,8 +134,14 @@ pub fn run(
                     seed: 0,
                     stop_token: None,
                 };
-                let run = decode(model.transformer(), index, prompt, &spec, Extras::default())
-                    .map_err(EvalError::from_decode)?;
+                let run = decode(
+                    model.transformer(),
+                    reference,
+                    prompt,
+                    &spec,
+                    Extras::default(),
+                )
+                .map_err(EvalError::from_decode)?;
                 if i == 0 {
                     baseline = run.tokens.clone();
                 }

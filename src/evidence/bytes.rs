@@ -76,6 +76,47 @@ pub fn decode_step(
 ) -> Result<StepInfgram, EvidenceError> {
     let text = text_after_last_end(tokenizer, context);
     let byte_context = index.byte_context(&text)?;
+    let suffix = &text[text.len().saturating_sub(byte_context.suffix_len())..];
+    let suffix: Vec<u32> = suffix.iter().map(|&b| u32::from(b)).collect();
+    Ok(step_from(
+        index,
+        tokenizer,
+        context,
+        byte_context,
+        suffix,
+        neural,
+    ))
+}
+
+/// The same step after a sequence whose text `followed` has read token by token (a session's).
+pub fn followed_step(
+    index: &Index,
+    tokenizer: &Tokenizer,
+    context: &[u32],
+    followed: &ByteText,
+    neural: &NeuralDistribution,
+) -> StepInfgram {
+    let suffix = followed.matched_suffix().to_vec();
+    step_from(
+        index,
+        tokenizer,
+        context,
+        followed.context(),
+        suffix,
+        neural,
+    )
+}
+
+/// The step after `context`, whose text's longest occurring suffix is `suffix` (byte ids) with
+/// `byte_context` its matches.
+fn step_from(
+    index: &Index,
+    tokenizer: &Tokenizer,
+    context: &[u32],
+    byte_context: ByteContext,
+    suffix: Vec<u32>,
+    neural: &NeuralDistribution,
+) -> StepInfgram {
     let candidates: Vec<u32> = neural
         .top(BYTE_CANDIDATES)
         .into_iter()
@@ -92,11 +133,11 @@ pub fn decode_step(
         }
         matched_tokens += 1;
     }
-    Ok(StepInfgram::Bytes {
+    StepInfgram::Bytes {
         step,
-        text: text.iter().map(|&b| u32::from(b)).collect(),
+        text: suffix,
         matched_tokens,
-    })
+    }
 }
 
 /// The ∞-gram's distribution after `context` over a model whose most likely tokens are `candidates`,

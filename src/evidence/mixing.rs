@@ -122,12 +122,13 @@ pub struct StepLambda {
 
 /// What the ∞-gram says before a decoding step's token: a token index's exact answer, or a
 /// byte-level index's distribution over the model's tokens ([`super::bytes::decode_step`]) with the
-/// context's text in byte ids (what the gate's features read) and how many of the context's last
-/// tokens its match covers.
+/// context's matched suffix in byte ids (what the gate's features read) and how many of the
+/// context's last tokens it covers.
 pub enum StepInfgram {
     Tokens(InfgramNtdResult),
     Bytes {
         step: ByteStep,
+        /// The bytes of the context's longest suffix that occurs.
         text: Vec<u32>,
         matched_tokens: usize,
     },

@@ -3,11 +3,13 @@
 //! both the evaluator (`eval ppl`, the per-token output) and the service (`Score`, `Mix`), so they
 //! score and mix documents one way.
 
+pub mod byte_reference;
 pub mod bytes;
 mod mixing;
 mod records;
 mod reference;
 
+pub use byte_reference::ByteReference;
 pub use mixing::{
     bits_per_byte, guard_copying, lambdas, mix_tokens, perplexity, step_lambda, usable_lambda,
     DecodeStep, MixedToken, StepInfgram, StepLambda,

@@ -2,12 +2,14 @@
 //! shard servers behind a router (`server::router`), whose merged answers are those of one index
 //! over all their documents (`crate::cluster` says why). The callers above cannot tell which.
 
+use super::{EvidenceError, StepInfgram};
+use crate::index::bytes::ByteText;
 use crate::index::dense::TokenScore;
 use crate::index::query::InfgramNtdResult;
 use crate::index::suffix::SuffixMatch;
 use crate::index::{Index, IndexError};
 use crate::mix::features::InfgramContext;
-use crate::mix::MixError;
+use crate::mix::{MixError, NeuralDistribution};
 
 /// The reference data's answers that scoring, mixing and drafting ask for.
 pub trait ReferenceData: Send + Sync {
@@ -31,6 +33,26 @@ pub trait ReferenceData: Send + Sync {
 
     /// The exact ∞-gram distribution after `context`; refuses ids outside the vocabulary.
     fn infgram(&self, context: &[u32]) -> Result<InfgramNtdResult, IndexError>;
+
+    /// What the ∞-gram says of a decoding step after `context`, whose model distribution is
+    /// `neural` (which a byte-level index reads; a token index gives [`Self::infgram`]).
+    fn step(
+        &self,
+        context: &[u32],
+        _neural: &NeuralDistribution,
+    ) -> Result<StepInfgram, EvidenceError> {
+        Ok(StepInfgram::Tokens(self.infgram(context)?))
+    }
+
+    /// The same after the followed sequence `seq`, from what `followed` keeps of it.
+    fn step_followed(
+        &self,
+        followed: &Followed,
+        _seq: &[u32],
+        _neural: &NeuralDistribution,
+    ) -> Result<StepInfgram, EvidenceError> {
+        Ok(StepInfgram::Tokens(self.infgram_followed(followed)?))
+    }
 
     /// The gate's view of the next token after `context`, whose ∞-gram answer is `infgram`.
     fn context_after(
@@ -72,14 +94,27 @@ pub enum Followed {
     Local(SuffixMatch),
     /// Behind a router: the shards' merged ∞-gram answer after the sequence, asked once per change.
     Remote(InfgramNtdResult),
+    /// A model's tokens over a byte-level index: their text, matched a byte at a time.
+    Bytes(ByteText),
 }
 
 impl Followed {
-    /// Length of the longest suffix of the sequence found in the reference data.
+    /// Length of the longest suffix of the sequence found in the reference data (tokens, or bytes
+    /// over a byte-level index).
     pub fn suffix_len(&self) -> usize {
         match self {
             Followed::Local(m) => m.suffix_len(),
             Followed::Remote(a) => a.suffix_len,
+            Followed::Bytes(t) => t.suffix_len(),
+        }
+    }
+
+    /// Tokens of the sequence inside that suffix (over a byte-level index, whose suffix is
+    /// counted in bytes, those whose bytes lie inside it).
+    pub fn matched_tokens(&self) -> usize {
+        match self {
+            Followed::Bytes(t) => t.matched_tokens(),
+            other => other.suffix_len(),
         }
     }
 
@@ -88,6 +123,7 @@ impl Followed {
         match self {
             Followed::Local(m) => m.prompt_cnt(),
             Followed::Remote(a) => a.ntd.prompt_cnt,
+            Followed::Bytes(t) => t.prompt_cnt(),
         }
     }
 }
@@ -101,14 +137,14 @@ impl Followed {
     fn local(&self) -> Result<&SuffixMatch, IndexError> {
         match self {
             Followed::Local(m) => Ok(m),
-            Followed::Remote(_) => Err(followed_elsewhere()),
+            _ => Err(followed_elsewhere()),
         }
     }
 
     fn local_mut(&mut self) -> Result<&mut SuffixMatch, IndexError> {
         match self {
             Followed::Local(m) => Ok(m),
-            Followed::Remote(_) => Err(followed_elsewhere()),
+            _ => Err(followed_elsewhere()),
         }
     }
 
@@ -116,7 +152,22 @@ impl Followed {
     pub(crate) fn remote(&self) -> Result<&InfgramNtdResult, IndexError> {
         match self {
             Followed::Remote(a) => Ok(a),
-            Followed::Local(_) => Err(followed_elsewhere()),
+            _ => Err(followed_elsewhere()),
+        }
+    }
+
+    /// The text a byte-level index follows.
+    pub(crate) fn bytes(&self) -> Result<&ByteText, IndexError> {
+        match self {
+            Followed::Bytes(t) => Ok(t),
+            _ => Err(followed_elsewhere()),
+        }
+    }
+
+    pub(crate) fn bytes_mut(&mut self) -> Result<&mut ByteText, IndexError> {
+        match self {
+            Followed::Bytes(t) => Ok(t),
+            _ => Err(followed_elsewhere()),
         }
     }
 }

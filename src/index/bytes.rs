@@ -73,14 +73,17 @@ impl Index {
 }
 
 /// The text of a model's token sequence read a token at a time, with the longest suffix of it that
-/// occurs in a byte-level index kept up to date byte by byte (a document's positions in one pass, as
-/// [`Index::byte_context_of_tokens`] would give each afresh).
+/// occurs in a byte-level index kept up to date byte by byte (a document's positions in one pass, or
+/// a session's steps, as [`Index::byte_context_of_tokens`] would give each afresh).
 pub struct ByteText {
     /// Byte ids of all the text read.
     bytes: Vec<u32>,
     /// Where the text restarted last (after an end of text or a byte ≥ 0xFE).
     start: usize,
     matched: SuffixMatch,
+    /// After each token read: the text's length and where it had restarted last, what
+    /// [`Self::truncate`] goes back to.
+    marks: Vec<(usize, usize)>,
 }
 
 impl ByteText {
@@ -90,23 +93,49 @@ impl ByteText {
             bytes: Vec::new(),
             start: 0,
             matched: SuffixMatch::new(index),
+            marks: Vec::new(),
         })
     }
 
     /// Reads one more token of `tokenizer`.
     pub fn push(&mut self, index: &Index, tokenizer: &Tokenizer, id: u32) {
-        let spelled = match tokenizer.spelling(id) {
-            Spelling::Bytes(b) => b,
-            Spelling::EndOfText => return self.restart(index),
-            Spelling::Nothing => return,
-        };
-        for &b in spelled.iter() {
-            if u32::from(b) >= BYTE_EOS {
-                self.restart(index);
-                continue;
+        match tokenizer.spelling(id) {
+            Spelling::Bytes(spelled) => {
+                for &b in spelled.iter() {
+                    if u32::from(b) >= BYTE_EOS {
+                        self.restart(index);
+                        continue;
+                    }
+                    self.bytes.push(u32::from(b));
+                    self.matched.advance(index, &self.bytes[self.start..]);
+                }
             }
-            self.bytes.push(u32::from(b));
-            self.matched.advance(index, &self.bytes[self.start..]);
+            Spelling::EndOfText => self.restart(index),
+            Spelling::Nothing => {}
+        }
+        self.marks.push((self.bytes.len(), self.start));
+    }
+
+    /// Forgets every token past the first `tokens`: one lookup, unless an end of text is taken
+    /// back, when the text before it is matched again byte by byte.
+    pub fn truncate(&mut self, index: &Index, tokens: usize) {
+        if tokens >= self.marks.len() {
+            return;
+        }
+        let (len, start) = match tokens {
+            0 => (0, 0),
+            n => self.marks[n - 1],
+        };
+        self.marks.truncate(tokens);
+        self.bytes.truncate(len);
+        if start == self.start {
+            self.matched.truncate(index, &self.bytes[start..]);
+            return;
+        }
+        self.start = start;
+        self.matched = SuffixMatch::new(index);
+        for end in start + 1..=len {
+            self.matched.advance(index, &self.bytes[start..end]);
         }
     }
 
@@ -123,6 +152,37 @@ impl ByteText {
     /// The part of [`Self::bytes`] the next token's context reads: since the text last restarted.
     pub fn span(&self) -> std::ops::Range<usize> {
         self.start..self.bytes.len()
+    }
+
+    /// Bytes of the longest suffix of the text (since it last restarted) that occurs.
+    pub fn suffix_len(&self) -> usize {
+        self.matched.suffix_len()
+    }
+
+    /// Occurrences of that suffix.
+    pub fn prompt_cnt(&self) -> u64 {
+        self.matched.prompt_cnt()
+    }
+
+    /// Tokens read whose bytes lie inside that suffix.
+    pub fn matched_tokens(&self) -> usize {
+        let from = self.bytes.len().saturating_sub(self.suffix_len());
+        // Token i starts where token i − 1 ended.
+        let starting_before = match from {
+            0 => 0,
+            _ => 1 + self.marks.partition_point(|&(end, _)| end < from),
+        };
+        self.marks.len().saturating_sub(starting_before)
+    }
+
+    /// That suffix's bytes.
+    pub fn matched_suffix(&self) -> &[u32] {
+        &self.bytes[self.bytes.len().saturating_sub(self.matched.suffix_len())..]
+    }
+
+    /// What followed that suffix in the index, as [`SuffixMatch::continuations`] gives it.
+    pub fn continuations(&self, index: &Index, samples: usize, depth: usize) -> Vec<Vec<u32>> {
+        self.matched.continuations(index, samples, depth)
     }
 
     /// The context of the next token.

@@ -119,7 +119,7 @@ pub(super) fn add_documents(
         let tokens = match doc.content {
             Some(pb::live_document::Content::Tokens(t)) => t.ids,
             Some(pb::live_document::Content::Text(text)) => s
-                .tokenizer
+                .sequence_tokenizer()
                 .encode(&text)
                 .map_err(|e| Status::invalid_argument(e.to_string()))?,
             None => return Err(Status::invalid_argument("a document with no content")),

@@ -7,7 +7,7 @@ use tonic::Status;
 use super::kv_budget::KvReservation;
 use super::mix_sequences::check_sequence_id;
 use super::{mix_status, model_status, pb, State};
-use crate::evidence::{self, bytes, DecodeStep, EvidenceError, StepInfgram};
+use crate::evidence::{self, DecodeStep, StepInfgram};
 use crate::mix::features::feature_names;
 use crate::mix::{self, AdaptiveSequence, LambdaRule, NeuralDistribution};
 
@@ -221,18 +221,10 @@ pub(super) fn mix(s: &State, r: pb::MixRequest) -> Result<pb::MixResponse, Statu
             .to_vec1::<f32>()
             .map_err(|e| Status::internal(e.to_string()))
     })?;
-    let infgram = match s.reference.byte_index() {
-        Some(index) => bytes::decode_step(index, s.model()?.tokenizer(), &r.context, &neural)
-            .map_err(|e| match e {
-                EvidenceError::Index(e) => super::index_status(e),
-                e => Status::internal(e.to_string()),
-            })?,
-        None => StepInfgram::Tokens(
-            s.reference
-                .infgram(&r.context)
-                .map_err(super::index_status)?,
-        ),
-    };
+    let infgram = s
+        .reference
+        .step(&r.context, &neural)
+        .map_err(super::evidence_status)?;
     if !follows_sequence || rule != LambdaRule::Adaptive {
         return mixed(s, &r.context, &infgram, neural, rule, None, options);
     }

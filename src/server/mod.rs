@@ -30,8 +30,8 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::cpu::{CpuInfo, KernelFlavour};
-use crate::evidence::ReferenceData;
-use crate::index::{Index, IndexError, OpenOptions};
+use crate::evidence::{byte_reference, EvidenceError, ReferenceData};
+use crate::index::{Index, IndexError, OpenOptions, TokenWidth};
 use crate::interrupt::{StopReason, StopSignal};
 use crate::live::{LiveError, LiveIndex, LiveStore, Vocabulary};
 use crate::mix::{MixError, MixingParams};
@@ -202,6 +202,14 @@ fn index_status(e: IndexError) -> Status {
     }
 }
 
+fn evidence_status(e: EvidenceError) -> Status {
+    match e {
+        EvidenceError::Index(e) => index_status(e),
+        EvidenceError::Mix(e) => mix_status(e),
+        EvidenceError::Model(e) => model_status(e),
+    }
+}
+
 fn live_status(e: LiveError) -> Status {
     match e {
         LiveError::Invalid(m) => Status::invalid_argument(m),
@@ -333,23 +341,20 @@ impl State {
         }
     }
 
+    /// The tokenizer of sequences (sessions, drafts, live documents): the model's beside a
+    /// byte-level index, which follows the model's tokens then, else the index's.
+    fn sequence_tokenizer(&self) -> &Tokenizer {
+        match (self.reference.byte_index(), &self.model) {
+            (Some(_), Some(model)) => model.tokenizer(),
+            _ => &self.tokenizer,
+        }
+    }
+
     /// The vocabulary of mixing requests (see [`Self::check_model_ids`]).
     fn mix_vocab_size(&self) -> Result<u64, Status> {
         match self.reference.byte_index() {
             Some(_) => Ok(self.model()?.tokenizer().vocab_size()),
             None => Ok(self.reference.vocab_size()),
-        }
-    }
-
-    /// Refuses sessions and `Batch` over a byte-level index: they follow a sequence through the
-    /// reference data a token at a time, which a byte index does not do yet.
-    fn refuse_byte_level(&self, what: &str) -> Result<(), Status> {
-        match self.reference.byte_index() {
-            Some(_) => Err(Status::failed_precondition(format!(
-                "{what} over a byte-level index is not supported yet: serve an index built with the \
-                 model's tokenizer (Score and Mix take either)"
-            ))),
-            None => Ok(()),
         }
     }
 
@@ -385,6 +390,18 @@ impl State {
     }
 }
 
+/// The live index's vocabulary where it holds a model's tokens.
+fn model_vocabulary(tokenizer: &Tokenizer) -> Result<Vocabulary, ServeError> {
+    let eos_token_id = tokenizer.eos_token_id().ok_or_else(|| {
+        ServeError::Setup("the live index needs the model's tokenizer to name an eos token".into())
+    })?;
+    Ok(Vocabulary {
+        width: TokenWidth::for_vocab(tokenizer.vocab_size()),
+        eos_token_id,
+        vocab_size: tokenizer.vocab_size(),
+    })
+}
+
 impl SidecarService {
     /// Opens the index (with its tokenizer), the mixing file and the model of a config.
     pub fn open(config: &ServeConfig) -> Result<Self, ServeError> {
@@ -414,19 +431,28 @@ impl SidecarService {
         } else {
             neural.check_tokenizer(&tokenizer, "the index")?;
         }
+        // Beside a model, a byte index follows the model's tokens: sequences (sessions, drafts,
+        // live documents) hold those.
+        let model_over_bytes = neural.model.as_ref().filter(|_| index.is_byte_level());
         let live = config
             .live
             .config()
             .map(|live| {
-                let vocab = Vocabulary {
-                    width: index.width(),
-                    eos_token_id: index.eos_token_id(),
-                    vocab_size: index.vocab_size(),
+                let vocab = match model_over_bytes {
+                    Some(model) => model_vocabulary(model.tokenizer())?,
+                    None => Vocabulary {
+                        width: index.width(),
+                        eos_token_id: index.eos_token_id(),
+                        vocab_size: index.vocab_size(),
+                    },
                 };
-                LiveIndex::open(live, vocab).map(|l| Arc::new(l) as Arc<dyn LiveStore>)
+                Ok::<_, ServeError>(Arc::new(LiveIndex::open(live, vocab)?) as Arc<dyn LiveStore>)
             })
             .transpose()?;
-        let reference: Arc<dyn ReferenceData> = index.clone();
+        let reference: Arc<dyn ReferenceData> = match &neural.model {
+            Some(model) => byte_reference::for_model(index.clone(), model.tokenizer()),
+            None => index.clone(),
+        };
         Ok(Self::assemble(
             config,
             metrics,

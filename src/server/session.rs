@@ -14,9 +14,8 @@ use tonic::{Status, Streaming};
 use super::kv_budget::KvReservation;
 use super::metrics::Metrics;
 use super::mixing::{mixed, neural_distribution, LambdaChoice, MixOptions};
-use super::{drafting, index_status, model_status, on_pool, pb, State};
+use super::{drafting, evidence_status, index_status, model_status, on_pool, pb, State};
 use crate::draft::{DraftOptions, DraftTree, Sequence};
-use crate::evidence::StepInfgram;
 use crate::mix::{AdaptiveSequence, LambdaRule};
 use crate::model::KvCache;
 
@@ -40,7 +39,6 @@ struct NeuralCache {
 
 impl Session {
     pub(super) fn new(s: &State, start: pb::SessionStart) -> Result<Self, Status> {
-        s.refuse_byte_level("a session")?;
         s.check_len("the context", start.context.len())?;
         let neural = match start.use_model {
             true => Some(NeuralCache {
@@ -138,8 +136,11 @@ impl Session {
     pub(super) fn mix(&mut self, s: &State, m: pb::SessionMix) -> Result<pb::MixResponse, Status> {
         let top_k = s.check_top_k(m.top_k)?;
         let rule = LambdaChoice::resolve(m.lambda.map(Into::into), s, true)?;
-        let infgram = StepInfgram::Tokens(self.seq.infgram(&*s.reference).map_err(index_status)?);
         let neural = neural_distribution(s, m.neural.map(Into::into), || self.own_logits(s))?;
+        let infgram = self
+            .seq
+            .step(&*s.reference, &neural)
+            .map_err(evidence_status)?;
         let adaptive = match (rule, &s.mixing) {
             (LambdaRule::Adaptive, Some(p)) => Some(
                 self.adaptive

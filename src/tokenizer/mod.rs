@@ -37,6 +37,8 @@ pub struct Tokenizer {
     fingerprint: String,
     source: String,
     eos_token_id: Option<u32>,
+    /// Ids are below this. Kept: the Hugging Face tokenizer builds its whole vocabulary to say.
+    vocab_size: u64,
     /// Every token's bytes, worked out on first use (only byte-level mixing asks).
     spellings: Arc<OnceLock<Vec<Spelling>>>,
     /// Ids in order of their spelling, one a spelling (see [`Tokenizer::spelling_order`]).
@@ -92,6 +94,7 @@ impl Tokenizer {
             fingerprint: BYTES_FINGERPRINT.to_owned(),
             source: "UTF-8 bytes".to_owned(),
             eos_token_id: Some(BYTE_EOS),
+            vocab_size: BYTE_VOCAB_SIZE,
             spellings: Arc::default(),
             spelling_order: Arc::default(),
         }
@@ -193,6 +196,7 @@ impl Tokenizer {
     ) -> Result<Self> {
         let fingerprint = fingerprint(&inner)?;
         Ok(Tokenizer {
+            vocab_size: inner.get_vocab_size(true) as u64,
             engine: Engine::Hf(Box::new(inner)),
             fingerprint,
             source: source.display().to_string(),
@@ -236,10 +240,7 @@ impl Tokenizer {
     }
 
     pub fn vocab_size(&self) -> u64 {
-        match &self.engine {
-            Engine::Hf(inner) => inner.get_vocab_size(true) as u64,
-            Engine::Utf8Bytes => BYTE_VOCAB_SIZE,
-        }
+        self.vocab_size
     }
 
     /// The bytes of token `id` in the text it stands for (see [`Spelling`]); ids past the

@@ -1,9 +1,11 @@
 //! Mixing a model with a byte-level index: the ∞-gram's distribution over the model's tokens against
 //! the rule written in `evidence::bytes`, worked from brute-force chain-rule products; a document's
 //! contexts read in one pass against fresh searches; the records of real text scored with SmolLM2
-//! against a fresh marginalisation at each position from the same pass of the model; and `Score`
-//! and `Mix` over a served byte index against the library.
+//! against a fresh marginalisation at each position from the same pass of the model; `Score` and
+//! `Mix` over a served byte index against the library; and sessions, drafts and the live index over
+//! a served byte index in the model's tokens, against fresh lookups and the indexed text.
 
+use infini_sidecar::evidence::byte_reference::whole_word_tokens;
 use infini_sidecar::evidence::bytes::{decode_step, marginalise, BYTE_CANDIDATES};
 use infini_sidecar::evidence::{document_records, mix_tokens};
 use infini_sidecar::index::bytes::ByteText;
@@ -20,7 +22,6 @@ use super::byte_level::{byte_index, chain_rule, ids};
 use crate::common;
 use crate::common::oracle::Oracle;
 use crate::common::server::{self, Running};
-use tonic::Code;
 
 /// The first `n` bytes of `s`, or fewer, to a character's end.
 fn cut(s: &str, n: usize) -> &str {
@@ -238,8 +239,8 @@ fn smollm2_records_against_a_byte_index() {
 }
 
 /// A sidecar serving a byte index with SmolLM2: `Score` gives, token by token, the library's
-/// records mixed under the file's λ1/λ2, and `Mix` the library's decoding step; sessions say they
-/// are not supported; a mixing file fitted against a token index is refused at start.
+/// records mixed under the file's λ1/λ2, and `Mix` the library's decoding step; a mixing file
+/// fitted against a token index is refused at start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_byte_index_serves_score_and_mix() {
     let docs = common::minipile_texts("train", 60, "");
@@ -353,17 +354,228 @@ async fn a_byte_index_serves_score_and_mix() {
         "the document's prefix is in the index"
     );
 
-    // A session follows its sequence through the index a token at a time: not over bytes yet.
+    let _ = stop.send(());
+}
+
+/// The ∞-gram's top tokens and what it matched, as a `Mix` reply gives them.
+fn mix_answer(m: &pb::MixResponse) -> (Vec<(u32, f64)>, u32, u64, bool) {
+    let top = m.top.iter().map(|t| (t.token, t.prob)).collect();
+    (top, m.suffix_len, m.prompt_cnt, m.sparse)
+}
+
+/// A sidecar serving a byte index with SmolLM2 follows sequences in the model's tokens:
+/// - a session's mix after each append, a truncate and a truncate across an end of text is the
+///   unary `Mix` of the same context (which looks its text up afresh), given the same logits;
+/// - a draft from the index is the tokenizer's cut of the text that follows the context in its
+///   document, and a session's state counts the matched bytes;
+/// - the live index holds the model's tokens: text added to a namespace is drafted back in them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_drafts_and_live_documents_over_a_byte_index_are_in_the_models_tokens() {
+    let docs = common::minipile_texts("train", 60, "");
+    let dir = tempfile::tempdir().unwrap();
+    let index = byte_index(dir.path(), &docs, None);
+    let model = Model::load(&common::smollm2_gguf(), &LoadOptions::default()).unwrap();
+    let tokenizer = model.tokenizer();
+    let config = ServeConfig {
+        model: Some(common::smollm2_gguf()),
+        mixing: None,
+        ..server::config(dir.path(), index.dir().to_path_buf(), false)
+    };
+    let Running {
+        mut client, stop, ..
+    } = server::start(config).await;
+    // Indexed text (a document's head, to a word's end), an end of text, then held-out text.
+    let doc = &docs[5];
+    let head = &doc[..doc[..300].rfind(' ').unwrap()];
+    let mut tokens = tokenizer.encode(head).unwrap();
+    let eos_at = tokens.len();
+    tokens.push(tokenizer.eos_token_id().unwrap());
+    tokens.extend(
+        tokenizer
+            .encode(cut(&common::brown_test_text(), 200))
+            .unwrap(),
+    );
+    let logits_after = |context: &[u32]| {
+        let transformer = model.transformer();
+        let logits = transformer
+            .forward_last(context, &mut transformer.new_cache())
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        pb::NeuralLogits { logits }
+    };
     let (tx, mut replies) = server::open_session(&mut client).await;
     let start = pb::session_request::Step::Start(pb::SessionStart {
-        context: context.to_vec(),
+        context: tokens[..3].to_vec(),
         ..Default::default()
     });
     let reply = server::step(&tx, &mut replies, start).await;
-    let Some(pb::session_response::Result::Error(e)) = reply.result else {
-        panic!("a session over a byte index started: {reply:?}");
-    };
-    assert_eq!(Code::from(e.code), Code::FailedPrecondition);
-    assert!(e.message.contains("byte-level"), "{}", e.message);
+    assert!(reply.result.is_none() && reply.state.is_some(), "{reply:?}");
+    let mut length = 3;
+    // Each check: the session's mix, its state, and the unary Mix of the same context.
+    let mut checked = Vec::new();
+    let mut moves: Vec<usize> = (10..tokens.len()).step_by(9).collect();
+    moves.extend([
+        eos_at - 4,
+        tokens.len(),
+        eos_at + 3,
+        eos_at - 7,
+        tokens.len(),
+    ]);
+    for to in moves {
+        let step = match to > length {
+            true => pb::session_request::Step::Append(pb::SessionAppend {
+                tokens: tokens[length..to].to_vec(),
+            }),
+            false => pb::session_request::Step::Truncate(pb::SessionTruncate { length: to as u64 }),
+        };
+        let reply = server::step(&tx, &mut replies, step).await;
+        let (Some(state), None) = (reply.state, &reply.result) else {
+            panic!("moving to {to}: {reply:?}");
+        };
+        length = to;
+        let context = &tokens[..length];
+        let logits = logits_after(context);
+        let lambda = 0.3;
+        let mix = pb::session_request::Step::Mix(pb::SessionMix {
+            neural: Some(pb::session_mix::Neural::Logits(logits.clone())),
+            lambda: Some(pb::session_mix::Lambda::FixedLambda(lambda)),
+            top_k: 8,
+            ..Default::default()
+        });
+        let reply = server::step(&tx, &mut replies, mix).await;
+        let Some(pb::session_response::Result::Mix(in_session)) = reply.result else {
+            panic!("mixing at {length}: {reply:?}");
+        };
+        let unary = client
+            .mix(pb::MixRequest {
+                context: context.to_vec(),
+                neural: Some(pb::mix_request::Neural::Logits(logits)),
+                lambda: Some(pb::mix_request::Lambda::FixedLambda(lambda)),
+                top_k: 8,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            mix_answer(&in_session),
+            mix_answer(&unary),
+            "after {length} tokens"
+        );
+        assert_eq!(
+            (state.suffix_len, state.prompt_cnt),
+            (unary.suffix_len, unary.prompt_cnt)
+        );
+        checked.push((length, unary.suffix_len));
+    }
+    // The head is indexed: long byte matches before the end of text, none across it.
+    let before_eos = checked.iter().filter(|&&(l, _)| l > 40 && l < eos_at);
+    assert!(before_eos.clone().count() >= 3);
+    assert!(
+        before_eos
+            .clone()
+            .all(|&(l, len)| len as usize > 4 * (l - 20)),
+        "{checked:?}"
+    );
+
+    // A draft from the index after the head: the model's tokens of what the document goes on with.
+    let rest = &doc[head.len()..];
+    let want = tokenizer.encode(cut(rest, 400)).unwrap();
+    for depth in [1, 3, 10, 24] {
+        let draft = client
+            .draft(pb::DraftRequest {
+                target: Some(pb::draft_request::Target::Context(pb::TokenIds {
+                    ids: tokens[..eos_at].to_vec(),
+                })),
+                options: Some(pb::DraftOptions {
+                    max_tokens: depth,
+                    source: pb::DraftSource::Index as i32,
+                    min_path_prob: Some(0.0),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(draft.token_ids, want[..depth as usize].to_vec());
+        assert_eq!(draft.match_len as usize, eos_at);
+    }
+
+    // Text added to a live namespace comes back as the model's tokens.
+    let added = cut(&docs[50], 400);
+    client
+        .add_documents(pb::AddDocumentsRequest {
+            namespace: "notes".into(),
+            documents: vec![pb::LiveDocument {
+                content: Some(pb::live_document::Content::Text(added.into())),
+            }],
+        })
+        .await
+        .unwrap();
+    let ids = tokenizer.encode(added).unwrap();
+    let draft = client
+        .draft(pb::DraftRequest {
+            target: Some(pb::draft_request::Target::Context(pb::TokenIds {
+                ids: ids[..30].to_vec(),
+            })),
+            options: Some(pb::DraftOptions {
+                max_tokens: 8,
+                source: pb::DraftSource::Live as i32,
+                min_path_prob: Some(0.0),
+                ..Default::default()
+            }),
+            namespace: "notes".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(draft.token_ids, ids[30..38].to_vec());
+    drop(tx);
     let _ = stop.send(());
+}
+
+/// What followed a match, cut short by a draft's byte budget anywhere (inside a word, inside a
+/// character), gives the model's tokens of the whole text: a prefix of them, under SmolLM2's and
+/// Gemma-3's tokenizers, and all but the last word's or so.
+#[test]
+fn drafted_text_cut_anywhere_gives_a_prefix_of_the_whole_texts_tokens() {
+    let mut texts: Vec<String> = common::minipile_texts("train", 12, "")
+        .iter()
+        .map(|d| cut(d, 300).to_string())
+        .collect();
+    texts.push("  fn main() {\n        println!(\"東京 🦀 {}\", 1_000);\n    }\n".into());
+    for tokenizer in [
+        common::smollm2_tokenizer(),
+        super::byte_level::gemma_tokenizer(),
+    ] {
+        for text in &texts {
+            let whole = tokenizer.encode(text).unwrap();
+            for n in 1..text.len() {
+                let got = whole_word_tokens(&tokenizer, &text.as_bytes()[..n], true);
+                assert_eq!(
+                    got,
+                    whole[..got.len()],
+                    "{} cut at {n} of {text:?}",
+                    tokenizer.source()
+                );
+                // All but the last word: the text up to the whitespace before it.
+                let valid = match std::str::from_utf8(&text.as_bytes()[..n]) {
+                    Ok(t) => t,
+                    Err(e) => &text[..e.valid_up_to()],
+                };
+                let words = valid
+                    .trim_end_matches(|c: char| !c.is_whitespace())
+                    .trim_end();
+                let spelled: usize = got.iter().map(|&t| tokenizer.spelling(t).byte_len()).sum();
+                if !words.is_empty() {
+                    assert_eq!(spelled, words.len(), "cut at {n} of {text:?}");
+                }
+            }
+            let uncut = whole_word_tokens(&tokenizer, text.as_bytes(), false);
+            assert_eq!(uncut, whole);
+        }
+    }
 }

@@ -9,6 +9,7 @@ mod byte_level;
 mod byte_mixing;
 mod cli;
 mod cluster;
+mod contamination;
 mod deploy;
 mod draft_real;
 mod engine_vs_brute_force;

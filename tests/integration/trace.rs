@@ -76,24 +76,9 @@ fn a_copied_passage_is_traced_to_its_document() {
     let tokenizer = common::smollm2_tokenizer();
     let texts = common::minipile_texts("train", 30, "");
     let dir = tempfile::tempdir().unwrap();
-    let opts = BuildOptions {
-        tokenizer: Some(&tokenizer),
-        ..BuildOptions::new(
-            dir.path().join("idx"),
-            TokenWidth::U16,
-            tokenizer.eos_token_id().unwrap(),
-            tokenizer.vocab_size(),
-        )
-    };
-    let index = common::index_of(&texts, Content::Text, &opts);
-
-    let (doc_ix, source) = texts
-        .iter()
-        .enumerate()
-        .find(|(_, t)| t.len() > 2000)
-        .unwrap();
-    let cut = (1500..).find(|&i| source.is_char_boundary(i)).unwrap();
-    let passage_ids = tokenizer.encode(&source[..cut]).unwrap();
+    let index = common::smollm2_index_of(dir.path(), &texts);
+    let (doc_ix, head) = common::long_document_head(&texts);
+    let passage_ids = tokenizer.encode(head).unwrap();
     let passage = &passage_ids[100..160];
     let novel = tokenizer
         .encode(" zqxj wvkp 7731 plorb fnarg quux blee")

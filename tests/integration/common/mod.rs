@@ -71,6 +71,32 @@ pub fn index_of<T: Clone>(
     infini_sidecar::index::Index::open(&opts.out, &Default::default()).unwrap()
 }
 
+/// An index of `texts` cut into SmolLM2's tokens, in `dir`.
+pub fn smollm2_index_of(dir: &std::path::Path, texts: &[String]) -> infini_sidecar::index::Index {
+    let tokenizer = smollm2_tokenizer();
+    let opts = infini_sidecar::index::build::BuildOptions {
+        tokenizer: Some(&tokenizer),
+        ..infini_sidecar::index::build::BuildOptions::new(
+            dir.join("idx"),
+            infini_sidecar::index::TokenWidth::U16,
+            tokenizer.eos_token_id().unwrap(),
+            tokenizer.vocab_size(),
+        )
+    };
+    index_of(texts, infini_sidecar::corpus::Content::Text, &opts)
+}
+
+/// The first of `texts` over 2,000 bytes, and its first 1,500 bytes or so (to a character's end).
+pub fn long_document_head(texts: &[String]) -> (usize, &str) {
+    let (ix, text) = texts
+        .iter()
+        .enumerate()
+        .find(|(_, t)| t.len() > 2000)
+        .unwrap();
+    let cut = (1500..).find(|&i| text.is_char_boundary(i)).unwrap();
+    (ix, &text[..cut])
+}
+
 /// The first Brown document of the mini-Pile test split.
 pub fn brown_test_text() -> String {
     minipile_docs("test", 1000)
