@@ -12,6 +12,7 @@ use serde::de::IgnoredAny;
 use serde_json::{json, Map, Value};
 
 use crate::index::docs::SearchOptions;
+use crate::index::hints::HintOptions;
 use crate::index::trace::{TraceOptions, TraceSpan};
 use crate::index::Index;
 
@@ -29,6 +30,11 @@ const QUERY_FIELDS: &[&str] = &[
     "doc_ix",
     "text",
     "min_len",
+    "samples",
+    "exact",
+    "regularise",
+    "min_plateau",
+    "seed",
 ];
 /// Fields only an answer writes: an input field of these names is not copied through, so that a
 /// successful answer never carries an `error`, nor a `latency` that is not ours.
@@ -84,6 +90,20 @@ fn cnf_of(v: &Value) -> Result<Vec<Vec<Vec<u32>>>, String> {
                 .collect()
         })
         .collect()
+}
+
+/// The query's `text` in the index's tokens, or its `ids`.
+fn ids_or_text(index: &Index, q: &Map<String, Value>) -> Result<Vec<u32>, String> {
+    match q.get("text") {
+        Some(text) => {
+            let text = text.as_str().ok_or("\"text\" must be a string")?;
+            let tokenizer = index
+                .tokenizer()
+                .ok_or("this index carries no tokenizer: give \"ids\"")?;
+            tokenizer.encode(text).map_err(|err| err.to_string())
+        }
+        None => ids_of(q.get("ids"), "ids"),
+    }
 }
 
 /// An answer's fields as JSON text, serialized straight from the result: a distribution of thousands
@@ -142,14 +162,7 @@ fn answer_query(index: &Index, q: &Map<String, Value>) -> Result<String, String>
                 max_disp_len: u64_of(q.get("max_disp_len"), "max_disp_len")?.map_or(defaults.max_disp_len, |n| n.min(1 << 20) as usize),
                 ..defaults
             };
-            let ids = match q.get("text") {
-                Some(text) => {
-                    let text = text.as_str().ok_or("\"text\" must be a string")?;
-                    let tokenizer = index.tokenizer().ok_or("this index carries no tokenizer: give \"ids\"")?;
-                    tokenizer.encode(text).map_err(|err| err.to_string())?
-                }
-                None => ids_of(q.get("ids"), "ids")?,
-            };
+            let ids = ids_or_text(index, q)?;
             let spans = index.trace(&ids, opts).map_err(e)?;
             let text_of = |span: &TraceSpan| index.tokenizer().and_then(|t| t.decode(&ids[span.start..span.end]).ok());
             to_text(json!({
@@ -163,7 +176,24 @@ fn answer_query(index: &Index, q: &Map<String, Value>) -> Result<String, String>
                 })).collect::<Vec<_>>(),
             }))
         }
-        other => Err(format!("unknown op {other:?} (count, prob, ntd, infgram_prob, infgram_ntd, find, search_docs, get_doc, score, trace)")),
+        "hints" => {
+            let defaults = HintOptions::default();
+            let flag = |field: &str, default: bool| match q.get(field) {
+                None | Some(Value::Null) => Ok(default),
+                Some(v) => v.as_bool().ok_or(format!("\"{field}\" must be true or false")),
+            };
+            let opts = HintOptions {
+                samples: u64_of(q.get("samples"), "samples")?.map_or(defaults.samples, |n| n.min(usize::MAX as u64) as usize),
+                exact: flag("exact", defaults.exact)?,
+                regularise: flag("regularise", defaults.regularise)?,
+                min_plateau: u64_of(q.get("min_plateau"), "min_plateau")?.map_or(defaults.min_plateau, |n| n.min(usize::MAX as u64) as usize),
+                seed: q.get("seed").and_then(Value::as_u64).unwrap_or(defaults.seed),
+            };
+            let ids = ids_or_text(index, q)?;
+            let (hints, cost) = index.hints(&ids, &opts).map_err(e)?;
+            to_text(json!({"tokens": ids.len(), "hints": hints, "cost": cost}))
+        }
+        other => Err(format!("unknown op {other:?} (count, prob, ntd, infgram_prob, infgram_ntd, find, search_docs, get_doc, score, trace, hints)")),
     }
 }
 

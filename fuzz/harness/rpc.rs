@@ -30,7 +30,7 @@ use tonic::{Code, Request, Status};
 use super::tiny;
 
 /// RPCs in the order the selector byte picks them (new ones go last, so kept inputs keep their RPC).
-const RPCS: [&str; 20] = [
+const RPCS: [&str; 21] = [
     "Info",
     "Tokenize",
     "Detokenize",
@@ -52,6 +52,7 @@ const RPCS: [&str; 20] = [
     "Shard/LiveContinuations",
     "Generate",
     "Trace",
+    "Hints",
 ];
 const PAST_DEADLINE: u8 = 0x80;
 
@@ -185,6 +186,7 @@ impl Fixture {
             "AddDocuments" => unary!(add_documents, pb::AddDocumentsRequest),
             "Generate" => unary!(generate, pb::GenerateRequest),
             "Trace" => unary!(trace, pb::TraceRequest),
+            "Hints" => unary!(hints, pb::HintsRequest),
             "Score" => {
                 let Ok(message) = pb::ScoreRequest::decode(body) else {
                     return;
@@ -451,6 +453,21 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                     text: "a b a b".into(),
                     min_len: 1,
                     maxnum: 2,
+                    ..Default::default()
+                },
+            ),
+        ),
+        (
+            "hints",
+            seed(
+                "Hints",
+                &pb::HintsRequest {
+                    sequences: vec![pb::TokenIds {
+                        ids: vec![259, 97, 259, 97],
+                    }],
+                    samples: 3,
+                    min_plateau: 1,
+                    seed: 5,
                     ..Default::default()
                 },
             ),

@@ -24,8 +24,8 @@ use crate::mix::features::InfgramContext;
 use crate::mix::{MixError, NeuralDistribution};
 use crate::tokenizer::Tokenizer;
 
-/// Bytes of index text read per draft token asked for: SmolLM2 and Gemma-3 cut English prose into
-/// about 4.5 bytes a token, code and numbers into fewer.
+/// Bytes of index text read per draft token asked for: SmolLM2 cuts the mini-Pile into about 3.5
+/// bytes a token (English prose more, code and numbers fewer).
 const DRAFT_BYTES_PER_TOKEN: usize = 8;
 
 /// Bytes read beyond those, so a last word the budget cuts (and leaves out) is seldom one the draft
@@ -61,9 +61,9 @@ pub fn for_model(index: Arc<Index>, tokenizer: &Tokenizer) -> Arc<dyn ReferenceD
 
 /// The tokens `tokenizer` cuts index text into, for a draft: `bytes` is what followed a match,
 /// `cut` says the byte budget may have ended it inside a word, which is then left out (a word's
-/// tokens depend on how it ends), so the tokens are those of the whole text's cut. Text with no
-/// whitespace to end a word at (CJK, code) loses its last token instead; a single word that may be
-/// cut gives nothing.
+/// tokens depend on how it ends), so the tokens are those of the whole text's cut. Text that may be
+/// cut with no whitespace before its last word gives nothing: how the word's tokens run depends on
+/// where it ends (CJK, code and one long word go undrafted from a cut continuation).
 pub fn whole_word_tokens(tokenizer: &Tokenizer, bytes: &[u8], cut: bool) -> Vec<u32> {
     let (mut text, cut) = match std::str::from_utf8(bytes) {
         Ok(text) => (text, cut),
@@ -74,7 +74,6 @@ pub fn whole_word_tokens(tokenizer: &Tokenizer, bytes: &[u8], cut: bool) -> Vec<
             true,
         ),
     };
-    let mut drop_last = false;
     if cut {
         // Where the whitespace before the last word starts.
         let last_gap = text
@@ -85,16 +84,11 @@ pub fn whole_word_tokens(tokenizer: &Tokenizer, bytes: &[u8], cut: bool) -> Vec<
             .last()
             .map(|(i, _)| i);
         match last_gap {
-            Some(0) => return Vec::new(),
+            Some(0) | None => return Vec::new(),
             Some(end) => text = &text[..end],
-            None => drop_last = true,
         }
     }
-    let mut ids = tokenizer.encode(text).unwrap_or_default();
-    if drop_last {
-        ids.pop();
-    }
-    ids
+    tokenizer.encode(text).unwrap_or_default()
 }
 
 /// The token answers a byte index cannot give without the model's distribution.
@@ -135,17 +129,11 @@ impl ReferenceData for ByteReference {
     fn step_followed(
         &self,
         followed: &Followed,
-        seq: &[u32],
+        _seq: &[u32],
         neural: &NeuralDistribution,
     ) -> Result<StepInfgram, EvidenceError> {
         let text = followed.bytes()?;
-        Ok(followed_step(
-            &self.index,
-            &self.tokenizer,
-            seq,
-            text,
-            neural,
-        ))
+        Ok(followed_step(&self.index, &self.tokenizer, text, neural))
     }
 
     fn context_after(
@@ -210,9 +198,9 @@ impl ReferenceData for ByteReference {
                 tokens.truncate(depth);
                 tokens
             });
-            if !tokens.is_empty() {
-                out.push(tokens.clone());
-            }
+            // An empty one (the document ended, or only a cut word followed) still counts as a
+            // sample, as a token index's does: it weighs against every draft.
+            out.push(tokens.clone());
         }
         Ok(out)
     }

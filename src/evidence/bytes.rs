@@ -76,53 +76,8 @@ pub fn decode_step(
 ) -> Result<StepInfgram, EvidenceError> {
     let text = text_after_last_end(tokenizer, context);
     let byte_context = index.byte_context(&text)?;
-    let suffix = &text[text.len().saturating_sub(byte_context.suffix_len())..];
-    let suffix: Vec<u32> = suffix.iter().map(|&b| u32::from(b)).collect();
-    Ok(step_from(
-        index,
-        tokenizer,
-        context,
-        byte_context,
-        suffix,
-        neural,
-    ))
-}
-
-/// The same step after a sequence whose text `followed` has read token by token (a session's).
-pub fn followed_step(
-    index: &Index,
-    tokenizer: &Tokenizer,
-    context: &[u32],
-    followed: &ByteText,
-    neural: &NeuralDistribution,
-) -> StepInfgram {
-    let suffix = followed.matched_suffix().to_vec();
-    step_from(
-        index,
-        tokenizer,
-        context,
-        followed.context(),
-        suffix,
-        neural,
-    )
-}
-
-/// The step after `context`, whose text's longest occurring suffix is `suffix` (byte ids) with
-/// `byte_context` its matches.
-fn step_from(
-    index: &Index,
-    tokenizer: &Tokenizer,
-    context: &[u32],
-    byte_context: ByteContext,
-    suffix: Vec<u32>,
-    neural: &NeuralDistribution,
-) -> StepInfgram {
-    let candidates: Vec<u32> = neural
-        .top(BYTE_CANDIDATES)
-        .into_iter()
-        .map(|(t, _)| t)
-        .collect();
-    let step = marginalise(index, tokenizer, &byte_context, &candidates);
+    let step = marginalise(index, tokenizer, &byte_context, &candidates(neural));
+    let suffix = &text[text.len().saturating_sub(step.suffix_len)..];
     // The context's last tokens that lie whole inside the match (what the copy guard counts).
     let mut matched_tokens = 0;
     let mut covered = 0;
@@ -133,11 +88,35 @@ fn step_from(
         }
         matched_tokens += 1;
     }
+    Ok(StepInfgram::Bytes {
+        step,
+        text: suffix.iter().map(|&b| u32::from(b)).collect(),
+        matched_tokens,
+    })
+}
+
+/// The same step after a sequence whose text `followed` has read token by token (a session's).
+pub fn followed_step(
+    index: &Index,
+    tokenizer: &Tokenizer,
+    followed: &ByteText,
+    neural: &NeuralDistribution,
+) -> StepInfgram {
+    let step = marginalise(index, tokenizer, &followed.context(), &candidates(neural));
     StepInfgram::Bytes {
         step,
-        text: suffix,
-        matched_tokens,
+        text: followed.matched_suffix().to_vec(),
+        matched_tokens: followed.matched_tokens(),
     }
+}
+
+/// The model's [`BYTE_CANDIDATES`] most likely tokens.
+fn candidates(neural: &NeuralDistribution) -> Vec<u32> {
+    neural
+        .top(BYTE_CANDIDATES)
+        .into_iter()
+        .map(|(t, _)| t)
+        .collect()
 }
 
 /// The ∞-gram's distribution after `context` over a model whose most likely tokens are `candidates`,

@@ -41,6 +41,7 @@ pub trait ReferenceData: Send + Sync {
         context: &[u32],
         _neural: &NeuralDistribution,
     ) -> Result<StepInfgram, EvidenceError> {
+        refuse_bytes(self)?;
         Ok(StepInfgram::Tokens(self.infgram(context)?))
     }
 
@@ -51,6 +52,7 @@ pub trait ReferenceData: Send + Sync {
         _seq: &[u32],
         _neural: &NeuralDistribution,
     ) -> Result<StepInfgram, EvidenceError> {
+        refuse_bytes(self)?;
         Ok(StepInfgram::Tokens(self.infgram_followed(followed)?))
     }
 
@@ -86,6 +88,18 @@ pub trait ReferenceData: Send + Sync {
         samples: usize,
         depth: usize,
     ) -> Result<Vec<Vec<u32>>, IndexError>;
+}
+
+/// A byte-level index's token answers are over bytes, not a model's tokens: only a reference that
+/// reads it through the model's tokenizer ([`super::ByteReference`]) gives a decoding step.
+fn refuse_bytes(reference: &(impl ReferenceData + ?Sized)) -> Result<(), IndexError> {
+    match reference.byte_index() {
+        Some(_) => Err(IndexError::Invalid(
+            "a byte-level index mixes with a model's tokens only through the model's tokenizer"
+                .into(),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// What a [`ReferenceData`] keeps of a sequence it follows, so a step costs what the new tokens cost.

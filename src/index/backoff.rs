@@ -196,7 +196,7 @@ impl Index {
 
 impl Index {
     /// Every token's count after the empty prompt, worked out at the first call and kept.
-    fn unigram(&self) -> Result<&BTreeMap<u32, u64>> {
+    pub(crate) fn unigram(&self) -> Result<&BTreeMap<u32, u64>> {
         if let Some(dist) = self.unigram.get() {
             return Ok(dist);
         }

@@ -84,6 +84,8 @@ pub struct ByteText {
     /// After each token read: the text's length and where it had restarted last, what
     /// [`Self::truncate`] goes back to.
     marks: Vec<(usize, usize)>,
+    /// Each earlier piece of the text (before a restart): where it started and its match.
+    earlier: Vec<(usize, SuffixMatch)>,
 }
 
 impl ByteText {
@@ -94,6 +96,7 @@ impl ByteText {
             start: 0,
             matched: SuffixMatch::new(index),
             marks: Vec::new(),
+            earlier: Vec::new(),
         })
     }
 
@@ -116,8 +119,8 @@ impl ByteText {
         self.marks.push((self.bytes.len(), self.start));
     }
 
-    /// Forgets every token past the first `tokens`: one lookup, unless an end of text is taken
-    /// back, when the text before it is matched again byte by byte.
+    /// Forgets every token past the first `tokens`: one lookup, across an end of text too (the
+    /// match of the text before it was kept).
     pub fn truncate(&mut self, index: &Index, tokens: usize) {
         if tokens >= self.marks.len() {
             return;
@@ -128,20 +131,19 @@ impl ByteText {
         };
         self.marks.truncate(tokens);
         self.bytes.truncate(len);
-        if start == self.start {
-            self.matched.truncate(index, &self.bytes[start..]);
-            return;
+        while start < self.start {
+            let Some((earlier_start, earlier)) = self.earlier.pop() else {
+                break;
+            };
+            (self.start, self.matched) = (earlier_start, earlier);
         }
-        self.start = start;
-        self.matched = SuffixMatch::new(index);
-        for end in start + 1..=len {
-            self.matched.advance(index, &self.bytes[start..end]);
-        }
+        self.matched.truncate(index, &self.bytes[self.start..]);
     }
 
     fn restart(&mut self, index: &Index) {
+        let done = std::mem::replace(&mut self.matched, SuffixMatch::new(index));
+        self.earlier.push((self.start, done));
         self.start = self.bytes.len();
-        self.matched = SuffixMatch::new(index);
     }
 
     /// All the text read, as byte ids.
@@ -164,15 +166,23 @@ impl ByteText {
         self.matched.prompt_cnt()
     }
 
-    /// Tokens read whose bytes lie inside that suffix.
+    /// Tokens read whose bytes all lie inside that suffix (never the one that ended a document:
+    /// the match starts after it).
     pub fn matched_tokens(&self) -> usize {
         let from = self.bytes.len().saturating_sub(self.suffix_len());
-        // Token i starts where token i − 1 ended.
-        let starting_before = match from {
-            0 => 0,
-            _ => 1 + self.marks.partition_point(|&(end, _)| end < from),
-        };
-        self.marks.len().saturating_sub(starting_before)
+        // Token i starts where token i − 1 ended, and restarted the text if its mark's start moved.
+        let mut matched = 0;
+        for i in (0..self.marks.len()).rev() {
+            let (start, segment) = match i {
+                0 => (0, 0),
+                _ => self.marks[i - 1],
+            };
+            if start < from || segment != self.start {
+                break;
+            }
+            matched += 1;
+        }
+        matched
     }
 
     /// That suffix's bytes.

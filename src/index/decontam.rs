@@ -36,7 +36,7 @@ fn hash(gram: &[u32]) -> u64 {
 
 /// Refuses settings that would drop documents for no reason: n-grams of no tokens (every document
 /// "overlaps"), or a share outside (0, 1] (0 drops everything; above 1 nothing can reach).
-fn check_settings(n: usize, threshold: f64) -> Result<()> {
+pub(crate) fn check_settings(n: usize, threshold: f64) -> Result<()> {
     if n == 0 {
         return Err(IndexError::Invalid(
             "the decontamination n-gram length must be at least 1".into(),

@@ -9,6 +9,7 @@ pub mod dense;
 pub mod docs;
 pub mod error;
 pub mod format;
+pub mod hints;
 pub mod info;
 pub mod next_table;
 pub mod next_tokens;

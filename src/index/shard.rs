@@ -265,6 +265,15 @@ impl Shard {
         }
     }
 
+    /// The token before the suffix at `rank` (`None` at the shard's start, or for a corrupt
+    /// pointer).
+    pub fn prev_key(&self, rank: u64) -> Option<NextKey> {
+        let at = self.ptr(rank) as usize;
+        let width = self.width.bytes();
+        (at >= width && at <= self.tokens.len())
+            .then(|| self.width.read(&self.tokens, at - width) as NextKey)
+    }
+
     /// The first `len` bytes of the suffix at `rank` (fewer where the shard ends; none for a corrupt
     /// pointer).
     pub fn suffix_prefix(&self, rank: u64, len: usize) -> &[u8] {

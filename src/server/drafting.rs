@@ -73,6 +73,12 @@ pub(super) fn response(tree: DraftTree) -> pb::DraftResponse {
 /// A sequence for `context` with the extras a request asked for (`live` is filled in here), each
 /// checked.
 pub(super) fn sequence(s: &State, context: Vec<u32>, extras: Extras) -> Result<Sequence, Status> {
+    if s.reference.byte_index().is_some() && s.model.is_none() {
+        return Err(Status::failed_precondition(
+            "sessions and drafts over a byte-level index follow a model's tokens: set `model` in \
+             the sidecar's config",
+        ));
+    }
     s.check_len("the context", context.len())?;
     s.check_len("the reference", extras.reference.len())?;
     s.reference

@@ -3,12 +3,14 @@
 
 use std::collections::BTreeMap;
 
+use rayon::prelude::*;
 use tonic::Status;
 
 use super::config::Limits;
 use super::{check_len, check_max_support, index_status, pb, State};
 use crate::index::backoff::{Backoff, Weighting};
 use crate::index::docs::{Cnf, Document, SearchOptions, SearchResult};
+use crate::index::hints::HintOptions;
 use crate::index::trace::TraceOptions;
 use crate::mix::MixingParams;
 use crate::model::Model;
@@ -340,5 +342,58 @@ pub(super) fn trace(s: &State, r: pb::TraceRequest) -> Result<pb::TraceResponse,
             })
             .collect(),
         ids,
+    })
+}
+
+/// Bytes an answer spends on a hinted position beyond its tokens (suffix length, counts, framing).
+const BYTES_PER_HINT: usize = 24;
+
+/// `Hints`: every sequence hinted in parallel, after checking the batch and its answer fit.
+pub(super) fn hints(s: &State, r: pb::HintsRequest) -> Result<pb::HintsResponse, Status> {
+    let defaults = HintOptions::default();
+    let or_default = |v: u32, d: usize| if v == 0 { d } else { v as usize };
+    let opts = HintOptions {
+        samples: or_default(r.samples, defaults.samples),
+        exact: r.exact,
+        regularise: !r.keep_own_copies,
+        min_plateau: or_default(r.min_plateau, defaults.min_plateau),
+        seed: r.seed,
+    };
+    let positions: usize = r.sequences.iter().map(|seq| seq.ids.len()).sum();
+    check_len(&s.limits, "the sequences", positions)?;
+    let answer = positions.saturating_mul(opts.samples.saturating_mul(10) + BYTES_PER_HINT);
+    if answer > s.limits.max_message_bytes {
+        return Err(Status::invalid_argument(format!(
+            "{positions} positions with {} samples each would answer about {answer} bytes, more than \
+             the message limit of {}: send fewer sequences or ask for fewer samples",
+            opts.samples, s.limits.max_message_bytes
+        )));
+    }
+    let index = s.index()?;
+    let signal = crate::interrupt::current();
+    let hinted = r
+        .sequences
+        .par_iter()
+        .map(|seq| crate::interrupt::run_under(signal.as_ref(), || index.hints(&seq.ids, &opts)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(index_status)?;
+    Ok(pb::HintsResponse {
+        sequences: hinted
+            .into_iter()
+            .map(|(hints, cost)| pb::SequenceHints {
+                positions: hints
+                    .into_iter()
+                    .map(|h| pb::PositionHint {
+                        suffix_len: h.suffix_len as u32,
+                        count: h.count,
+                        excluded: h.excluded,
+                        tokens: h.tokens,
+                        counts: h.counts,
+                    })
+                    .collect(),
+                searches: cost.searches,
+                fresh_searches: cost.fresh_searches,
+            })
+            .collect(),
     })
 }

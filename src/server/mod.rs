@@ -37,7 +37,7 @@ use crate::live::{LiveError, LiveIndex, LiveStore, Vocabulary};
 use crate::mix::{MixError, MixingParams};
 use crate::model::{LoadOptions, Model, ModelError};
 use crate::tokenizer::Tokenizer;
-use config::{ConfigError, Limits, ServeConfig};
+use config::{ConfigError, Limits, Role, ServeConfig};
 use kv_budget::KvBudget;
 use metrics::Metrics;
 use mix_sequences::MixSequences;
@@ -422,6 +422,13 @@ impl SidecarService {
         })?;
         let neural = Neural::load(config)?;
         if index.is_byte_level() {
+            if neural.model.is_some() && config.cluster.role == Role::Shard {
+                return Err(ServeError::Setup(
+                    "a shard server over a byte-level index follows its routers' byte ids: it \
+                     takes no model"
+                        .into(),
+                ));
+            }
             neural.check_byte_level()?;
             if let Some(model) = &neural.model {
                 // What a byte index reads of the model's vocabulary: worked out now, not on a
@@ -662,6 +669,15 @@ impl Sidecar for SidecarService {
         let deadline = deadline_of(&request);
         let r = request.into_inner();
         self.run(deadline, move |s| engine::trace(s, r)).await
+    }
+
+    async fn hints(
+        &self,
+        request: Request<pb::HintsRequest>,
+    ) -> Result<Response<pb::HintsResponse>, Status> {
+        let deadline = deadline_of(&request);
+        let r = request.into_inner();
+        self.run(deadline, move |s| engine::hints(s, r)).await
     }
 
     async fn draft(

@@ -547,6 +547,7 @@ fn drafted_text_cut_anywhere_gives_a_prefix_of_the_whole_texts_tokens() {
         .map(|d| cut(d, 300).to_string())
         .collect();
     texts.push("  fn main() {\n        println!(\"東京 🦀 {}\", 1_000);\n    }\n".into());
+    texts.push("Internationalization of unbelievably long words, 東京都庁舎の展望室".into());
     for tokenizer in [
         common::smollm2_tokenizer(),
         super::byte_level::gemma_tokenizer(),

@@ -15,6 +15,7 @@ mod draft_real;
 mod engine_vs_brute_force;
 mod flavours_real;
 mod fuzz_replay;
+mod hints;
 mod live;
 mod mix_real;
 mod model_real;

@@ -51,6 +51,20 @@ class ClientTest(unittest.TestCase):
         for span in traced.spans:
             self.assertEqual(span.count, self.sidecar.count(span_ids[span.start:span.end]))
 
+    def test_hints(self):
+        # A passage of the reference data: without the regulariser its own copy is matched whole.
+        seq = self.ids[:12]
+        kept = self.sidecar.hints([seq], samples=4, keep_own_copies=True, seed=7)
+        again = self.sidecar.hints([seq], samples=4, keep_own_copies=True, seed=7)
+        self.assertEqual(kept, again)
+        positions = kept.sequences[0].positions
+        self.assertEqual(len(positions), len(seq))
+        for end, hint in enumerate(positions, start=1):
+            self.assertEqual(hint.suffix_len, min(end, hint.suffix_len))
+            self.assertEqual(len(hint.tokens), 4 if hint.count else 0)
+        exact = self.sidecar.hints([seq], samples=3, exact=True).sequences[0].positions
+        self.assertTrue(all(list(h.counts) == sorted(h.counts, reverse=True) for h in exact))
+
     def test_mix_and_errors(self):
         neural = top_k_logprobs([11, 12, 13], [-1.0, -2.0, -3.0])
         mixed = self.sidecar.mix(self.ids, top_k_logprobs=neural, rule=0.25, top_k=5)

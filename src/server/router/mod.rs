@@ -490,6 +490,13 @@ impl Sidecar for RouterService {
         Err(single_index_only("Trace"))
     }
 
+    async fn hints(
+        &self,
+        _request: Request<pb::HintsRequest>,
+    ) -> Result<Response<pb::HintsResponse>, Status> {
+        Err(single_index_only("Hints"))
+    }
+
     async fn draft(
         &self,
         request: Request<pb::DraftRequest>,

@@ -134,6 +134,16 @@ class Sidecar:
                                   max_disp_len=max_disp_len)
         return self._call(self.stub.Trace, request)
 
+    def hints(self, sequences: Iterable[Sequence[int]], samples: int = 0, exact: bool = False,
+              keep_own_copies: bool = False, min_plateau: int = 0, seed: int = 0) -> pb.HintsResponse:
+        """∞-gram hints for training: for every position of each sequence, `samples` next tokens (20 by
+        default; the exact top ones with counts when `exact`) and the suffix they come from, the
+        sequences' own copies in the index left out unless `keep_own_copies`."""
+        request = pb.HintsRequest(sequences=[pb.TokenIds(ids=list(s)) for s in sequences],
+                                  samples=samples, exact=exact, keep_own_copies=keep_own_copies,
+                                  min_plateau=min_plateau, seed=seed)
+        return self._call(self.stub.Hints, request)
+
     def mix(self, context: Sequence[int], *, logits=None, top_k_logprobs: Optional[pb.NeuralTopK] = None,
             own_model: bool = False, rule: Rule = None, top_k: int = 8, sequence_id: str = "",
             max_match: int = 0) -> pb.MixResponse:
