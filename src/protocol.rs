@@ -187,7 +187,10 @@ fn answer_query(index: &Index, q: &Map<String, Value>) -> Result<String, String>
                 exact: flag("exact", defaults.exact)?,
                 regularise: flag("regularise", defaults.regularise)?,
                 min_plateau: u64_of(q.get("min_plateau"), "min_plateau")?.map_or(defaults.min_plateau, |n| n.min(usize::MAX as u64) as usize),
-                seed: q.get("seed").and_then(Value::as_u64).unwrap_or(defaults.seed),
+                seed: match q.get("seed") {
+                    None | Some(Value::Null) => defaults.seed,
+                    Some(v) => v.as_u64().ok_or("\"seed\" must be a non-negative integer")?,
+                },
             };
             let ids = ids_or_text(index, q)?;
             let (hints, cost) = index.hints(&ids, &opts).map_err(e)?;

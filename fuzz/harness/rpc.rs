@@ -466,7 +466,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                         ids: vec![259, 97, 259, 97],
                     }],
                     samples: 3,
-                    min_plateau: 1,
+                    min_plateau: 2,
                     seed: 5,
                     ..Default::default()
                 },

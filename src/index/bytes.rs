@@ -81,8 +81,8 @@ pub struct ByteText {
     /// Where the text restarted last (after an end of text or a byte ≥ 0xFE).
     start: usize,
     matched: SuffixMatch,
-    /// After each token read: the text's length and where it had restarted last, what
-    /// [`Self::truncate`] goes back to.
+    /// After each token read: the text's length and how many pieces came before the current one,
+    /// what [`Self::truncate`] goes back to.
     marks: Vec<(usize, usize)>,
     /// Each earlier piece of the text (before a restart): where it started and its match.
     earlier: Vec<(usize, SuffixMatch)>,
@@ -116,7 +116,7 @@ impl ByteText {
             Spelling::EndOfText => self.restart(index),
             Spelling::Nothing => {}
         }
-        self.marks.push((self.bytes.len(), self.start));
+        self.marks.push((self.bytes.len(), self.earlier.len()));
     }
 
     /// Forgets every token past the first `tokens`: one lookup, across an end of text too (the
@@ -125,13 +125,13 @@ impl ByteText {
         if tokens >= self.marks.len() {
             return;
         }
-        let (len, start) = match tokens {
+        let (len, pieces) = match tokens {
             0 => (0, 0),
             n => self.marks[n - 1],
         };
         self.marks.truncate(tokens);
         self.bytes.truncate(len);
-        while start < self.start {
+        while self.earlier.len() > pieces {
             let Some((earlier_start, earlier)) = self.earlier.pop() else {
                 break;
             };
@@ -170,14 +170,15 @@ impl ByteText {
     /// the match starts after it).
     pub fn matched_tokens(&self) -> usize {
         let from = self.bytes.len().saturating_sub(self.suffix_len());
-        // Token i starts where token i − 1 ended, and restarted the text if its mark's start moved.
+        // Token i starts where token i − 1 ended, and restarted the text if the pieces before the
+        // current one grew as it was read.
         let mut matched = 0;
         for i in (0..self.marks.len()).rev() {
-            let (start, segment) = match i {
+            let (start, pieces) = match i {
                 0 => (0, 0),
                 _ => self.marks[i - 1],
             };
-            if start < from || segment != self.start {
+            if start < from || pieces != self.earlier.len() {
                 break;
             }
             matched += 1;

@@ -15,9 +15,10 @@
 //! hint. Judging every run would cost a search per run and position, not O(1) amortised.
 //!
 //! **Left to right.** The longest match is kept as each token comes ([`SuffixMatch`]): one
-//! extension a token, amortised. The plateau's bottom a rises by at most one a token (if the
-//! a-gram's occurrences all extend to the L-gram, so do they with the next token appended), so it is
-//! found by walking down from the last one plus one: each walked step is one count, and the walk
+//! extension a token while it grows (a sequence the index holds), a binary search over lengths
+//! where it breaks. The plateau's bottom a rises by at most one a token (if the a-gram's
+//! occurrences all extend to the L-gram, so do they with the next token appended), so it is found
+//! by walking down from the last one plus one: each walked step is one count, and the walk
 //! goes down at most as far as it went up. The first count, of the (a − 1)-gram, is the last
 //! position's (a − 1)-gram extended by the new token, searched inside its range; its matches are
 //! the hint's when the plateau is left out. So a position costs O(1) searches of O(log N) memory
@@ -26,15 +27,16 @@
 //! both).
 //!
 //! **Samples** are occurrences drawn uniformly (the next token after each), from a generator seeded
-//! per sequence: a sequence's samples depend only on it, the seed and the index. Under exclusion
-//! few occurrences are read one by one; many are drawn and rejected when preceded by the excluded
-//! token, and where rejection would take too long the exact counts are drawn from.
+//! by the seed and the sequence: a sequence's samples depend only on them and the index. Under
+//! exclusion few occurrences are read one by one; many are drawn and rejected when preceded by the
+//! excluded token, and where rejection would take too long the exact counts are drawn from.
 
 use std::collections::BTreeMap;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::xxh3_64;
 
 use crate::index::query::Matches;
 use crate::index::shard::NextKey;
@@ -121,15 +123,17 @@ struct Exclusion<'a> {
     /// The token before the hint's suffix in the context.
     before: NextKey,
     count: u64,
-    plateau_bottom: &'a [u32],
+    /// The longest match's: its occurrences end where the plateau bottom's do (their counts are
+    /// equal and one holds the other), so they are followed by the same tokens.
+    plateau: &'a Matches,
 }
 
 impl Index {
     /// The hints after every position of `seq` (module notes).
     pub fn hints(&self, seq: &[u32], opts: &HintOptions) -> Result<(Vec<Hint>, HintCost)> {
-        if opts.samples == 0 || opts.samples > MAX_SAMPLES || opts.min_plateau == 0 {
+        if opts.samples == 0 || opts.samples > MAX_SAMPLES || opts.min_plateau < 2 {
             return Err(IndexError::Invalid(format!(
-                "hints take 1..={MAX_SAMPLES} samples and a plateau of at least 1 token, not {} and {}",
+                "hints take 1..={MAX_SAMPLES} samples and a plateau of at least 2 lengths, not {} and {}",
                 opts.samples, opts.min_plateau
             )));
         }
@@ -139,7 +143,10 @@ impl Index {
                 self.vocab_size()
             )));
         }
-        let mut rng = StdRng::seed_from_u64(opts.seed);
+        // Seeded by the sequence too: sequences of one batch draw independently, and a sequence
+        // draws the same wherever it stands in a batch.
+        let tokens: Vec<u8> = seq.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let mut rng = StdRng::seed_from_u64(opts.seed ^ xxh3_64(&tokens));
         let mut cost = HintCost::default();
         let mut hints = Vec::with_capacity(seq.len());
         let mut matched = SuffixMatch::new(self);
@@ -147,7 +154,7 @@ impl Index {
         let mut bottom = 0;
         let mut below: Option<Matches> = None;
         for end in 1..=seq.len() {
-            if end % 1024 == 0 && crate::interrupt::interrupted() {
+            if crate::interrupt::interrupted() {
                 return Err(IndexError::Interrupted);
             }
             let context = &seq[..end];
@@ -197,7 +204,7 @@ impl Index {
                     let exclusion = Exclusion {
                         before: NextKey::from(context[end - a]),
                         count: top,
-                        plateau_bottom: suffix(a),
+                        plateau: matched.matches(),
                     };
                     self.hint(a - 1, &under, Some(&exclusion), opts, &mut rng)?
                 }
@@ -221,10 +228,13 @@ impl Index {
         let count = matches.count().saturating_sub(excluded);
         let (tokens, counts) = match opts.exact {
             true => {
-                let mut top: Vec<(u32, u64)> =
-                    self.kept_counts(matches, exclusion)?.into_iter().collect();
-                top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-                top.truncate(opts.samples);
+                let mut top = self.kept_counts(matches, exclusion)?;
+                let by_count = |a: &(u32, u64), b: &(u32, u64)| b.1.cmp(&a.1).then(a.0.cmp(&b.0));
+                if top.len() > opts.samples {
+                    top.select_nth_unstable_by(opts.samples, by_count);
+                    top.truncate(opts.samples);
+                }
+                top.sort_by(by_count);
                 top.into_iter().unzip()
             }
             false => (
@@ -241,26 +251,30 @@ impl Index {
         })
     }
 
-    /// Exact next-token counts of the matches less the excluded occurrences'.
+    /// Exact next-token counts of the matches less the excluded occurrences' (the empty suffix's
+    /// from the index's kept unigram counts, read without a copy).
     fn kept_counts(
         &self,
         matches: &Matches,
         exclusion: Option<&Exclusion>,
-    ) -> Result<BTreeMap<u32, u64>> {
-        let mut dist = match matches.bytes.is_empty() {
-            true => self.unigram()?.clone(),
-            false => self.ntd_given(matches, None)?.dist,
+    ) -> Result<Vec<(u32, u64)>> {
+        let excluded = match exclusion {
+            Some(ex) => self.ntd_given(ex.plateau, None)?.dist,
+            None => BTreeMap::new(),
         };
-        if let Some(ex) = exclusion {
-            let plateau = self.locate(self.encode(ex.plateau_bottom), None);
-            for (token, n) in self.ntd_given(&plateau, None)?.dist {
-                if let Some(kept) = dist.get_mut(&token) {
-                    *kept = kept.saturating_sub(n);
-                }
-            }
-            dist.retain(|_, n| *n > 0);
-        }
-        Ok(dist)
+        let kept = |(&token, &n): (&u32, &u64)| {
+            let n = n.saturating_sub(excluded.get(&token).copied().unwrap_or(0));
+            (n > 0).then_some((token, n))
+        };
+        Ok(match matches.bytes.is_empty() {
+            true => self.unigram()?.iter().filter_map(kept).collect(),
+            false => self
+                .ntd_given(matches, None)?
+                .dist
+                .iter()
+                .filter_map(kept)
+                .collect(),
+        })
     }
 
     /// `samples` next tokens of occurrences drawn uniformly from the matches less the excluded.
@@ -284,15 +298,17 @@ impl Index {
                     .collect(),
             });
         };
-        // The empty suffix's occurrences are positions, and a shard's first one has no token
-        // before it: the exact counts say which are kept.
-        if qlen == 0 {
-            return Ok(draw(&self.kept_counts(matches, exclusion)?, samples, rng));
-        }
+        // A shard's first position has no token before it: under the empty suffix it stands for
+        // no occurrence the counts know (they count a shard's last token as followed by its end),
+        // so it is not drawn; under a longer one it is an occurrence like any other.
+        let kept = |prev: Option<NextKey>| match prev {
+            Some(p) => p != ex.before,
+            None => qlen > 0,
+        };
         if total <= SCAN_LIMIT {
             let pool: Vec<u32> = (0..total)
                 .map(|k| self.next_token_at(matches, k, qlen))
-                .filter(|&(_, prev)| prev != Some(ex.before))
+                .filter(|&(_, prev)| kept(prev))
                 .map(|(token, _)| token)
                 .collect();
             return Ok(match pool.len() {
@@ -303,7 +319,7 @@ impl Index {
         let mut out = Vec::with_capacity(samples);
         for _ in 0..samples * REJECTION_DRAWS {
             let (token, prev) = self.next_token_at(matches, rng.random_range(0..total), qlen);
-            if prev != Some(ex.before) {
+            if kept(prev) {
                 out.push(token);
                 if out.len() == samples {
                     return Ok(out);
@@ -338,10 +354,10 @@ impl Index {
 }
 
 /// `samples` tokens drawn from `counts` in proportion.
-fn draw(counts: &BTreeMap<u32, u64>, samples: usize, rng: &mut StdRng) -> Vec<u32> {
+fn draw(counts: &[(u32, u64)], samples: usize, rng: &mut StdRng) -> Vec<u32> {
     let mut cumulative = Vec::with_capacity(counts.len());
     let mut sum = 0u64;
-    for (&token, &n) in counts {
+    for &(token, n) in counts {
         sum += n;
         cumulative.push((sum, token));
     }

@@ -345,8 +345,12 @@ pub(super) fn trace(s: &State, r: pb::TraceRequest) -> Result<pb::TraceResponse,
     })
 }
 
-/// Bytes an answer spends on a hinted position beyond its tokens (suffix length, counts, framing).
-const BYTES_PER_HINT: usize = 24;
+/// Most bytes an answer spends on a hinted position beyond its tokens: its suffix length, count
+/// and excluded count (varints), the packed lists' tags and lengths, the message's own framing.
+const BYTES_PER_HINT: usize = 48;
+/// Most bytes a hinted token takes: a varint id, and with `exact` its varint count.
+const BYTES_PER_HINT_TOKEN: usize = 5;
+const BYTES_PER_HINT_COUNT: usize = 10;
 
 /// `Hints`: every sequence hinted in parallel, after checking the batch and its answer fit.
 pub(super) fn hints(s: &State, r: pb::HintsRequest) -> Result<pb::HintsResponse, Status> {
@@ -361,7 +365,8 @@ pub(super) fn hints(s: &State, r: pb::HintsRequest) -> Result<pb::HintsResponse,
     };
     let positions: usize = r.sequences.iter().map(|seq| seq.ids.len()).sum();
     check_len(&s.limits, "the sequences", positions)?;
-    let answer = positions.saturating_mul(opts.samples.saturating_mul(10) + BYTES_PER_HINT);
+    let per_token = BYTES_PER_HINT_TOKEN + if opts.exact { BYTES_PER_HINT_COUNT } else { 0 };
+    let answer = positions.saturating_mul(opts.samples.saturating_mul(per_token) + BYTES_PER_HINT);
     if answer > s.limits.max_message_bytes {
         return Err(Status::invalid_argument(format!(
             "{positions} positions with {} samples each would answer about {answer} bytes, more than \

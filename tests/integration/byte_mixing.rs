@@ -143,7 +143,9 @@ proptest! {
 }
 
 /// A document's contexts read a token at a time ([`ByteText`]) are those a fresh search of each
-/// prefix's text gives, across an end of text, a control token and a byte-fallback character.
+/// prefix's text gives, across ends of text (first, and two in a row), a control token and a
+/// byte-fallback character, with the same tokens counted inside the match; and so are they after
+/// taking tokens back.
 #[test]
 fn contexts_read_in_one_pass_are_fresh_searches() {
     let docs = common::minipile_texts("train", 30, "");
@@ -154,26 +156,49 @@ fn contexts_read_in_one_pass_are_fresh_searches() {
         super::byte_level::gemma_tokenizer(),
     ] {
         let eos = tokenizer.eos_token_id().unwrap();
-        let mut tokens = tokenizer.encode(cut(&docs[3], 1500)).unwrap();
-        tokens.push(eos);
+        // An end of text first, and two in a row: pieces of text with nothing in them.
+        let mut tokens = vec![eos];
+        tokens.extend(tokenizer.encode(cut(&docs[3], 1500)).unwrap());
+        tokens.extend([eos, eos]);
         tokens.extend(
             tokenizer
                 .encode(&format!("{} 🦀 東京", cut(&docs[7], 600)))
                 .unwrap(),
         );
+        let neural =
+            NeuralDistribution::from_logits(&vec![0.0; tokenizer.vocab_size() as usize]).unwrap();
         let mut text = ByteText::new(&index).unwrap();
         for i in 0..tokens.len() {
             let fresh = index
                 .byte_context_of_tokens(&tokenizer, &tokens[..i])
                 .unwrap();
             let read = text.context();
+            let step = decode_step(&index, &tokenizer, &tokens[..i], &neural).unwrap();
             assert_eq!(
-                (read.suffix_len(), read.prompt_cnt()),
-                (fresh.suffix_len(), fresh.prompt_cnt()),
+                (read.suffix_len(), read.prompt_cnt(), text.matched_tokens()),
+                (
+                    fresh.suffix_len(),
+                    fresh.prompt_cnt(),
+                    step.matched_tokens()
+                ),
                 "{} at token {i}",
                 tokenizer.source()
             );
             text.push(&index, &tokenizer, tokens[i]);
+        }
+        // Taken back to every length, across the ends of text, the text reads as it did.
+        for keep in (0..tokens.len()).rev().step_by(37) {
+            text.truncate(&index, keep);
+            let fresh = index
+                .byte_context_of_tokens(&tokenizer, &tokens[..keep])
+                .unwrap();
+            let read = text.context();
+            assert_eq!(
+                (read.suffix_len(), read.prompt_cnt()),
+                (fresh.suffix_len(), fresh.prompt_cnt()),
+                "{} kept {keep}",
+                tokenizer.source()
+            );
         }
     }
 }

@@ -1,6 +1,6 @@
 //! ∞-gram hints for training against brute force, over corpora that hold the training sequences
-//! themselves (the n-gram profile of every position counted, the plateau found, the excluded
-//! occurrences filtered out one by one), and on real text: SmolLM2's tokens of an indexed document
+//! themselves (the n-gram profile of every position counted, the plateau found, the kept counts
+//! worked from brute-force next-token counts), and on real text: SmolLM2's tokens of an indexed document
 //! hint their own continuation without the regulariser and other documents' with it.
 
 use std::collections::BTreeMap;
@@ -49,13 +49,14 @@ proptest! {
     fn hints_match_brute_force_over_corpora_holding_the_sequence(
         mut docs in proptest::collection::vec(proptest::collection::vec(1u32..4, 0..30), 1..5),
         seq in proptest::collection::vec(1u32..5, 1..40),
-        copies in 1usize..3,
-        min_plateau in 1usize..7,
+        copies in 0usize..3,
+        min_plateau in 2usize..7,
         regularise: bool,
         seed: u64,
         shard_tokens in 45u64..200,
     ) {
-        // The training sequence is in the datastore, once or more (duplicates).
+        // The training sequence is in the datastore, once or twice (a duplicate), or not at all
+        // (its 4s never occur then: the match breaks and restarts).
         for _ in 0..copies {
             docs.push(seq.clone());
         }

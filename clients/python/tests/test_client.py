@@ -52,7 +52,8 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(span.count, self.sidecar.count(span_ids[span.start:span.end]))
 
     def test_hints(self):
-        # A passage of the reference data: without the regulariser its own copy is matched whole.
+        # Without the regulariser, samples repeat with the seed and each comes from a suffix of the
+        # positions so far.
         seq = self.ids[:12]
         kept = self.sidecar.hints([seq], samples=4, keep_own_copies=True, seed=7)
         again = self.sidecar.hints([seq], samples=4, keep_own_copies=True, seed=7)
