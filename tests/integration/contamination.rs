@@ -4,11 +4,8 @@
 
 use std::process::Command;
 
-use infini_sidecar::corpus::Content;
 use infini_sidecar::eval::contamination::{self, ContaminationOptions};
 use infini_sidecar::eval::documents::EvalDocument;
-use infini_sidecar::index::build::BuildOptions;
-use infini_sidecar::index::TokenWidth;
 use proptest::prelude::*;
 
 use crate::common;
@@ -27,20 +24,10 @@ proptest! {
         shard_tokens in 45u64..200,
     ) {
         let dir = tempfile::tempdir().unwrap();
-        let opts = BuildOptions {
-            max_shard_tokens: Some(shard_tokens),
-            ..BuildOptions::new(dir.path().join("idx"), TokenWidth::U16, 0, 8)
-        };
-        let index = common::index_of(&docs, Content::Tokens, &opts);
+        let index = common::small_index(dir.path(), &docs, shard_tokens);
         let oracle = Oracle { docs: docs.clone(), eos: 0 };
         // An item of pieces of the documents with noise between them (5 never occurs).
-        let mut tokens = Vec::new();
-        for &(d, from, len) in &pieces {
-            let doc = &docs[d % docs.len()];
-            let from = from.min(doc.len());
-            tokens.extend_from_slice(&doc[from..(from + len).min(doc.len())]);
-            tokens.extend_from_slice(&noise);
-        }
+        let tokens = common::pieces_of(&docs, &pieces, &noise);
         let item = EvalDocument { index: 7, domain: "d".into(), path: "p".into(), tokens: tokens.clone() };
         let opts = ContaminationOptions { ngram, threshold, max_documents: 2 };
         let got = contamination::item(&index, &item, &opts).unwrap();

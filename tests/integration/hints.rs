@@ -5,10 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use infini_sidecar::corpus::Content;
-use infini_sidecar::index::build::BuildOptions;
 use infini_sidecar::index::hints::HintOptions;
-use infini_sidecar::index::TokenWidth;
 use proptest::prelude::*;
 
 use crate::common;
@@ -61,11 +58,7 @@ proptest! {
             docs.push(seq.clone());
         }
         let dir = tempfile::tempdir().unwrap();
-        let opts = BuildOptions {
-            max_shard_tokens: Some(shard_tokens),
-            ..BuildOptions::new(dir.path().join("idx"), TokenWidth::U16, 0, 8)
-        };
-        let index = common::index_of(&docs, Content::Tokens, &opts);
+        let index = common::small_index(dir.path(), &docs, shard_tokens);
         let oracle = Oracle { docs: docs.clone(), eos: 0 };
         let exact = HintOptions { samples: 8, exact: true, regularise, min_plateau, seed };
         let (hints, cost) = index.hints(&seq, &exact).unwrap();

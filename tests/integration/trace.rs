@@ -4,10 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use infini_sidecar::corpus::Content;
-use infini_sidecar::index::build::BuildOptions;
 use infini_sidecar::index::trace::TraceOptions;
-use infini_sidecar::index::TokenWidth;
 use proptest::prelude::*;
 
 use crate::common;
@@ -42,20 +39,10 @@ proptest! {
         shard_tokens in 45u64..200,
     ) {
         let dir = tempfile::tempdir().unwrap();
-        let opts = BuildOptions {
-            max_shard_tokens: Some(shard_tokens),
-            ..BuildOptions::new(dir.path().join("idx"), TokenWidth::U16, 0, 8)
-        };
-        let index = common::index_of(&docs, Content::Tokens, &opts);
+        let index = common::small_index(dir.path(), &docs, shard_tokens);
         let oracle = Oracle { docs: docs.clone(), eos: 0 };
         // A text of pieces of the documents with noise between them (5 never occurs).
-        let mut ids = Vec::new();
-        for &(d, from, len) in &pieces {
-            let doc = &docs[d % docs.len()];
-            let from = from.min(doc.len());
-            ids.extend_from_slice(&doc[from..(from + len).min(doc.len())]);
-            ids.extend_from_slice(&noise);
-        }
+        let ids = common::pieces_of(&docs, &pieces, &noise);
         let opts = TraceOptions { min_len, max_documents: 2, max_disp_len: 100, ..TraceOptions::default() };
         let spans = index.trace(&ids, opts).unwrap();
         let got: BTreeSet<_> = spans.iter().map(|s| (s.start, s.end, s.count)).collect();

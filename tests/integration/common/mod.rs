@@ -71,6 +71,38 @@ pub fn index_of<T: Clone>(
     infini_sidecar::index::Index::open(&opts.out, &Default::default()).unwrap()
 }
 
+/// An index in `dir` of generated token documents (ids below 8, eos 0), in shards of at most
+/// `shard_tokens`: the brute-force property tests' corpus.
+pub fn small_index(
+    dir: &std::path::Path,
+    docs: &[Vec<u32>],
+    shard_tokens: u64,
+) -> infini_sidecar::index::Index {
+    let opts = infini_sidecar::index::build::BuildOptions {
+        max_shard_tokens: Some(shard_tokens),
+        ..infini_sidecar::index::build::BuildOptions::new(
+            dir.join("idx"),
+            infini_sidecar::index::TokenWidth::U16,
+            0,
+            8,
+        )
+    };
+    index_of(docs, infini_sidecar::corpus::Content::Tokens, &opts)
+}
+
+/// Pieces `(document, from, length)` of `docs`, each followed by `noise`: a text that matches the
+/// documents in parts.
+pub fn pieces_of(docs: &[Vec<u32>], pieces: &[(usize, usize, usize)], noise: &[u32]) -> Vec<u32> {
+    let mut ids = Vec::new();
+    for &(d, from, len) in pieces {
+        let doc = &docs[d % docs.len()];
+        let from = from.min(doc.len());
+        ids.extend_from_slice(&doc[from..(from + len).min(doc.len())]);
+        ids.extend_from_slice(noise);
+    }
+    ids
+}
+
 /// An index of `texts` cut into SmolLM2's tokens, in `dir`.
 pub fn smollm2_index_of(dir: &std::path::Path, texts: &[String]) -> infini_sidecar::index::Index {
     let tokenizer = smollm2_tokenizer();
