@@ -18,6 +18,7 @@ use infini_sidecar::eval::neural::score_documents;
 use infini_sidecar::eval::EvalError;
 use infini_sidecar::index::build::{build, BuildOptions, GivenVocabulary};
 use infini_sidecar::index::decontam::{self, Decontaminator};
+use infini_sidecar::index::fm::CompressedIndex;
 use infini_sidecar::index::next_table::NextTableSpec;
 use infini_sidecar::index::split::{self, ShardSetRecord, ShardSplit};
 use infini_sidecar::index::{token_file, Index, IndexError, OpenOptions, TokenWidth};
@@ -77,6 +78,8 @@ enum IndexCommand {
     Info(InfoArgs),
     /// Check every file's checksum against the manifest and every document offset.
     Verify(OpenArgs),
+    /// Build the compressed form of an index (an FM-index per shard) into a new folder.
+    Compress(CompressArgs),
 }
 
 #[derive(Subcommand)]
@@ -307,6 +310,18 @@ struct InfoArgs {
 }
 
 #[derive(Args)]
+struct CompressArgs {
+    #[command(flatten)]
+    open: OpenArgs,
+    /// The new folder to write it to.
+    #[arg(long)]
+    out: PathBuf,
+    /// Threads for the suffix sort (default: all cores).
+    #[arg(long)]
+    threads: Option<u16>,
+}
+
+#[derive(Args)]
 struct QueryArgs {
     #[command(flatten)]
     open: OpenArgs,
@@ -489,6 +504,27 @@ fn check_distinct_files(input: &str, output: &str) -> Result<()> {
     Ok(())
 }
 
+fn run_compress(args: CompressArgs) -> Result<()> {
+    let index = Index::open(&args.open.index, &open_options(&args.open)?)?;
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u16));
+    let bar = infini_sidecar::progress::token_bar(index.total_tokens(), "compressing");
+    let start = std::time::Instant::now();
+    let built = CompressedIndex::build(&index, &args.out, threads, |n| bar.inc(n))?;
+    bar.finish_and_clear();
+    let seconds = start.elapsed().as_secs_f64();
+    let info = built.info()?;
+    println!(
+        "compressed {} into {} in {seconds:.1} s ({:.2} M tokens/s on {threads} threads)",
+        index.dir().display(),
+        args.out.display(),
+        index.total_tokens() as f64 / seconds / 1e6
+    );
+    print!("{}", text::compressed_info(&info));
+    Ok(())
+}
+
 fn run_query(args: QueryArgs) -> Result<()> {
     check_distinct_files(&args.input, &args.output)?;
     let index = Index::open(&args.open.index, &open_options(&args.open)?)?;
@@ -506,6 +542,13 @@ fn run_query(args: QueryArgs) -> Result<()> {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Index(IndexCommand::Build(args)) => run_build(args),
+        Command::Index(IndexCommand::Info(args))
+            if infini_sidecar::index::fm::is_compressed(&args.open.index) =>
+        {
+            let info = CompressedIndex::open(&args.open.index)?.info()?;
+            args.format.print(&info, || text::compressed_info(&info))
+        }
+        Command::Index(IndexCommand::Compress(args)) => run_compress(args),
         Command::Index(IndexCommand::Info(args)) => {
             let index = Index::open(&args.open.index, &open_options(&args.open)?)?;
             let info = index.info();

@@ -13,6 +13,7 @@ use infini_sidecar::eval::experiment::{FitSummary, MIN_DOMAIN_TOKENS};
 use infini_sidecar::eval::neural::{ScoreReport, Totals};
 use infini_sidecar::eval::report::PplReport;
 use infini_sidecar::index::build::BuildReport;
+use infini_sidecar::index::fm::CompressedInfo;
 use infini_sidecar::index::format::DecontaminationRecord;
 use infini_sidecar::index::IndexInfo;
 use infini_sidecar::mix::{improvement_percent, MixingParams};
@@ -210,6 +211,14 @@ pub fn index_info(info: &IndexInfo) -> String {
         ]),
     }
     fields.row([
+        "size".into(),
+        format!(
+            "{} ({:.2} bytes a token)",
+            bytes(info.bytes),
+            info.bytes_per_token
+        ),
+    ]);
+    fields.row([
         "next-token table".into(),
         plural(info.next_token_table_prompts, "prompt", "prompts"),
     ]);
@@ -230,6 +239,55 @@ pub fn index_info(info: &IndexInfo) -> String {
         out += "by shard:\n";
         out += &shards.render();
     }
+    out
+}
+
+/// `index info` of a compressed index.
+pub fn compressed_info(info: &CompressedInfo) -> String {
+    let mut out = format!("compressed index {}\n", info.dir);
+    let mut fields = Table::fields();
+    fields.row([
+        "holds".into(),
+        format!(
+            "{}, {} in {}",
+            plural(info.documents, "document", "documents"),
+            plural(
+                info.tokens_with_separators.saturating_sub(info.documents),
+                "token",
+                "tokens"
+            ),
+            plural(info.shards as u64, "shard", "shards"),
+        ),
+    ]);
+    fields.row([
+        "vocabulary".into(),
+        format!(
+            "{} ids in {}-byte tokens, eos id {}",
+            count(info.vocab_size),
+            info.token_width,
+            info.eos_token_id
+        ),
+    ]);
+    fields.row([
+        "size".into(),
+        format!(
+            "{} ({:.3} bytes a token; a suffix-array index of the same text: {:.2})",
+            bytes(info.bytes),
+            info.bytes_per_token,
+            info.suffix_array_bytes_per_token
+        ),
+    ]);
+    for (part, n) in &info.bytes_by_part {
+        fields.row([
+            format!("  {part}"),
+            format!(
+                "{} ({:.3} bytes a token)",
+                bytes(*n),
+                *n as f64 / info.tokens_with_separators.max(1) as f64
+            ),
+        ]);
+    }
+    out += &fields.render();
     out
 }
 

@@ -5,6 +5,8 @@
 use super::{EvidenceError, StepInfgram};
 use crate::index::bytes::ByteText;
 use crate::index::dense::TokenScore;
+use crate::index::fm::suffix::FmSuffixMatch;
+use crate::index::fm::CompressedIndex;
 use crate::index::query::InfgramNtdResult;
 use crate::index::suffix::SuffixMatch;
 use crate::index::{Index, IndexError};
@@ -110,6 +112,8 @@ pub enum Followed {
     Remote(InfgramNtdResult),
     /// A model's tokens over a byte-level index: their text, matched a byte at a time.
     Bytes(ByteText),
+    /// In a compressed index here: as `Local`, over its rows.
+    Compressed(FmSuffixMatch),
 }
 
 impl Followed {
@@ -120,6 +124,7 @@ impl Followed {
             Followed::Local(m) => m.suffix_len(),
             Followed::Remote(a) => a.suffix_len,
             Followed::Bytes(t) => t.suffix_len(),
+            Followed::Compressed(m) => m.suffix_len(),
         }
     }
 
@@ -138,6 +143,7 @@ impl Followed {
             Followed::Local(m) => m.prompt_cnt(),
             Followed::Remote(a) => a.ntd.prompt_cnt,
             Followed::Bytes(t) => t.prompt_cnt(),
+            Followed::Compressed(m) => m.prompt_cnt(),
         }
     }
 }
@@ -158,6 +164,20 @@ impl Followed {
     fn local_mut(&mut self) -> Result<&mut SuffixMatch, IndexError> {
         match self {
             Followed::Local(m) => Ok(m),
+            _ => Err(followed_elsewhere()),
+        }
+    }
+
+    fn compressed(&self) -> Result<&FmSuffixMatch, IndexError> {
+        match self {
+            Followed::Compressed(m) => Ok(m),
+            _ => Err(followed_elsewhere()),
+        }
+    }
+
+    fn compressed_mut(&mut self) -> Result<&mut FmSuffixMatch, IndexError> {
+        match self {
+            Followed::Compressed(m) => Ok(m),
             _ => Err(followed_elsewhere()),
         }
     }
@@ -246,5 +266,67 @@ impl ReferenceData for Index {
         depth: usize,
     ) -> Result<Vec<Vec<u32>>, IndexError> {
         Ok(followed.local()?.continuations(self, samples, depth))
+    }
+}
+
+/// A compressed index answers as the suffix-array index of the same text does (its drafts'
+/// tokens after the first aside: `FmSuffixMatch::continuations` says why). Over bytes it gives
+/// no decoding steps: a byte-level index mixes through `ByteReference`, which reads suffix arrays.
+impl ReferenceData for CompressedIndex {
+    fn vocab_size(&self) -> u64 {
+        CompressedIndex::vocab_size(self)
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<(), IndexError> {
+        CompressedIndex::check_ids(self, ids)
+    }
+
+    fn infgram(&self, context: &[u32]) -> Result<InfgramNtdResult, IndexError> {
+        self.infgram_ntd(context, None)
+    }
+
+    fn context_after(
+        &self,
+        context: &[u32],
+        infgram: &InfgramNtdResult,
+    ) -> Result<InfgramContext, MixError> {
+        InfgramContext::after(self, context, infgram)
+    }
+
+    fn document(&self, tokens: &[u32]) -> Result<(Vec<TokenScore>, Vec<InfgramContext>), MixError> {
+        let scores = self.score(tokens)?;
+        let contexts = InfgramContext::for_document(self, tokens, &scores)?;
+        Ok((scores, contexts))
+    }
+
+    fn follow(&self, seq: &[u32]) -> Result<Followed, IndexError> {
+        Ok(Followed::Compressed(FmSuffixMatch::of(self, seq)?))
+    }
+
+    fn advance(&self, followed: &mut Followed, seq: &[u32], from: usize) -> Result<(), IndexError> {
+        let m = followed.compressed_mut()?;
+        for end in from + 1..=seq.len() {
+            m.advance(self, &seq[..end]);
+        }
+        Ok(())
+    }
+
+    fn truncate(&self, followed: &mut Followed, seq: &[u32]) -> Result<(), IndexError> {
+        followed.compressed_mut()?.truncate(self, seq);
+        Ok(())
+    }
+
+    fn infgram_followed(&self, followed: &Followed) -> Result<InfgramNtdResult, IndexError> {
+        Ok(followed.compressed()?.infgram_ntd(self, None))
+    }
+
+    fn continuations(
+        &self,
+        followed: &Followed,
+        _seq: &[u32],
+        samples: usize,
+        depth: usize,
+    ) -> Result<Vec<Vec<u32>>, IndexError> {
+        Ok(followed.compressed()?.continuations(self, samples, depth))
     }
 }

@@ -18,6 +18,10 @@ pub struct IndexInfo {
     pub vocab_size: u64,
     /// The tokenizer it was built with, when recorded.
     pub tokenizer: Option<TokenizerRecord>,
+    /// Bytes of the tokens, suffix arrays, document offsets and metadata of all shards (the
+    /// optional next-token tables left out), and per token.
+    pub bytes: u64,
+    pub bytes_per_token: f64,
     /// Whether it has our manifest (an index of the reference indexer has not).
     pub manifest: bool,
     /// Prompts with build-time next-token counts, over all shards (0 without next-token tables).
@@ -49,7 +53,10 @@ impl Index {
                 next_token_table_prompts: s.next_table().map_or(0, |t| t.entries() as u64),
             })
             .collect();
+        let bytes: u64 = self.shards.iter().map(|s| s.bytes()).sum();
         IndexInfo {
+            bytes,
+            bytes_per_token: bytes as f64 / self.total_tokens().max(1) as f64,
             dir: self.dir().display().to_string(),
             shards: self.num_shards(),
             documents: self.total_documents(),

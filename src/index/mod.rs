@@ -8,6 +8,7 @@ pub mod decontam;
 pub mod dense;
 pub mod docs;
 pub mod error;
+pub mod fm;
 pub mod format;
 pub mod hints;
 pub mod info;

@@ -66,6 +66,13 @@ impl Index {
         }
         let manifest = Manifest::read(dir)?;
         let n_shards = shard_count(dir);
+        if n_shards == 0 && crate::index::fm::is_compressed(dir) {
+            return Err(IndexError::Invalid(format!(
+                "{}: a compressed index (`index compress`): this reads suffix-array indexes; \
+                 `serve` and `index info` take it, or use the index it was compressed from",
+                dir.display()
+            )));
+        }
         if n_shards == 0 {
             return Err(IndexError::Invalid(format!(
                 "{}: no tokenized.0 in this folder: not an index",

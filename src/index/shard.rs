@@ -362,6 +362,15 @@ impl Shard {
         )
     }
 
+    /// Bytes of the shard's tokens, suffix array, document offsets and metadata.
+    pub fn bytes(&self) -> u64 {
+        let metadata = self
+            .metadata
+            .as_ref()
+            .map_or(0, |(mt, om)| mt.len() + om.len());
+        (self.tokens.len() + self.table.len() + self.offsets.len() + metadata) as u64
+    }
+
     /// Reads every page of the token array and the suffix array once, so that first queries do not pay
     /// for page faults (what the reference calls loading to RAM, without copying anything).
     pub fn warm_up(&self) -> u64 {

@@ -7,8 +7,34 @@ use serde::{Deserialize, Serialize};
 
 use super::MixError;
 use crate::index::dense::TokenScore;
+use crate::index::fm::CompressedIndex;
 use crate::index::query::{InfgramNtdResult, NtdResult};
-use crate::index::Index;
+use crate::index::{Index, IndexError};
+
+/// What the gate's view of a context reads of an index: counts, and the distribution after a
+/// suffix sampled to at most `max_support` matches. Both kinds of index answer them alike.
+pub trait ContextCounts {
+    fn count(&self, ids: &[u32]) -> Result<u64, IndexError>;
+    fn ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult, IndexError>;
+}
+
+impl ContextCounts for Index {
+    fn count(&self, ids: &[u32]) -> Result<u64, IndexError> {
+        Index::count(self, ids)
+    }
+    fn ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult, IndexError> {
+        Index::ntd(self, prompt, max_support)
+    }
+}
+
+impl ContextCounts for CompressedIndex {
+    fn count(&self, ids: &[u32]) -> Result<u64, IndexError> {
+        CompressedIndex::count(self, ids)
+    }
+    fn ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult, IndexError> {
+        CompressedIndex::ntd(self, prompt, max_support)
+    }
+}
 
 /// Suffix lengths whose corpus counts the gate sees (a fixed-size vector, log-spaced).
 pub const SUFFIX_LENGTHS: [usize; 10] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32];
@@ -64,7 +90,11 @@ pub struct NeuralContext {
 
 impl InfgramContext {
     /// The context of the token scored by `score`, whose preceding tokens are `prefix`.
-    pub fn new(index: &Index, prefix: &[u32], score: &TokenScore) -> Result<Self, MixError> {
+    pub fn new(
+        index: &impl ContextCounts,
+        prefix: &[u32],
+        score: &TokenScore,
+    ) -> Result<Self, MixError> {
         let len = score.suffix_len.min(prefix.len());
         let support = index.ntd(&prefix[prefix.len() - len..], Some(SUPPORT_SAMPLES))?;
         Self::from_evidence(score, &support, |k| {
@@ -108,7 +138,7 @@ impl InfgramContext {
     /// The context after `prefix`, whose ∞-gram distribution `infgram` was looked up already (a
     /// decoding step: the next token is not known yet).
     pub fn after(
-        index: &Index,
+        index: &impl ContextCounts,
         prefix: &[u32],
         infgram: &InfgramNtdResult,
     ) -> Result<Self, MixError> {
@@ -117,7 +147,7 @@ impl InfgramContext {
 
     /// Contexts of every position of a document, from its dense scores.
     pub fn for_document(
-        index: &Index,
+        index: &impl ContextCounts,
         tokens: &[u32],
         scores: &[TokenScore],
     ) -> Result<Vec<Self>, MixError> {

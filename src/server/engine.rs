@@ -10,21 +10,87 @@ use super::config::Limits;
 use super::{check_len, check_max_support, index_status, pb, State};
 use crate::index::backoff::{Backoff, Weighting};
 use crate::index::docs::{Cnf, Document, SearchOptions, SearchResult};
+use crate::index::fm::CompressedIndex;
 use crate::index::hints::HintOptions;
+use crate::index::query::{InfgramNtdResult, NtdResult};
 use crate::index::trace::TraceOptions;
+use crate::index::{Index, IndexError};
 use crate::mix::MixingParams;
 use crate::model::Model;
 
+/// The index an engine call reads: a suffix-array one, or a compressed one for the calls that
+/// it answers (the others ask [`State::index`], which refuses with a message).
+pub(super) enum EitherIndex<'a> {
+    SuffixArray(&'a Index),
+    Compressed(&'a CompressedIndex),
+}
+
+impl EitherIndex<'_> {
+    fn count(&self, ids: &[u32]) -> Result<u64, IndexError> {
+        match self {
+            EitherIndex::SuffixArray(i) => i.count(ids),
+            EitherIndex::Compressed(c) => c.count(ids),
+        }
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<(), IndexError> {
+        match self {
+            EitherIndex::SuffixArray(i) => i.check_ids(ids),
+            EitherIndex::Compressed(c) => c.check_ids(ids),
+        }
+    }
+
+    fn ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult, IndexError> {
+        match self {
+            EitherIndex::SuffixArray(i) => i.ntd(prompt, max_support),
+            EitherIndex::Compressed(c) => c.ntd(prompt, max_support),
+        }
+    }
+
+    fn infgram_ntd(
+        &self,
+        prompt: &[u32],
+        max_support: Option<u64>,
+    ) -> Result<InfgramNtdResult, IndexError> {
+        match self {
+            EitherIndex::SuffixArray(i) => i.infgram_ntd(prompt, max_support),
+            EitherIndex::Compressed(c) => c.infgram_ntd(prompt, max_support),
+        }
+    }
+
+    /// Folder, shards, tokens, documents, vocabulary size and eos id, as `Info` reports them.
+    fn summary(&self) -> (String, usize, u64, u64, u64, u32) {
+        match self {
+            EitherIndex::SuffixArray(i) => (
+                i.dir().display().to_string(),
+                i.num_shards(),
+                i.total_tokens(),
+                i.total_documents(),
+                i.vocab_size(),
+                i.eos_token_id(),
+            ),
+            EitherIndex::Compressed(c) => (
+                c.dir().display().to_string(),
+                c.num_shards(),
+                c.total_tokens(),
+                c.total_documents(),
+                c.vocab_size(),
+                c.eos_token_id(),
+            ),
+        }
+    }
+}
+
 pub(super) fn info(s: &State) -> Result<pb::InfoResponse, Status> {
-    let index = s.index()?;
+    let (dir, shards, tokens, documents, vocab_size, eos_token_id) = s.either_index()?.summary();
     Ok(pb::InfoResponse {
         version: env!("CARGO_PKG_VERSION").into(),
-        index_dir: index.dir().display().to_string(),
-        index_shards: index.num_shards() as u32,
-        index_tokens: index.total_tokens(),
-        index_documents: index.total_documents(),
-        vocab_size: index.vocab_size(),
-        eos_token_id: index.eos_token_id(),
+        index_dir: dir,
+        index_shards: shards as u32,
+        index_tokens: tokens,
+        index_documents: documents,
+        vocab_size,
+        eos_token_id,
         tokenizer_fingerprint: s.tokenizer.fingerprint().to_string(),
         cpu_model: s.cpu.model.clone(),
         cpu_features: s.cpu.features.iter().map(|f| f.to_string()).collect(),
@@ -72,7 +138,7 @@ pub(super) fn detokenize(
     r: pb::DetokenizeRequest,
 ) -> Result<pb::DetokenizeResponse, Status> {
     let ids = r.ids;
-    s.index()?.check_ids(&ids).map_err(index_status)?;
+    s.either_index()?.check_ids(&ids).map_err(index_status)?;
     let text = s
         .tokenizer
         .decode(&ids)
@@ -83,7 +149,7 @@ pub(super) fn detokenize(
 pub(super) fn count(s: &State, r: pb::CountRequest) -> Result<pb::CountResponse, Status> {
     let ids = r.ids;
     s.check_len("the n-gram", ids.len())?;
-    let count = s.index()?.count(&ids).map_err(index_status)?;
+    let count = s.either_index()?.count(&ids).map_err(index_status)?;
     Ok(pb::CountResponse {
         count,
         partial: None,
@@ -100,14 +166,14 @@ pub(super) fn next_token_distribution(
     let (ntd, suffix_len, sparse) = match r.infinite {
         true => {
             let a = s
-                .index()?
+                .either_index()?
                 .infgram_ntd(&r.prompt, max_support)
                 .map_err(index_status)?;
             (a.ntd, a.suffix_len, a.sparse)
         }
         false => {
             let a = s
-                .index()?
+                .either_index()?
                 .ntd(&r.prompt, max_support)
                 .map_err(index_status)?;
             let sparse = a.dist.len() == 1;

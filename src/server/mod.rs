@@ -31,6 +31,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::cpu::{CpuInfo, KernelFlavour};
 use crate::evidence::{byte_reference, EvidenceError, ReferenceData};
+use crate::index::fm::CompressedIndex;
 use crate::index::{Index, IndexError, OpenOptions, TokenWidth};
 use crate::interrupt::{StopReason, StopSignal};
 use crate::live::{LiveError, LiveIndex, LiveStore, Vocabulary};
@@ -38,6 +39,7 @@ use crate::mix::{MixError, MixingParams};
 use crate::model::{LoadOptions, Model, ModelError};
 use crate::tokenizer::Tokenizer;
 use config::{ConfigError, Limits, Role, ServeConfig};
+use engine::EitherIndex;
 use kv_budget::KvBudget;
 use metrics::Metrics;
 use mix_sequences::MixSequences;
@@ -93,8 +95,11 @@ use pb::sidecar_server::Sidecar;
 
 /// What every request reads.
 struct State {
-    /// The index of a single sidecar or a shard server; `None` in a router.
+    /// The index of a single sidecar or a shard server; `None` in a router and over a
+    /// compressed index.
     index: Option<Arc<Index>>,
+    /// The compressed index a sidecar serves instead (`index compress`).
+    compressed: Option<Arc<CompressedIndex>>,
     /// Where scoring, mixing and drafting get the ∞-gram's evidence: the index, or a router's
     /// shard servers.
     reference: Arc<dyn ReferenceData>,
@@ -125,6 +130,7 @@ pub struct SidecarService {
 /// Where a service's evidence comes from, and what reads ids and text for it.
 struct Evidence {
     index: Option<Arc<Index>>,
+    compressed: Option<Arc<CompressedIndex>>,
     reference: Arc<dyn ReferenceData>,
     tokenizer: Tokenizer,
     live: Option<Arc<dyn LiveStore>>,
@@ -376,11 +382,28 @@ impl State {
         }
     }
 
-    /// The index, for the calls that read it directly (a router answers those itself).
+    /// The index, for the calls that read it directly (a router answers those itself). Over a
+    /// compressed index, the calls it does not answer are refused with the index that does.
     fn index(&self) -> Result<&Index, Status> {
+        if let Some(compressed) = &self.compressed {
+            return Err(Status::failed_precondition(format!(
+                "this call needs a suffix-array index, and {} is a compressed one (count, \
+                 distributions, mixing, scoring, sessions and drafts only): serve the index it \
+                 was compressed from",
+                compressed.dir().display()
+            )));
+        }
         self.index
             .as_deref()
             .ok_or_else(|| Status::internal("this service holds no index"))
+    }
+
+    /// Either kind of index, for the calls both answer.
+    fn either_index(&self) -> Result<EitherIndex<'_>, Status> {
+        match &self.compressed {
+            Some(c) => Ok(EitherIndex::Compressed(c)),
+            None => self.index().map(EitherIndex::SuffixArray),
+        }
     }
 
     fn model(&self) -> Result<&Model, Status> {
@@ -413,6 +436,9 @@ impl SidecarService {
         metrics: Arc<Metrics>,
     ) -> Result<Self, ServeError> {
         config.check()?;
+        if crate::index::fm::is_compressed(&config.index) {
+            return Self::open_compressed(config, metrics);
+        }
         let index = Arc::new(Index::open(&config.index, &OpenOptions::default())?);
         let tokenizer = index.tokenizer().cloned().ok_or_else(|| {
             ServeError::Setup(format!(
@@ -465,7 +491,60 @@ impl SidecarService {
             metrics,
             Evidence {
                 index: Some(index),
+                compressed: None,
                 reference,
+                tokenizer,
+                live,
+            },
+            neural,
+        ))
+    }
+
+    /// A sidecar over a compressed index of tokens (a byte-level index is followed in a model's
+    /// tokens by reading suffix arrays), and no shard server (routers merge suffix-array answers).
+    fn open_compressed(config: &ServeConfig, metrics: Arc<Metrics>) -> Result<Self, ServeError> {
+        let index = Arc::new(CompressedIndex::open(&config.index)?);
+        let tokenizer = index.tokenizer().cloned().ok_or_else(|| {
+            ServeError::Setup(format!(
+                "{}: the index has no tokenizer",
+                config.index.display()
+            ))
+        })?;
+        if config.cluster.role == Role::Shard {
+            return Err(ServeError::Setup(
+                "a shard server answers its routers from a suffix-array index, not a compressed one"
+                    .into(),
+            ));
+        }
+        if tokenizer.is_utf8_bytes() {
+            return Err(ServeError::Setup(
+                "a compressed byte-level index is not served: over bytes, mixing, sessions and \
+                 drafts follow a model's tokens, which only a suffix-array index does; serve the \
+                 index it was compressed from"
+                    .into(),
+            ));
+        }
+        let neural = Neural::load(config)?;
+        neural.check_tokenizer(&tokenizer, "the index")?;
+        let live = config
+            .live
+            .config()
+            .map(|live| {
+                let vocab = Vocabulary {
+                    width: index.width(),
+                    eos_token_id: index.eos_token_id(),
+                    vocab_size: index.vocab_size(),
+                };
+                Ok::<_, ServeError>(Arc::new(LiveIndex::open(live, vocab)?) as Arc<dyn LiveStore>)
+            })
+            .transpose()?;
+        Ok(Self::assemble(
+            config,
+            metrics,
+            Evidence {
+                index: None,
+                compressed: Some(index.clone()),
+                reference: index,
                 tokenizer,
                 live,
             },
@@ -483,6 +562,7 @@ impl SidecarService {
         Self {
             state: Arc::new(State {
                 index: evidence.index,
+                compressed: evidence.compressed,
                 reference: evidence.reference,
                 tokenizer: evidence.tokenizer,
                 mixing: neural.mixing,

@@ -31,7 +31,9 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
-use crate::common::server::{connect, open_session, save_mixing, spawn_serve, step};
+use crate::common::server::{
+    connect, open_session, own_mix, save_mixing, scores, spawn_serve, step,
+};
 use crate::common::{assets, smollm2_gguf};
 
 const DOCUMENTS: usize = 600;
@@ -600,49 +602,12 @@ fn write_mixing(dir: &Path) -> PathBuf {
     save_mixing(dir, Gate::train(&rows, &targets, opts).unwrap())
 }
 
-fn own_mix(context: &[u32], lambda: Option<mix_request::Lambda>) -> pb::MixRequest {
-    pb::MixRequest {
-        context: context.to_vec(),
-        neural: Some(mix_request::Neural::OwnModel(true)),
-        lambda,
-        top_k: 8,
-        ..Default::default()
-    }
-}
-
 fn draft_tree(r: &pb::DraftResponse) -> (Vec<u32>, Vec<i32>, Vec<f64>) {
     (r.token_ids.clone(), r.parents.clone(), r.probs.clone())
 }
 
 fn library_tree(t: &infini_sidecar::draft::DraftTree) -> (Vec<u32>, Vec<i32>, Vec<f64>) {
     (t.token_ids.clone(), t.parents.clone(), t.probs.clone())
-}
-
-async fn scores(
-    client: &mut SidecarClient<Channel>,
-    docs: &[Vec<u32>],
-    lambda: Option<score_request::Lambda>,
-) -> Vec<pb::DocumentScore> {
-    let request = pb::ScoreRequest {
-        documents: docs
-            .iter()
-            .map(|d| pb::ScoreDocument {
-                token_ids: d.clone(),
-                ..Default::default()
-            })
-            .collect(),
-        lambda,
-        per_token: true,
-    };
-    let mut stream = client.score(request).await.unwrap().into_inner();
-    let mut out = Vec::new();
-    while let Some(m) = stream.message().await.unwrap() {
-        if let Some(pb::score_response::Item::Document(d)) = m.item {
-            out.push(d);
-        }
-    }
-    out.sort_by_key(|d| d.document);
-    out
 }
 
 /// `Mix`, `Score`, `Draft` and a `Session` on routers: the model runs in the router over the

@@ -6,6 +6,8 @@
 use infini_sidecar::corpus::{Content, InputDoc};
 use infini_sidecar::index::build::{build, BuildOptions};
 use infini_sidecar::index::docs::SearchOptions;
+use infini_sidecar::index::fm::suffix::FmSuffixMatch;
+use infini_sidecar::index::fm::CompressedIndex;
 use infini_sidecar::index::next_table::NextTableSpec;
 use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
 use proptest::prelude::*;
@@ -135,7 +137,108 @@ fn queries(oracle: &Oracle, random: &[Vec<u32>]) -> Vec<Vec<u32>> {
     out
 }
 
+/// The compressed index of the same corpus answers as the suffix-array index does (its rank
+/// ranges aside, which are its own rows) and as the oracle does where the two differ in kind.
+fn check_compressed(b: &Built, queries: &[Vec<u32>]) {
+    let (index, oracle) = (&b.index, &b.oracle);
+    let out = b._dir.path().join(format!("fm-{}", index.num_shards()));
+    let _ = std::fs::remove_dir_all(&out);
+    let fm = CompressedIndex::build(index, &out, 1, |_| {}).unwrap();
+    let fm_opened = CompressedIndex::open(&out).unwrap();
+    let probe = oracle
+        .docs
+        .iter()
+        .flatten()
+        .copied()
+        .next()
+        .unwrap_or(oracle.eos);
+    for fm in [&fm, &fm_opened] {
+        for q in queries {
+            let (want, got) = (index.find(q).unwrap(), fm.find(q).unwrap());
+            assert_eq!(want.cnt, got.cnt, "find {q:?}");
+            let lengths = |f: &infini_sidecar::index::query::FindResult| -> Vec<u64> {
+                f.segment_by_shard.iter().map(|(lo, hi)| hi - lo).collect()
+            };
+            if !q.is_empty() {
+                assert_eq!(lengths(&want), lengths(&got), "find ranges {q:?}");
+            }
+            assert_eq!(fm.count(q).unwrap(), want.cnt);
+            for support in [None, Some(3)] {
+                assert_eq!(
+                    fm.ntd(q, support).unwrap(),
+                    index.ntd(q, support).unwrap(),
+                    "ntd {q:?} {support:?}"
+                );
+                assert_eq!(
+                    fm.infgram_ntd(q, support).unwrap(),
+                    index.infgram_ntd(q, support).unwrap(),
+                    "infgram_ntd {q:?} {support:?}"
+                );
+            }
+            assert_eq!(fm.score(q).unwrap(), index.score(q).unwrap(), "score {q:?}");
+            for c in [oracle.eos, probe] {
+                assert_eq!(
+                    fm.prob(q, c).unwrap(),
+                    index.prob(q, c).unwrap(),
+                    "prob {q:?} {c}"
+                );
+                assert_eq!(
+                    fm.infgram_prob(q, c).unwrap(),
+                    index.infgram_prob(q, c).unwrap(),
+                    "infgram_prob {q:?} {c}"
+                );
+            }
+            if q.is_empty() {
+                continue;
+            }
+            // Every match located, in the right document at the right offset.
+            let mut places: Vec<(usize, usize)> = fm
+                .positions(q, usize::MAX)
+                .unwrap()
+                .into_iter()
+                .map(|p| fm.place(p))
+                .map(|(d, at)| (d as usize, at as usize))
+                .collect();
+            places.sort_unstable();
+            assert_eq!(places, oracle.occurrences(q), "positions {q:?}");
+            // What follows every match, cut at document ends (samples enough for all of them).
+            let matched = FmSuffixMatch::of(fm, q).unwrap();
+            let mut following = if matched.suffix_len() == q.len() {
+                matched.continuations(fm, 1 << 20, 4)
+            } else {
+                Vec::new()
+            };
+            following.sort();
+            let mut expected: Vec<Vec<u32>> = oracle
+                .occurrences(q)
+                .into_iter()
+                .map(|(d, at)| {
+                    let doc = &oracle.docs[d];
+                    doc[at + q.len()..(at + q.len() + 4).min(doc.len())]
+                        .iter()
+                        .copied()
+                        .take_while(|&t| t != oracle.eos)
+                        .collect()
+                })
+                .collect();
+            expected.sort();
+            assert_eq!(following, expected, "continuations {q:?}");
+        }
+        for d in 0..index.total_documents() {
+            assert_eq!(fm.get_document(d).unwrap(), index.get_document(d).unwrap());
+        }
+        assert!(fm.get_document(index.total_documents()).is_err());
+        let outside = vocab_for(index.width()) as u32;
+        assert!(fm
+            .count(&[outside])
+            .unwrap_err()
+            .to_string()
+            .contains("outside the vocabulary"));
+    }
+}
+
 fn check_all(b: &Built, random: &[Vec<u32>]) {
+    check_compressed(b, &queries(&b.oracle, random));
     let (index, oracle) = (&b.index, &b.oracle);
     let candidates: Vec<u32> = {
         let mut c: Vec<u32> = oracle.docs.iter().flatten().copied().collect();

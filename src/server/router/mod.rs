@@ -162,6 +162,7 @@ impl RouterService {
                 }
                 let evidence = Evidence {
                     index: None,
+                    compressed: None,
                     reference: Arc::new(reference::RemoteReference::new(
                         Arc::clone(&self.shards),
                         &members,

@@ -230,3 +230,42 @@ pub async fn spawn_serve(config: &Path) -> (std::process::Child, std::net::Socke
     .unwrap();
     (child, addr)
 }
+
+/// A `Mix` of the sidecar's own model after `context`, top 8.
+pub fn own_mix(context: &[u32], lambda: Option<pb::mix_request::Lambda>) -> pb::MixRequest {
+    pb::MixRequest {
+        context: context.to_vec(),
+        neural: Some(pb::mix_request::Neural::OwnModel(true)),
+        lambda,
+        top_k: 8,
+        ..Default::default()
+    }
+}
+
+/// Every document's per-token `Score` answer under `lambda`, in document order.
+pub async fn scores(
+    client: &mut SidecarClient<Channel>,
+    docs: &[Vec<u32>],
+    lambda: Option<pb::score_request::Lambda>,
+) -> Vec<pb::DocumentScore> {
+    let request = pb::ScoreRequest {
+        documents: docs
+            .iter()
+            .map(|d| pb::ScoreDocument {
+                token_ids: d.clone(),
+                ..Default::default()
+            })
+            .collect(),
+        lambda,
+        per_token: true,
+    };
+    let mut stream = client.score(request).await.unwrap().into_inner();
+    let mut out = Vec::new();
+    while let Some(m) = stream.message().await.unwrap() {
+        if let Some(pb::score_response::Item::Document(d)) = m.item {
+            out.push(d);
+        }
+    }
+    out.sort_by_key(|d| d.document);
+    out
+}

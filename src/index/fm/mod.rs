@@ -1,0 +1,365 @@
+//! The compressed index: an FM-index per shard (a Burrows-Wheeler transform in a Huffman-shaped
+//! wavelet tree of compressed bit vectors, with sampled positions), built from a suffix-array
+//! index's tokens and answering its count, n-gram, ∞-gram and document queries in a fraction of
+//! its size (infini-gram mini's trade, `../shared/docs/founding/`). Why each shard indexes its
+//! text reversed is in [`shard`].
+//!
+//! Its answers are the suffix-array index's, field for field, subsampled distributions included
+//! (`query` says how), but for two documented ones: `find`'s rank ranges are this index's own
+//! rows (their lengths agree for a non-empty query), and a draft's tokens after the first come
+//! from other occurrences (`suffix`).
+
+pub mod bits;
+pub mod file;
+pub mod query;
+pub mod shard;
+pub mod suffix;
+pub mod wavelet;
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::index::format::{ptr_size_for, TokenWidth, TOKENIZER_FILE};
+use crate::index::query::check_vocabulary;
+use crate::index::{Index, IndexError, Result};
+use crate::tokenizer::Tokenizer;
+
+use file::{WordReader, Words, MAGIC};
+use shard::{FmShard, ShardText};
+
+/// The file of compressed shard `n`.
+pub fn shard_file(dir: &Path, n: usize) -> PathBuf {
+    dir.join(format!("fm.{n}"))
+}
+
+/// Whether `dir` holds a compressed index.
+pub fn is_compressed(dir: &Path) -> bool {
+    shard_file(dir, 0).exists()
+}
+
+const FORMAT_VERSION: u64 = 1;
+
+/// What `index info` shows of a compressed index.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CompressedInfo {
+    pub dir: String,
+    pub shards: usize,
+    pub documents: u64,
+    pub tokens_with_separators: u64,
+    pub token_width: usize,
+    pub eos_token_id: u32,
+    pub vocab_size: u64,
+    /// Bytes of its files.
+    pub bytes: u64,
+    pub bytes_per_token: f64,
+    /// What the suffix-array index of the same text takes (tokens, pointers, document offsets).
+    pub suffix_array_bytes_per_token: f64,
+    /// The files' bytes by what they serve: the transform (count, ∞-gram, distributions), the
+    /// position samples (locating matches), the documents (offsets, entry rows, metadata).
+    pub bytes_by_part: Vec<(String, u64)>,
+}
+
+pub struct CompressedIndex {
+    dir: PathBuf,
+    pub(crate) shards: Vec<FmShard>,
+    pub(crate) width: TokenWidth,
+    pub(crate) eos_token_id: u32,
+    vocab_size: u64,
+    tokenizer: Option<Tokenizer>,
+}
+
+impl CompressedIndex {
+    /// Builds the compressed form of `index` into `out` (a new folder), shard by shard,
+    /// calling `progress` with each shard's tokens once it is done.
+    pub fn build(
+        index: &Index,
+        out: &Path,
+        threads: u16,
+        mut progress: impl FnMut(u64),
+    ) -> Result<Self> {
+        if out.exists() {
+            return Err(IndexError::Invalid(format!(
+                "{}: already exists; a compressed index is written to a new folder",
+                out.display()
+            )));
+        }
+        // Written into a folder of its own, renamed once whole: an interrupted build leaves no
+        // folder that opens as a smaller index.
+        let mut partial = out.as_os_str().to_owned();
+        partial.push(format!(".partial-{}", std::process::id()));
+        let partial = PathBuf::from(partial);
+        std::fs::create_dir_all(&partial).map_err(|e| IndexError::io(&partial, e))?;
+        let built = Self::build_into(index, &partial, threads, &mut progress).and_then(|built| {
+            std::fs::rename(&partial, out).map_err(|e| IndexError::io(out, e))?;
+            Ok(CompressedIndex {
+                dir: out.to_path_buf(),
+                ..built
+            })
+        });
+        if built.is_err() {
+            // Only the folder this build made.
+            let _ = std::fs::remove_dir_all(&partial);
+        }
+        built
+    }
+
+    fn build_into(
+        index: &Index,
+        out: &Path,
+        threads: u16,
+        progress: &mut impl FnMut(u64),
+    ) -> Result<Self> {
+        let width = index.width();
+        let w = width.bytes() as u64;
+        let mut shards = Vec::with_capacity(index.num_shards());
+        for (n, shard) in index.shards.iter().enumerate() {
+            if crate::interrupt::interrupted() {
+                return Err(IndexError::Interrupted);
+            }
+            let tokens = shard.tokens_between(0, shard.ds_size());
+            let docs = 0..shard.doc_cnt();
+            let text = ShardText {
+                tokens: &tokens,
+                doc_starts: docs.clone().map(|d| shard.doc_start(d) / w).collect(),
+                metadata: shard.has_metadata().then(|| {
+                    docs.map(|d| shard.metadata(d).unwrap_or_default())
+                        .collect()
+                }),
+            };
+            let built = FmShard::build(width, text, threads)?;
+            let mut words = Words::default();
+            words.u64(MAGIC);
+            words.u64(FORMAT_VERSION);
+            words.u64(index.num_shards() as u64);
+            words.u64(index.eos_token_id() as u64);
+            words.u64(index.vocab_size());
+            built.write(&mut words);
+            let path = shard_file(out, n);
+            std::fs::write(&path, words.into_bytes()).map_err(|e| IndexError::io(&path, e))?;
+            progress(tokens.len() as u64);
+            shards.push(built);
+        }
+        let tokenizer = index.dir().join(TOKENIZER_FILE);
+        if tokenizer.exists() {
+            let to = out.join(TOKENIZER_FILE);
+            std::fs::copy(&tokenizer, &to).map_err(|e| IndexError::io(&to, e))?;
+        }
+        Ok(CompressedIndex {
+            dir: out.to_path_buf(),
+            shards,
+            width,
+            eos_token_id: index.eos_token_id(),
+            vocab_size: index.vocab_size(),
+            tokenizer: index.tokenizer().cloned(),
+        })
+    }
+
+    /// Opens a compressed index, checking every shard file's checksum and the agreement of its
+    /// parts before any query can read them.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let count = (0..).take_while(|&n| shard_file(dir, n).exists()).count();
+        if count == 0 {
+            return Err(IndexError::Invalid(format!(
+                "{}: no fm.0 in this folder: not a compressed index",
+                dir.display()
+            )));
+        }
+        let mut shards = Vec::with_capacity(count);
+        let mut vocabulary = None;
+        for n in 0..count {
+            let path = shard_file(dir, n);
+            let bytes = std::fs::read(&path).map_err(|e| IndexError::io(&path, e))?;
+            let mut input = WordReader::checked(&bytes, &path)?;
+            if input.u64()? != MAGIC || input.u64()? != FORMAT_VERSION {
+                return input.corrupt("not a compressed index shard of this version");
+            }
+            if input.u64()? != count as u64 {
+                return input.corrupt(&format!(
+                    "its index has a different number of shards than the {count} in the folder"
+                ));
+            }
+            let found = (input.u64()? as u32, input.u64()?);
+            if vocabulary.is_some_and(|v| v != found) {
+                return input.corrupt("its eos id or vocabulary differs from shard 0's");
+            }
+            vocabulary = Some(found);
+            let shard = FmShard::read(&mut input)?;
+            input.finish()?;
+            if shards
+                .first()
+                .is_some_and(|s: &FmShard| s.width() != shard.width())
+            {
+                return input.corrupt("its token width differs from shard 0's");
+            }
+            shards.push(shard);
+        }
+        let (eos_token_id, vocab_size) = vocabulary.unwrap_or_default();
+        let width = shards.first().map_or(TokenWidth::U16, |s| s.width());
+        width.check_vocab(vocab_size, eos_token_id)?;
+        let tokenizer_path = dir.join(TOKENIZER_FILE);
+        let tokenizer =
+            if tokenizer_path.exists() {
+                Some(Tokenizer::from_file(&tokenizer_path).map_err(|e| {
+                    IndexError::Corrupt(format!("{}: {e}", tokenizer_path.display()))
+                })?)
+            } else {
+                None
+            };
+        Ok(CompressedIndex {
+            dir: dir.to_path_buf(),
+            shards,
+            width,
+            eos_token_id,
+            vocab_size,
+            tokenizer,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    pub fn eos_token_id(&self) -> u32 {
+        self.eos_token_id
+    }
+    pub fn num_shards(&self) -> usize {
+        self.shards.len()
+    }
+    pub fn total_tokens(&self) -> u64 {
+        self.shards.iter().map(|s| s.tok_cnt()).sum()
+    }
+    pub fn total_documents(&self) -> u64 {
+        self.shards.iter().map(|s| s.doc_cnt()).sum()
+    }
+
+    /// What the index holds and what it takes, beside what the suffix-array index of the same
+    /// text takes.
+    pub fn info(&self) -> Result<CompressedInfo> {
+        let mut bytes = 0;
+        for n in 0..self.shards.len() {
+            let path = shard_file(&self.dir, n);
+            bytes += std::fs::metadata(&path)
+                .map_err(|e| IndexError::io(&path, e))?
+                .len();
+        }
+        let tokens = self.total_tokens();
+        // A suffix-array shard holds each token and its pointer, a document offset each and the
+        // same metadata (what its `index info` counts).
+        let suffix_array_bytes: u64 = self
+            .shards
+            .iter()
+            .map(|s| {
+                let ds_size = s.tok_cnt() * self.width.bytes() as u64;
+                s.tok_cnt() * (self.width.bytes() + ptr_size_for(ds_size)) as u64
+                    + 8 * s.doc_cnt()
+                    + s.metadata_bytes()
+            })
+            .sum();
+        Ok(CompressedInfo {
+            dir: self.dir.display().to_string(),
+            shards: self.shards.len(),
+            documents: self.total_documents(),
+            tokens_with_separators: tokens,
+            token_width: self.width.bytes(),
+            eos_token_id: self.eos_token_id,
+            vocab_size: self.vocab_size,
+            bytes,
+            bytes_per_token: bytes as f64 / tokens as f64,
+            suffix_array_bytes_per_token: suffix_array_bytes as f64 / tokens as f64,
+            bytes_by_part: self
+                .size_by_part()
+                .into_iter()
+                .map(|(name, b)| (name.to_string(), b))
+                .collect(),
+        })
+    }
+
+    /// Bytes of each part over all shards (transform, samples, documents).
+    pub fn size_by_part(&self) -> Vec<(&'static str, u64)> {
+        let mut parts: Vec<(&'static str, u64)> = Vec::new();
+        for shard in &self.shards {
+            for (name, bytes) in shard.size_by_part() {
+                match parts.iter_mut().find(|(n, _)| *n == name) {
+                    Some(part) => part.1 += bytes,
+                    None => parts.push((name, bytes)),
+                }
+            }
+        }
+        parts
+    }
+
+    pub fn vocab_size(&self) -> u64 {
+        self.vocab_size
+    }
+    pub fn width(&self) -> TokenWidth {
+        self.width
+    }
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+
+    /// Refuses ids outside the vocabulary and queries beyond the engine's length limit.
+    pub fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        check_vocabulary(ids, self.vocab_size)
+    }
+
+    /// Where each match of `ids` starts: `(shard, token offset)`, at most `limit` of them.
+    pub fn positions(&self, ids: &[u32], limit: usize) -> Result<Vec<(usize, u64)>> {
+        self.check_ids(ids)?;
+        let m = self.locate(ids);
+        let mut out = Vec::new();
+        for (s, (shard, range)) in self.shards.iter().zip(&m.ranges).enumerate() {
+            for row in range.lo..range.hi {
+                if out.len() == limit {
+                    return Ok(out);
+                }
+                if crate::interrupt::interrupted() {
+                    return Err(IndexError::Interrupted);
+                }
+                let end = shard.end_of(row);
+                if ids.is_empty() && end == shard.tok_cnt() {
+                    continue;
+                }
+                out.push((s, end - ids.len() as u64));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The document holding `(shard, token offset)` (over all shards), and the offset inside it.
+    pub fn place(&self, (s, at): (usize, u64)) -> (u64, u64) {
+        let base: u64 = self.shards[..s].iter().map(|x| x.doc_cnt()).sum();
+        let doc = self.shards[s].doc_of(at);
+        (
+            base + doc,
+            at.saturating_sub(self.shards[s].doc_start(doc) + 1),
+        )
+    }
+
+    /// Document `doc_ix` (over all shards) in full, as [`Index::get_document`] gives it.
+    pub fn get_document(&self, doc_ix: u64) -> Result<crate::index::docs::Document> {
+        let mut local = doc_ix;
+        for shard in &self.shards {
+            if local < shard.doc_cnt() {
+                let token_ids = shard.document(local);
+                return Ok(crate::index::docs::Document {
+                    doc_ix,
+                    doc_len: token_ids.len() as u64,
+                    disp_len: token_ids.len() as u64,
+                    needle_offset: 0,
+                    metadata: shard.metadata(local),
+                    text: self
+                        .tokenizer
+                        .as_ref()
+                        .and_then(|t| t.decode(&token_ids).ok()),
+                    token_ids,
+                });
+            }
+            local -= shard.doc_cnt();
+        }
+        Err(IndexError::Invalid(format!(
+            "document {doc_ix} does not exist (the index has {})",
+            self.total_documents()
+        )))
+    }
+}

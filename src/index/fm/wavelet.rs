@@ -1,0 +1,372 @@
+//! A Huffman-shaped wavelet tree: a sequence of symbols as one compressed bit vector per inner
+//! node of the symbols' Huffman tree. A frequent symbol sits near the root, so it costs few bits
+//! and few ranks; the sequence takes about `n·H0` bits before the bit vectors compress it
+//! further. It answers the three questions an FM-index asks of its Burrows-Wheeler transform:
+//! how often a symbol occurs before a position (rank), which symbol sits at a position and how
+//! often it occurred before (one descent), and which symbols occur in a range with their counts
+//! (one descent per symbol found, whatever the range's length).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use crate::index::fm::bits::{BitsBuilder, CompressedBits};
+use crate::index::fm::file::{WordReader, Words};
+use crate::index::Result;
+
+/// Where an inner node's 0 or 1 branch leads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Link {
+    Node(u32),
+    Leaf(u32),
+}
+
+const LEAF_TAG: u64 = 1 << 63;
+
+impl Link {
+    fn word(self) -> u64 {
+        match self {
+            Link::Node(n) => n as u64,
+            Link::Leaf(s) => LEAF_TAG | s as u64,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Node {
+    bits: CompressedBits,
+    links: [Link; 2],
+}
+
+/// A symbol's path from the root: bit `l` is the branch taken at depth `l`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Code {
+    bits: u64,
+    len: u8,
+}
+
+/// Deepest path accepted: a code is one u64 (Huffman needs about 1.44·log2 n levels at worst).
+const MAX_DEPTH: usize = 64;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HuffmanWavelet {
+    nodes: Vec<Node>,
+    /// Code of each symbol below `codes.len()`; `len == 0` for a symbol that never occurs.
+    codes: Vec<Code>,
+    /// Codes of symbols too large for `codes` (the transform's end marker), sorted.
+    rare_codes: Vec<(u32, Code)>,
+    len: u64,
+}
+
+/// Symbols below this many get a slot in the dense code table; others (the end marker) are
+/// looked up in a short sorted list.
+const DENSE_SYMBOLS: u32 = 1 << 24;
+
+impl HuffmanWavelet {
+    /// The tree of `symbols` (at least one).
+    pub fn new(symbols: &[u32]) -> Self {
+        let mut counts = std::collections::HashMap::<u32, u64>::new();
+        symbols
+            .iter()
+            .for_each(|&s| *counts.entry(s).or_default() += 1);
+        let mut counts: Vec<(u32, u64)> = counts.into_iter().collect();
+        // One distinct symbol gets a companion that never occurs, so the tree has a root.
+        if let [(only, _)] = counts[..] {
+            counts.push((only ^ 1, 0));
+        }
+        counts.sort_unstable();
+        let (links, root) = huffman(&counts);
+        let mut tree = HuffmanWavelet {
+            nodes: Vec::new(),
+            codes: Vec::new(),
+            rare_codes: Vec::new(),
+            len: symbols.len() as u64,
+        };
+        // Inner nodes numbered depth first from the root, as `read` renumbers them.
+        let mut builders = Vec::new();
+        tree.number(&links, root, Code::default(), &mut builders);
+        for &s in symbols {
+            let code = tree.code(s).unwrap_or_default();
+            let mut node = 0usize;
+            for level in 0..code.len {
+                let bit = code.bits >> level & 1 == 1;
+                builders[node].0.push(bit);
+                if let Link::Node(next) = builders[node].1[bit as usize] {
+                    node = next as usize;
+                }
+            }
+        }
+        tree.nodes = builders
+            .into_iter()
+            .map(|(bits, links)| Node {
+                bits: bits.finish(),
+                links,
+            })
+            .collect();
+        tree
+    }
+
+    /// Numbers the inner nodes under `at` and records the leaves' codes.
+    fn number(
+        &mut self,
+        forest: &[Tree],
+        at: usize,
+        code: Code,
+        builders: &mut Vec<(BitsBuilder, [Link; 2])>,
+    ) -> Link {
+        match forest[at] {
+            Tree::Leaf(symbol) => {
+                self.set_code(symbol, code);
+                Link::Leaf(symbol)
+            }
+            Tree::Pair(zero, one) => {
+                let id = builders.len();
+                builders.push((BitsBuilder::default(), [Link::Node(0); 2]));
+                let left = Code {
+                    bits: code.bits,
+                    len: code.len + 1,
+                };
+                let right = Code {
+                    bits: code.bits | 1 << code.len,
+                    len: code.len + 1,
+                };
+                let links = [
+                    self.number(forest, zero, left, builders),
+                    self.number(forest, one, right, builders),
+                ];
+                builders[id].1 = links;
+                Link::Node(id as u32)
+            }
+        }
+    }
+
+    fn set_code(&mut self, symbol: u32, code: Code) {
+        if symbol < DENSE_SYMBOLS {
+            let at = symbol as usize;
+            if self.codes.len() <= at {
+                self.codes.resize(at + 1, Code::default());
+            }
+            self.codes[at] = code;
+        } else {
+            let at = self.rare_codes.partition_point(|&(s, _)| s < symbol);
+            self.rare_codes.insert(at, (symbol, code));
+        }
+    }
+
+    fn code(&self, symbol: u32) -> Option<Code> {
+        let code = if symbol < DENSE_SYMBOLS {
+            self.codes.get(symbol as usize).copied()
+        } else {
+            let at = self.rare_codes.partition_point(|&(s, _)| s < symbol);
+            self.rare_codes
+                .get(at)
+                .filter(|&&(s, _)| s == symbol)
+                .map(|&(_, c)| c)
+        };
+        code.filter(|c| c.len > 0)
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Occurrences of `symbol` in `[0, i)`.
+    pub fn rank(&self, symbol: u32, mut i: u64) -> u64 {
+        let Some(code) = self.code(symbol) else {
+            return 0;
+        };
+        let mut node = &self.nodes[0];
+        for level in 0..code.len {
+            let bit = code.bits >> level & 1;
+            let ones = node.bits.rank1(i);
+            i = if bit == 1 { ones } else { i - ones };
+            match node.links[bit as usize] {
+                Link::Node(n) => node = &self.nodes[n as usize],
+                Link::Leaf(_) => break,
+            }
+        }
+        i
+    }
+
+    /// The symbol at `i` and its occurrences in `[0, i)`.
+    pub fn symbol_and_rank(&self, mut i: u64) -> (u32, u64) {
+        let mut node = &self.nodes[0];
+        loop {
+            let (ones, bit) = node.bits.rank1_and_get(i);
+            i = if bit { ones } else { i - ones };
+            match node.links[bit as usize] {
+                Link::Node(n) => node = &self.nodes[n as usize],
+                Link::Leaf(symbol) => return (symbol, i),
+            }
+        }
+    }
+
+    /// Every symbol occurring in `[lo, hi)` with its count, in no particular order; or the first
+    /// `limit` found, when only whether there are that many matters.
+    pub fn counts_in(&self, lo: u64, hi: u64, limit: usize, out: &mut Vec<(u32, u64)>) {
+        if lo >= hi {
+            return;
+        }
+        let start = out.len();
+        let mut stack = vec![(0usize, lo, hi)];
+        while let Some((n, lo, hi)) = stack.pop() {
+            if out.len() - start >= limit {
+                return;
+            }
+            let node = &self.nodes[n];
+            let (ones_lo, ones_hi) = (node.bits.rank1(lo), node.bits.rank1(hi));
+            let branches = [(lo - ones_lo, hi - ones_hi), (ones_lo, ones_hi)];
+            for (link, (lo, hi)) in node.links.iter().zip(branches) {
+                if lo < hi {
+                    match *link {
+                        Link::Node(child) => stack.push((child as usize, lo, hi)),
+                        Link::Leaf(symbol) => out.push((symbol, hi - lo)),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Bytes the tree occupies.
+    pub fn size_bytes(&self) -> u64 {
+        self.nodes
+            .iter()
+            .map(|n| n.bits.size_bytes() + 16)
+            .sum::<u64>()
+    }
+
+    pub fn write(&self, out: &mut Words) {
+        out.u64(self.len);
+        out.u64(self.nodes.len() as u64);
+        for node in &self.nodes {
+            out.u64(node.links[0].word());
+            out.u64(node.links[1].word());
+            node.bits.write(out);
+        }
+    }
+
+    /// Reads a tree written by [`HuffmanWavelet::write`], checking that it is one tree whose
+    /// every node holds as many bits as its parent sends it.
+    pub fn read(input: &mut WordReader) -> Result<Self> {
+        let len = input.u64()?;
+        let count = input.u64()?;
+        if count == 0 || count > (1 << 32) {
+            return input.corrupt("a wavelet tree needs between 1 and 2^32 nodes");
+        }
+        let mut nodes = Vec::new();
+        for _ in 0..count {
+            let mut links = [Link::Node(0); 2];
+            for link in &mut links {
+                let word = input.u64()?;
+                *link = if word & LEAF_TAG != 0 {
+                    Link::Leaf((word & !LEAF_TAG) as u32)
+                } else if word < count && word > 0 {
+                    Link::Node(word as u32)
+                } else {
+                    return input.corrupt("a wavelet tree links to a node it does not have");
+                };
+            }
+            let bits = CompressedBits::read(input)?;
+            nodes.push(Node { bits, links });
+        }
+        let mut tree = HuffmanWavelet {
+            nodes: Vec::new(),
+            codes: Vec::new(),
+            rare_codes: Vec::new(),
+            len,
+        };
+        // Walk from the root: each node reached once, at the bit count its parent gives it.
+        let mut reached = vec![false; nodes.len()];
+        let mut stack = vec![(0usize, len, Code::default())];
+        while let Some((n, expected, code)) = stack.pop() {
+            let node = &nodes[n];
+            if reached[n] || node.bits.len() != expected || code.len as usize >= MAX_DEPTH {
+                return input.corrupt("a wavelet tree's nodes do not form one tree");
+            }
+            reached[n] = true;
+            let ones = node.bits.rank1(expected);
+            for (bit, count) in [(0u64, expected - ones), (1, ones)] {
+                let child = Code {
+                    bits: code.bits | bit << code.len,
+                    len: code.len + 1,
+                };
+                match node.links[bit as usize] {
+                    Link::Node(c) => stack.push((c as usize, count, child)),
+                    Link::Leaf(symbol) => {
+                        if tree.code(symbol).is_some() {
+                            return input.corrupt("a wavelet tree has a symbol twice");
+                        }
+                        tree.set_code(symbol, child);
+                    }
+                }
+            }
+        }
+        if reached.iter().any(|&r| !r) {
+            return input.corrupt("a wavelet tree has nodes no path reaches");
+        }
+        tree.nodes = nodes;
+        Ok(tree)
+    }
+}
+
+/// The Huffman forest: leaves, then the pairs merged from them.
+enum Tree {
+    Leaf(u32),
+    Pair(usize, usize),
+}
+
+/// Huffman's tree over `(symbol, count)` pairs (two at least): the forest and its root.
+fn huffman(counts: &[(u32, u64)]) -> (Vec<Tree>, usize) {
+    let mut forest: Vec<Tree> = counts.iter().map(|&(s, _)| Tree::Leaf(s)).collect();
+    let mut heap: BinaryHeap<Reverse<(u64, usize)>> = counts
+        .iter()
+        .enumerate()
+        .map(|(i, &(_, n))| Reverse((n, i)))
+        .collect();
+    while let (Some(Reverse((a, i))), Some(Reverse((b, j)))) = (heap.pop(), heap.pop()) {
+        forest.push(Tree::Pair(i, j));
+        heap.push(Reverse((a + b, forest.len() - 1)));
+    }
+    let root = forest.len() - 1;
+    (forest, root)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn answers_as_counting_does(
+            symbols in proptest::collection::vec(
+                prop_oneof![4 => 0u32..6, 1 => 0u32..70_000, 1 => Just(u32::MAX)], 2..600),
+            lo in 0usize..600,
+            span in 0usize..600,
+        ) {
+            prop_assume!(symbols.iter().any(|&s| s != symbols[0]));
+            let tree = HuffmanWavelet::new(&symbols);
+            for (i, &s) in symbols.iter().enumerate() {
+                let before = symbols[..i].iter().filter(|&&x| x == s).count() as u64;
+                prop_assert_eq!(tree.symbol_and_rank(i as u64), (s, before));
+                prop_assert_eq!(tree.rank(s, i as u64), before);
+            }
+            prop_assert_eq!(tree.rank(7_000_000, symbols.len() as u64), 0);
+            let (lo, hi) = (lo.min(symbols.len()), (lo + span).min(symbols.len()));
+            let mut got = Vec::new();
+            tree.counts_in(lo as u64, hi as u64, usize::MAX, &mut got);
+            got.sort_unstable();
+            let mut expected = std::collections::BTreeMap::<u32, u64>::new();
+            symbols[lo..hi].iter().for_each(|&s| *expected.entry(s).or_default() += 1);
+            prop_assert_eq!(got, expected.into_iter().collect::<Vec<_>>());
+            let mut words = Words::default();
+            tree.write(&mut words);
+            let bytes = words.into_bytes();
+            let read = HuffmanWavelet::read(&mut WordReader::new(&bytes, "test")).unwrap();
+            prop_assert_eq!(read, tree);
+        }
+    }
+}
