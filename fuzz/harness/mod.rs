@@ -5,6 +5,7 @@
 //! folder the caller owns, and `Fixture::run(&self, input)`, which must neither panic nor allocate
 //! without bound whatever the input. `seeds()` gives the inputs the kept corpus started from.
 
+pub mod compressed_file;
 pub mod index_files;
 pub mod protocol;
 pub mod rpc;

@@ -31,6 +31,22 @@ pub struct ProbResult {
     pub prob: f64,
 }
 
+impl ProbResult {
+    /// `cont_cnt / prompt_cnt`, or -1 for a prompt that never occurs.
+    pub fn of_counts(prompt_cnt: u64, cont_cnt: u64) -> Self {
+        let prob = if prompt_cnt == 0 {
+            -1.0
+        } else {
+            cont_cnt as f64 / prompt_cnt as f64
+        };
+        ProbResult {
+            prompt_cnt,
+            cont_cnt,
+            prob,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NtdResult {
     pub prompt_cnt: u64,
@@ -67,6 +83,23 @@ pub struct InfgramNtdResult {
     pub ntd: NtdResult,
     pub suffix_len: usize,
     pub sparse: bool,
+}
+
+impl InfgramNtdResult {
+    /// The ∞-gram answer of a suffix of `suffix_len` tokens whose distribution is `ntd`; a
+    /// subsample cannot tell sparseness, which `sparse` then works out from the matches.
+    pub fn new(ntd: NtdResult, suffix_len: usize, sparse: impl FnOnce() -> bool) -> Self {
+        let sparse = if ntd.approx {
+            sparse()
+        } else {
+            ntd.dist.len() == 1
+        };
+        InfgramNtdResult {
+            ntd,
+            suffix_len,
+            sparse,
+        }
+    }
 }
 
 /// Rejects ids outside a vocabulary of `vocab_size` and queries beyond `MAX_QUERY_TOKENS`.
@@ -122,9 +155,9 @@ impl Spread {
 
 /// Per-shard ranges of one query, with the query's byte encoding.
 #[derive(Clone)]
-pub(crate) struct Matches {
-    pub bytes: Vec<u8>,
-    pub ranges: Vec<RankRange>,
+pub struct Matches {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) ranges: Vec<RankRange>,
 }
 
 impl Matches {
@@ -186,18 +219,7 @@ impl Index {
     }
 
     pub(crate) fn prob_given(&self, prompt: &Matches, cont: u32) -> ProbResult {
-        let prompt_cnt = prompt.count();
-        let cont_cnt = self.cont_count(prompt, cont);
-        let prob = if prompt_cnt == 0 {
-            -1.0
-        } else {
-            cont_cnt as f64 / prompt_cnt as f64
-        };
-        ProbResult {
-            prompt_cnt,
-            cont_cnt,
-            prob,
-        }
+        ProbResult::of_counts(prompt.count(), self.cont_count(prompt, cont))
     }
 
     /// Matches of the prompt followed by `cont`, searched inside the prompt's ranges. For eos this is only
@@ -335,33 +357,9 @@ impl Index {
         }
     }
 
-    /// The longest suffix of `prompt` that occurs in the corpus (the empty suffix always does), with its
-    /// matches: doubling, then binary search, O(log L) lookups (App. A).
+    /// The longest suffix of `prompt` that occurs in the corpus, with its matches.
     pub(crate) fn longest_suffix(&self, prompt: &[u32]) -> (usize, Matches) {
-        let n = prompt.len();
-        let at = |len: usize| self.locate(self.encode(&prompt[n - len..]), None);
-        let (mut good, mut good_m) = (0usize, self.everything());
-        let mut bad = n + 1;
-        let mut len = 1;
-        while len <= n {
-            let m = at(len);
-            if m.count() == 0 {
-                bad = len;
-                break;
-            }
-            (good, good_m) = (len, m);
-            len = if len == n { n + 1 } else { (len * 2).min(n) };
-        }
-        while bad - good > 1 {
-            let mid = good + (bad - good) / 2;
-            let m = at(mid);
-            if m.count() == 0 {
-                bad = mid;
-            } else {
-                (good, good_m) = (mid, m);
-            }
-        }
-        (good, good_m)
+        crate::index::suffix::longest_suffix(self, prompt)
     }
 
     pub fn infgram_prob(&self, prompt: &[u32], cont: u32) -> Result<InfgramProbResult> {
@@ -393,15 +391,6 @@ impl Index {
         max_support: Option<u64>,
     ) -> Result<InfgramNtdResult> {
         let ntd = self.ntd_given(m, max_support)?;
-        let sparse = if ntd.approx {
-            self.is_sparse(m)
-        } else {
-            ntd.dist.len() == 1
-        };
-        Ok(InfgramNtdResult {
-            ntd,
-            suffix_len,
-            sparse,
-        })
+        Ok(InfgramNtdResult::new(ntd, suffix_len, || self.is_sparse(m)))
     }
 }

@@ -9,25 +9,60 @@ use crate::index::sampling;
 use crate::index::shard::{NextKey, Shard, END};
 use crate::index::{Index, Result};
 
-/// The longest suffix of a sequence that occurs in the reference data, with its matches.
-pub struct SuffixMatch {
-    /// `lens[i]`: the match length after the first `i` tokens, so a truncation restores it at once.
-    lens: Vec<u32>,
-    matches: Matches,
+/// How many occurrences a set of matches holds.
+pub trait Counted {
+    fn count(&self) -> u64;
 }
 
-impl SuffixMatch {
+impl Counted for Matches {
+    fn count(&self) -> u64 {
+        Matches::count(self)
+    }
+}
+
+/// What following a sequence asks of an index: the matches of a query and of a match one token
+/// longer. Suffix arrays and compressed indexes both answer it, so one [`SuffixMatch`] and one
+/// search for the longest occurring suffix serve both.
+pub trait Occurrences {
+    type Matches: Clone + Counted;
+    /// Refuses ids outside the vocabulary.
+    fn check_query(&self, ids: &[u32]) -> Result<()>;
+    fn matches_of(&self, ids: &[u32]) -> Self::Matches;
+    fn matches_after(&self, m: &Self::Matches, token: u32) -> Self::Matches;
+}
+
+impl Occurrences for Index {
+    type Matches = Matches;
+    fn check_query(&self, ids: &[u32]) -> Result<()> {
+        self.check_ids(ids)
+    }
+    fn matches_of(&self, ids: &[u32]) -> Matches {
+        self.locate(self.encode(ids), None)
+    }
+    fn matches_after(&self, m: &Matches, token: u32) -> Matches {
+        self.extend(m, token)
+    }
+}
+
+/// The longest suffix of a sequence that occurs in the reference data, with its matches.
+pub struct SuffixMatch<M = Matches> {
+    /// `lens[i]`: the match length after the first `i` tokens, so a truncation restores it at once.
+    lens: Vec<u32>,
+    matches: M,
+}
+
+impl<M: Clone + Counted> SuffixMatch<M> {
     /// The match of the empty sequence: every position of the corpus.
-    pub fn new(index: &Index) -> Self {
+    pub fn new<I: Occurrences<Matches = M> + ?Sized>(index: &I) -> Self {
         Self {
             lens: vec![0],
-            matches: index.everything(),
+            matches: index.matches_of(&[]),
         }
     }
 
     /// The match of `seq`, built one token at a time.
-    pub fn of(index: &Index, seq: &[u32]) -> Result<Self> {
-        index.check_ids(seq)?;
+    pub fn of<I: Occurrences<Matches = M> + ?Sized>(index: &I, seq: &[u32]) -> Result<Self> {
+        index.check_query(seq)?;
         let mut m = Self::new(index);
         for i in 0..seq.len() {
             m.advance(index, &seq[..=i]);
@@ -50,24 +85,24 @@ impl SuffixMatch {
         self.matches.count()
     }
 
-    pub(crate) fn matches(&self) -> &Matches {
+    pub(crate) fn matches(&self) -> &M {
         &self.matches
     }
 
     /// Takes in the last token of `seq` (the whole sequence so far; only its tail is read). Returns how
     /// often the old suffix was followed by that literal token. Ids must have been checked.
-    pub(crate) fn advance(&mut self, index: &Index, seq: &[u32]) -> u64 {
+    pub fn advance<I: Occurrences<Matches = M> + ?Sized>(&mut self, index: &I, seq: &[u32]) -> u64 {
         let Some(&token) = seq.last() else {
             return 0;
         };
         let len = self.suffix_len();
-        let extended = index.extend(&self.matches, token);
+        let extended = index.matches_after(&self.matches, token);
         let followed = extended.count();
         let new_len = if followed > 0 {
             self.matches = extended;
             len + 1
         } else {
-            let (l, m) = index.shrink_to_match(seq, len);
+            let (l, m) = longest_between(index, seq, 0, index.matches_of(&[]), len);
             self.matches = m;
             l
         };
@@ -77,51 +112,66 @@ impl SuffixMatch {
 
     /// Forgets every token past `seq.len()` (`seq` is the sequence truncated): one lookup, whatever
     /// was taken back.
-    pub(crate) fn truncate(&mut self, index: &Index, seq: &[u32]) {
+    pub fn truncate<I: Occurrences<Matches = M> + ?Sized>(&mut self, index: &I, seq: &[u32]) {
         if seq.len() >= self.seen() {
             return;
         }
         self.lens.truncate(seq.len() + 1);
         let len = self.suffix_len();
-        self.matches = index.locate(index.encode(&seq[seq.len() - len..]), None);
+        self.matches = index.matches_of(&seq[seq.len() - len..]);
     }
+}
 
+impl SuffixMatch {
     /// The ∞-gram next-token distribution after the sequence, as [`Index::infgram_ntd`] gives it.
     pub fn infgram_ntd(&self, index: &Index, max_support: Option<u64>) -> Result<InfgramNtdResult> {
         index.infgram_ntd_given(self.suffix_len(), &self.matches, max_support)
     }
 }
 
-impl Index {
-    /// The longest suffix of `seq` of at most `max_len` tokens that occurs in the corpus. Counts only
-    /// shrink as a suffix grows, so the length is found by binary search.
-    pub(crate) fn shrink_to_match(&self, seq: &[u32], max_len: usize) -> (usize, Matches) {
-        self.longest_between(seq, 0, self.everything(), max_len)
-    }
-
-    /// The binary search of [`Index::shrink_to_match`] from a suffix of `good` tokens known to
-    /// occur (with `good_m`, its matches).
-    fn longest_between(
-        &self,
-        seq: &[u32],
-        good: usize,
-        good_m: Matches,
-        max_len: usize,
-    ) -> (usize, Matches) {
-        let n = seq.len();
-        let (mut good, mut good_m) = (good, good_m);
-        let mut bad = max_len.min(n) + 1;
-        while bad - good > 1 {
-            let mid = good + (bad - good) / 2;
-            let m = self.locate(self.encode(&seq[n - mid..]), None);
-            if m.count() > 0 {
-                (good, good_m) = (mid, m);
-            } else {
-                bad = mid;
-            }
+/// The longest suffix of `seq` of at most `max_len` tokens that occurs, by binary search above a
+/// suffix of `good` tokens known to occur (`good_m`, its matches): counts only shrink as a suffix
+/// grows.
+pub(crate) fn longest_between<I: Occurrences + ?Sized>(
+    index: &I,
+    seq: &[u32],
+    good: usize,
+    good_m: I::Matches,
+    max_len: usize,
+) -> (usize, I::Matches) {
+    let n = seq.len();
+    let (mut good, mut good_m) = (good, good_m);
+    let mut bad = max_len.min(n) + 1;
+    while bad - good > 1 {
+        let mid = good + (bad - good) / 2;
+        let m = index.matches_of(&seq[n - mid..]);
+        if m.count() > 0 {
+            (good, good_m) = (mid, m);
+        } else {
+            bad = mid;
         }
-        (good, good_m)
     }
+    (good, good_m)
+}
+
+/// The longest suffix of `prompt` that occurs (the empty suffix always does), with its matches:
+/// doubling, then binary search, O(log L) lookups (App. A).
+pub(crate) fn longest_suffix<I: Occurrences + ?Sized>(
+    index: &I,
+    prompt: &[u32],
+) -> (usize, I::Matches) {
+    let n = prompt.len();
+    let (mut good, mut good_m) = (0usize, index.matches_of(&[]));
+    let mut len = 1;
+    while len <= n {
+        let m = index.matches_of(&prompt[n - len..]);
+        if m.count() == 0 {
+            return longest_between(index, prompt, good, good_m, len - 1);
+        }
+        (good, good_m) = (len, m);
+        len = if len == n { n + 1 } else { (len * 2).min(n) };
+    }
+    (good, good_m)
 }
 
 impl SuffixMatch {
@@ -159,7 +209,7 @@ impl Index {
         if min_len > 0 && start.count() == 0 {
             return None;
         }
-        let (len, matches) = self.longest_between(seq, min_len, start, max_len);
+        let (len, matches) = longest_between(self, seq, min_len, start, max_len);
         Some(LongestSuffix { len, matches })
     }
 

@@ -413,6 +413,18 @@ impl State {
     }
 }
 
+/// The live index of a config that turns it on, over `vocab`'s ids.
+fn open_live(
+    config: &ServeConfig,
+    vocab: impl FnOnce() -> Result<Vocabulary, ServeError>,
+) -> Result<Option<Arc<dyn LiveStore>>, ServeError> {
+    config
+        .live
+        .config()
+        .map(|live| Ok(Arc::new(LiveIndex::open(live, vocab()?)?) as Arc<dyn LiveStore>))
+        .transpose()
+}
+
 /// The live index's vocabulary where it holds a model's tokens.
 fn model_vocabulary(tokenizer: &Tokenizer) -> Result<Vocabulary, ServeError> {
     let eos_token_id = tokenizer.eos_token_id().ok_or_else(|| {
@@ -467,21 +479,14 @@ impl SidecarService {
         // Beside a model, a byte index follows the model's tokens: sequences (sessions, drafts,
         // live documents) hold those.
         let model_over_bytes = neural.model.as_ref().filter(|_| index.is_byte_level());
-        let live = config
-            .live
-            .config()
-            .map(|live| {
-                let vocab = match model_over_bytes {
-                    Some(model) => model_vocabulary(model.tokenizer())?,
-                    None => Vocabulary {
-                        width: index.width(),
-                        eos_token_id: index.eos_token_id(),
-                        vocab_size: index.vocab_size(),
-                    },
-                };
-                Ok::<_, ServeError>(Arc::new(LiveIndex::open(live, vocab)?) as Arc<dyn LiveStore>)
-            })
-            .transpose()?;
+        let live = open_live(config, || match model_over_bytes {
+            Some(model) => model_vocabulary(model.tokenizer()),
+            None => Ok(Vocabulary {
+                width: index.width(),
+                eos_token_id: index.eos_token_id(),
+                vocab_size: index.vocab_size(),
+            }),
+        })?;
         let reference: Arc<dyn ReferenceData> = match &neural.model {
             Some(model) => byte_reference::for_model(index.clone(), model.tokenizer()),
             None => index.clone(),
@@ -526,18 +531,13 @@ impl SidecarService {
         }
         let neural = Neural::load(config)?;
         neural.check_tokenizer(&tokenizer, "the index")?;
-        let live = config
-            .live
-            .config()
-            .map(|live| {
-                let vocab = Vocabulary {
-                    width: index.width(),
-                    eos_token_id: index.eos_token_id(),
-                    vocab_size: index.vocab_size(),
-                };
-                Ok::<_, ServeError>(Arc::new(LiveIndex::open(live, vocab)?) as Arc<dyn LiveStore>)
+        let live = open_live(config, || {
+            Ok(Vocabulary {
+                width: index.width(),
+                eos_token_id: index.eos_token_id(),
+                vocab_size: index.vocab_size(),
             })
-            .transpose()?;
+        })?;
         Ok(Self::assemble(
             config,
             metrics,

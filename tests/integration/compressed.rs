@@ -4,6 +4,7 @@
 
 use std::process::Command;
 
+use infini_sidecar::index::fm::file::with_checksum;
 use infini_sidecar::index::fm::{shard_file, CompressedIndex};
 use infini_sidecar::index::Index;
 use infini_sidecar::server::config::ServeConfig;
@@ -111,10 +112,8 @@ fn compressed_minipile_answers_as_the_suffix_array_does() {
     let n = u64::from_le_bytes(bytes[48..56].try_into().unwrap());
     assert_eq!(n, index.total_tokens());
     bytes[48..56].copy_from_slice(&(n + 1).to_le_bytes());
-    let body = bytes.len() - 8;
-    let checksum = xxhash_rust::xxh3::xxh3_64(&bytes[..body]);
-    bytes[body..].copy_from_slice(&checksum.to_le_bytes());
-    std::fs::write(&path, &bytes).unwrap();
+    bytes.truncate(bytes.len() - 8);
+    std::fs::write(&path, with_checksum(bytes)).unwrap();
     let err = CompressedIndex::open(&out).err().unwrap().to_string();
     assert!(err.contains("corrupt") && err.contains("size"), "{err}");
     // A shard file missing is a folder that is not whole.

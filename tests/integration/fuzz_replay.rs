@@ -63,6 +63,13 @@ fn index_files() {
 }
 
 #[test]
+fn compressed_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = harness::compressed_file::Fixture::new(dir.path());
+    replay("compressed_file", |input| fixture.run(input));
+}
+
+#[test]
 fn rpc() {
     let dir = tempfile::tempdir().unwrap();
     let fixture = harness::rpc::Fixture::new(dir.path());
@@ -78,6 +85,10 @@ fn write_seeds() {
     let targets = [
         ("protocol", harness::protocol::seeds()),
         ("index_files", harness::index_files::seeds(dir.path())),
+        (
+            "compressed_file",
+            harness::compressed_file::seeds(dir.path()),
+        ),
         ("rpc", harness::rpc::seeds()),
     ];
     for (target, seeds) in targets {

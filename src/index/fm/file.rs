@@ -37,11 +37,15 @@ impl Words {
 
     /// The file's bytes: the words, then their checksum.
     pub fn into_bytes(self) -> Vec<u8> {
-        let mut bytes: Vec<u8> = self.words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let checksum = xxhash_rust::xxh3::xxh3_64(&bytes);
-        bytes.extend_from_slice(&checksum.to_le_bytes());
-        bytes
+        with_checksum(self.words.iter().flat_map(|w| w.to_le_bytes()).collect())
     }
+}
+
+/// A file's `body` followed by the checksum that [`WordReader::checked`] expects.
+pub fn with_checksum(mut body: Vec<u8>) -> Vec<u8> {
+    let checksum = xxhash_rust::xxh3::xxh3_64(&body);
+    body.extend_from_slice(&checksum.to_le_bytes());
+    body
 }
 
 /// Reads words back, refusing any count that runs past the file.

@@ -320,7 +320,7 @@ impl CompressedIndex {
                 if ids.is_empty() && end == shard.tok_cnt() {
                     continue;
                 }
-                out.push((s, end - ids.len() as u64));
+                out.push((s, end.saturating_sub(ids.len() as u64)));
             }
         }
         Ok(out)

@@ -14,6 +14,7 @@ use crate::index::query::{
 };
 use crate::index::sampling;
 use crate::index::shard::{NextKey, RankRange};
+use crate::index::suffix::{longest_suffix, Counted, Occurrences};
 use crate::index::Result;
 
 /// One query's rows in every shard, with its length in tokens (the empty query's rows hold the
@@ -24,14 +25,27 @@ pub struct FmMatches {
     pub(crate) tokens: usize,
 }
 
-impl FmMatches {
-    pub fn count(&self) -> u64 {
+impl Counted for FmMatches {
+    fn count(&self) -> u64 {
         let ends = if self.tokens == 0 {
             self.ranges.len()
         } else {
             0
         };
         self.ranges.iter().map(|r| r.len()).sum::<u64>() - ends as u64
+    }
+}
+
+impl Occurrences for CompressedIndex {
+    type Matches = FmMatches;
+    fn check_query(&self, ids: &[u32]) -> Result<()> {
+        self.check_ids(ids)
+    }
+    fn matches_of(&self, ids: &[u32]) -> FmMatches {
+        self.locate(ids)
+    }
+    fn matches_after(&self, m: &FmMatches, token: u32) -> FmMatches {
+        self.extend(m, token)
     }
 }
 
@@ -99,18 +113,7 @@ impl CompressedIndex {
     }
 
     pub(crate) fn prob_given(&self, m: &FmMatches, cont: u32) -> ProbResult {
-        let prompt_cnt = m.count();
-        let cont_cnt = self.cont_count(m, cont);
-        let prob = if prompt_cnt == 0 {
-            -1.0
-        } else {
-            cont_cnt as f64 / prompt_cnt as f64
-        };
-        ProbResult {
-            prompt_cnt,
-            cont_cnt,
-            prob,
-        }
+        ProbResult::of_counts(m.count(), self.cont_count(m, cont))
     }
 
     /// One shard's next-token counts of its rows `range` (the shard's end left out for the
@@ -185,44 +188,10 @@ impl CompressedIndex {
         spread
     }
 
-    /// The longest suffix of `prompt` that occurs, with its matches: doubling, then binary
-    /// search over lengths, each a search read left to right.
-    pub(crate) fn longest_suffix(&self, prompt: &[u32], max_len: usize) -> (usize, FmMatches) {
-        let n = prompt.len();
-        let max_len = max_len.min(n);
-        let at = |len: usize| self.locate(&prompt[n - len..]);
-        let (mut good, mut good_m) = (0, at(0));
-        let mut bad = max_len + 1;
-        let mut len = 1;
-        while len <= max_len {
-            let m = at(len);
-            if m.count() == 0 {
-                bad = len;
-                break;
-            }
-            (good, good_m) = (len, m);
-            len = if len == max_len {
-                max_len + 1
-            } else {
-                (len * 2).min(max_len)
-            };
-        }
-        while bad - good > 1 {
-            let mid = good + (bad - good) / 2;
-            let m = at(mid);
-            if m.count() == 0 {
-                bad = mid;
-            } else {
-                (good, good_m) = (mid, m);
-            }
-        }
-        (good, good_m)
-    }
-
     pub fn infgram_prob(&self, prompt: &[u32], cont: u32) -> Result<InfgramProbResult> {
         self.check_ids(prompt)?;
         self.check_ids(&[cont])?;
-        let (suffix_len, m) = self.longest_suffix(prompt, prompt.len());
+        let (suffix_len, m) = longest_suffix(self, prompt);
         Ok(InfgramProbResult {
             prob: self.prob_given(&m, cont),
             suffix_len,
@@ -236,7 +205,7 @@ impl CompressedIndex {
         max_support: Option<u64>,
     ) -> Result<InfgramNtdResult> {
         self.check_ids(prompt)?;
-        let (suffix_len, m) = self.longest_suffix(prompt, prompt.len());
+        let (suffix_len, m) = longest_suffix(self, prompt);
         Ok(self.infgram_ntd_given(suffix_len, &m, max_support))
     }
 
@@ -247,15 +216,6 @@ impl CompressedIndex {
         max_support: Option<u64>,
     ) -> InfgramNtdResult {
         let ntd = self.ntd_given(m, max_support);
-        let sparse = if ntd.approx {
-            self.spread(m).is_sparse()
-        } else {
-            ntd.dist.len() == 1
-        };
-        InfgramNtdResult {
-            ntd,
-            suffix_len,
-            sparse,
-        }
+        InfgramNtdResult::new(ntd, suffix_len, || self.spread(m).is_sparse())
     }
 }

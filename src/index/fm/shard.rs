@@ -83,7 +83,10 @@ impl PackedInts {
     fn read(input: &mut WordReader) -> Result<Self> {
         let (width, len) = (input.u64()?, input.u64()?);
         let words = input.u64s()?;
-        if !(1..=64).contains(&width) || words.len() as u64 != (len * width).div_ceil(64) + 1 {
+        let bits = len.checked_mul(width);
+        if !(1..=64).contains(&width)
+            || bits.is_none_or(|bits| words.len() as u64 != bits.div_ceil(64) + 1)
+        {
             return input.corrupt("a packed array's width or length disagrees with its words");
         }
         Ok(PackedInts {
