@@ -173,32 +173,45 @@ fn decontamination(d: &DecontaminationRecord) -> String {
     )
 }
 
-/// `index info`.
-pub fn index_info(info: &IndexInfo) -> String {
-    let mut out = format!("index {}\n", info.dir);
-    let mut fields = Table::fields();
+/// The rows every kind of index shows first: `[documents, tokens with separators, shards]` and
+/// `[vocabulary size, token width, eos id]`.
+fn holds_and_vocabulary(
+    fields: &mut Table,
+    [documents, tokens, shards]: [u64; 3],
+    [vocab, width, eos]: [u64; 3],
+) {
     fields.row([
         "holds".into(),
         format!(
             "{}, {} in {}",
-            plural(info.documents, "document", "documents"),
-            plural(
-                info.tokens_with_separators.saturating_sub(info.documents),
-                "token",
-                "tokens"
-            ),
-            plural(info.shards as u64, "shard", "shards"),
+            plural(documents, "document", "documents"),
+            plural(tokens.saturating_sub(documents), "token", "tokens"),
+            plural(shards, "shard", "shards"),
         ),
     ]);
     fields.row([
         "vocabulary".into(),
-        format!(
-            "{} ids in {}-byte tokens, eos id {}",
-            count(info.vocab_size),
-            info.token_width,
-            info.eos_token_id
-        ),
+        format!("{} ids in {width}-byte tokens, eos id {eos}", count(vocab)),
     ]);
+}
+
+/// `index info`.
+pub fn index_info(info: &IndexInfo) -> String {
+    let mut out = format!("index {}\n", info.dir);
+    let mut fields = Table::fields();
+    holds_and_vocabulary(
+        &mut fields,
+        [
+            info.documents,
+            info.tokens_with_separators,
+            info.shards as u64,
+        ],
+        [
+            info.vocab_size,
+            info.token_width as u64,
+            info.eos_token_id as u64,
+        ],
+    );
     match &info.tokenizer {
         Some(t) => fields.row([
             "tokenizer".into(),
@@ -246,28 +259,19 @@ pub fn index_info(info: &IndexInfo) -> String {
 pub fn compressed_info(info: &CompressedInfo) -> String {
     let mut out = format!("compressed index {}\n", info.dir);
     let mut fields = Table::fields();
-    fields.row([
-        "holds".into(),
-        format!(
-            "{}, {} in {}",
-            plural(info.documents, "document", "documents"),
-            plural(
-                info.tokens_with_separators.saturating_sub(info.documents),
-                "token",
-                "tokens"
-            ),
-            plural(info.shards as u64, "shard", "shards"),
-        ),
-    ]);
-    fields.row([
-        "vocabulary".into(),
-        format!(
-            "{} ids in {}-byte tokens, eos id {}",
-            count(info.vocab_size),
-            info.token_width,
-            info.eos_token_id
-        ),
-    ]);
+    holds_and_vocabulary(
+        &mut fields,
+        [
+            info.documents,
+            info.tokens_with_separators,
+            info.shards as u64,
+        ],
+        [
+            info.vocab_size,
+            info.token_width as u64,
+            info.eos_token_id as u64,
+        ],
+    );
     fields.row([
         "size".into(),
         format!(
