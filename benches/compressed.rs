@@ -1,7 +1,7 @@
 //! The compressed index against the suffix-array index of the same text (`cargo bench --bench
 //! compressed`): both built from the same documents on one thread, one after the other (text per
-//! second per core), their sizes (bytes per token of text: per byte at byte level), the latency of count
-//! and of the ∞-gram distribution on mini-Pile test text, in one run. The index is the byte-level
+//! second per core), their sizes (bytes per token of text: per byte at byte level), the latency of count,
+//! of the ∞-gram distribution and of document search on mini-Pile test text, in one run. The index is the byte-level
 //! mini-Pile train index unless `INFINI_SIDECAR_BENCH_INDEX` names another. Writes
 //! `eval/results/compressed.json`.
 
@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use infini_sidecar::corpus::{Content, InputDoc};
 use infini_sidecar::index::build::{build, BuildOptions};
+use infini_sidecar::index::docs::SearchOptions;
 use infini_sidecar::index::fm::CompressedIndex;
 use infini_sidecar::index::{Index, OpenOptions};
 use serde_json::json;
@@ -101,6 +102,27 @@ fn main() {
         std::hint::black_box(fm.infgram_prob(q, q[0]).unwrap());
     });
     rows.push(("∞-gram prob, 64-token contexts", sa_us, fm_us));
+    // Document search as the service asks it (the defaults: the first document, a window of
+    // 1,000 tokens), over the n-grams the compressed index answers: those the suffix array does
+    // not subsample.
+    let opts = SearchOptions::default();
+    for (name, queries) in [
+        ("document search, 4-grams", &short),
+        ("document search, 16-grams", &long),
+    ] {
+        let whole: Vec<Vec<Vec<Vec<u32>>>> = queries
+            .iter()
+            .map(|q| vec![vec![q.clone()]])
+            .filter(|cnf| !sa.search_docs_cnf(cnf, opts).unwrap().approx)
+            .collect();
+        let sa_us = mean_us(&whole, |cnf| {
+            std::hint::black_box(sa.search_docs_cnf(cnf, opts).unwrap());
+        });
+        let fm_us = mean_us(&whole, |cnf| {
+            std::hint::black_box(fm.search_docs_cnf(cnf, opts).unwrap());
+        });
+        rows.push((name, sa_us, fm_us));
+    }
 
     println!(
         "{}: {} documents, {:.1} MB of text ({} tokens of {} bytes)",

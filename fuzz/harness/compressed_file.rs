@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use infini_sidecar::index::docs::SearchOptions;
 use infini_sidecar::index::fm::file::with_checksum;
 use infini_sidecar::index::fm::suffix::FmSuffixMatch;
 use infini_sidecar::index::fm::{shard_file, CompressedIndex};
@@ -61,6 +62,12 @@ fn query_everything(index: &CompressedIndex) {
         });
     }
     let _ = index.positions(&[], 8);
+    let opts = SearchOptions {
+        maxnum: 8,
+        max_disp_len: 16,
+        ..SearchOptions::default()
+    };
+    let _ = index.search_docs_cnf(&[vec![probe.to_vec()], vec![vec![eos]]], opts);
     for d in 0..=index.total_documents().min(64) {
         let _ = index.get_document(d);
     }

@@ -127,7 +127,7 @@ impl Index {
             let mut good_m = None;
             while bad - good > 1 {
                 let mid = good + (bad - good) / 2;
-                let m = self.locate(self.encode(&context[n - mid..]), None);
+                let m = self.locate(self.encode(&context[n - mid..]));
                 if m.count() > seen {
                     (good, good_m) = (mid, Some(m));
                 } else {

@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::index::query::Matches;
+use crate::index::shard::{RankRange, Shard};
 use crate::index::{Index, IndexError, Result};
+use crate::tokenizer::Tokenizer;
 
 /// An AND of clauses, each an OR of n-grams.
 pub type Cnf = Vec<Vec<Vec<u32>>>;
@@ -123,16 +124,23 @@ pub fn check_cnf_shape(cnf: &[Vec<Vec<u32>>], max_clauses: usize) -> Result<()> 
 }
 
 /// Every clause's stride: 1, or what brings its matches to `max_clause_freq`. Refuses a search
-/// that would visit more than `max_places` places.
-pub fn search_strides(totals: &[u64], opts: SearchOptions) -> Result<Vec<u64>> {
+/// that would visit more than `max_places` places, each costing `place_cost` (see
+/// [`DocumentIndex::PLACE_COST`]).
+pub fn search_strides(totals: &[u64], place_cost: u64, opts: SearchOptions) -> Result<Vec<u64>> {
     let places = totals
         .iter()
         .map(|&t| t.min(opts.max_clause_freq))
         .fold(0u64, u64::saturating_add);
-    if places > opts.max_places {
+    let limit = opts.max_places / place_cost;
+    if places > limit {
+        let cost = match place_cost {
+            1 => String::new(),
+            c => format!(" (each costs {c} times a suffix array's, so at most {limit} here)"),
+        };
         return Err(IndexError::Invalid(format!(
             "this search would visit {places} places (over its clauses, the matches of each up to \
-             max_clause_freq {}), beyond the limit of {}: use rarer n-grams or a lower max_clause_freq",
+             max_clause_freq {}), beyond the limit of {}{cost}: use rarer n-grams or a lower \
+             max_clause_freq",
             opts.max_clause_freq, opts.max_places
         )));
     }
@@ -142,7 +150,43 @@ pub fn search_strides(totals: &[u64], opts: SearchOptions) -> Result<Vec<u64>> {
         .collect())
 }
 
-/// A place in the corpus: shard and byte offset.
+/// What document search reads of one shard. Places are where matches start, in the shard's own
+/// unit (a suffix array's byte offsets, a compressed index's token offsets); documents are the
+/// shard's own, counted from 0.
+pub(crate) trait DocumentShard {
+    fn doc_cnt(&self) -> u64;
+    /// Where the match at `rank` of an n-gram `len` tokens long starts.
+    fn place_of(&self, rank: u64, len: usize) -> u64;
+    /// The document holding a place.
+    fn doc_of(&self, place: u64) -> u64;
+    /// One past the document's last place.
+    fn doc_end(&self, doc: u64) -> u64;
+    /// The document's length in tokens, and the token offset of a place inside it.
+    fn doc_len_and_offset(&self, doc: u64, place: u64) -> (u64, u64);
+    /// The document's tokens `from..to` (token offsets inside it).
+    fn doc_tokens(&self, doc: u64, from: u64, to: u64) -> Vec<u32>;
+    fn metadata(&self, doc: u64) -> Option<String>;
+}
+
+/// What document search reads of an index: its shards and every n-gram's rank range in each.
+/// Suffix arrays and compressed indexes both answer it, so one search serves both.
+pub(crate) trait DocumentIndex {
+    type Shard: DocumentShard;
+    /// What locating one place costs, in a suffix array's reads of one pointer: it scales the
+    /// places a search may visit.
+    const PLACE_COST: u64;
+    /// Whether a clause with too many matches can be subsampled as the reference subsamples it:
+    /// every stride-th rank of the suffix array's order.
+    const SUFFIX_ORDER: bool;
+    fn doc_shards(&self) -> &[Self::Shard];
+    /// Refuses ids outside the vocabulary.
+    fn check_ngram(&self, ids: &[u32]) -> Result<()>;
+    /// The n-gram's rank range in every shard.
+    fn ngram_ranges(&self, ids: &[u32]) -> Vec<RankRange>;
+    fn doc_tokenizer(&self) -> Option<&Tokenizer>;
+}
+
+/// A place in the corpus: shard and place inside it.
 type Place = (usize, u64);
 
 /// A document: shard and local index.
@@ -158,8 +202,257 @@ struct Seen {
 /// The documents a clause matches, in index order.
 type ClauseDocs = BTreeMap<DocKey, Seen>;
 
+/// Each n-gram of a clause: its length and its rank range in every shard.
+type Located = Vec<(usize, Vec<RankRange>)>;
+
 /// Places visited between two checks for an interrupt.
 const CHECK_EVERY: u64 = 1024;
+
+/// Documents satisfying a CNF (see [`Index::search_docs_cnf`]).
+pub(crate) fn search_docs_cnf<I: DocumentIndex>(
+    index: &I,
+    cnf: &[Vec<Vec<u32>>],
+    opts: SearchOptions,
+) -> Result<SearchResult> {
+    check_cnf(index, cnf, opts.max_clauses)?;
+    if opts.max_clause_freq == 0 {
+        return Err(IndexError::Invalid(
+            "max_clause_freq must be a positive integer".into(),
+        ));
+    }
+    // Every n-gram is located first: the counts bound the work before any place is visited.
+    let located = locate_cnf(index, cnf);
+    let totals: Vec<u64> = located.iter().map(matches_of).collect();
+    let strides = search_strides(&totals, I::PLACE_COST, opts)?;
+    if !I::SUFFIX_ORDER && strides.iter().any(|&s| s > 1) {
+        return Err(IndexError::Mismatch(format!(
+            "a clause matches more than max_clause_freq {} places, and the reference subsamples it \
+             in the suffix array's order, which a compressed index does not keep: search the \
+             suffix-array index, or raise max_clause_freq to visit every place",
+            opts.max_clause_freq
+        )));
+    }
+    let found = visit_cnf(index, &located, &strides, opts.maxnum, opts.max_disp_len)?;
+    Ok(found.result(&totals, &strides))
+}
+
+/// Matches of a clause: of all its n-grams.
+fn matches_of(clause: &Located) -> u64 {
+    clause
+        .iter()
+        .flat_map(|(_, ranges)| ranges)
+        .map(RankRange::len)
+        .sum()
+}
+
+fn check_cnf<I: DocumentIndex>(index: &I, cnf: &[Vec<Vec<u32>>], max_clauses: usize) -> Result<()> {
+    check_cnf_shape(cnf, max_clauses)?;
+    for ngram in cnf.iter().flatten() {
+        index.check_ngram(ngram)?;
+    }
+    Ok(())
+}
+
+fn locate_cnf<I: DocumentIndex>(index: &I, cnf: &[Vec<Vec<u32>>]) -> Vec<Located> {
+    cnf.iter()
+        .map(|clause| {
+            clause
+                .iter()
+                .map(|ngram| (ngram.len(), index.ngram_ranges(ngram)))
+                .collect()
+        })
+        .collect()
+}
+
+/// The documents matching every clause, visiting every `strides[c]`-th match of clause c.
+fn visit_cnf<I: DocumentIndex>(
+    index: &I,
+    located: &[Located],
+    strides: &[u64],
+    maxnum: usize,
+    max_disp_len: usize,
+) -> Result<PartialSearch> {
+    let clauses = located
+        .iter()
+        .zip(strides)
+        .map(|(clause, &stride)| clause_documents(index.doc_shards(), clause, stride))
+        .collect::<Result<Vec<ClauseDocs>>>()?;
+    let (first, rest) = clauses
+        .split_first()
+        .ok_or_else(|| IndexError::Invalid("empty CNF".into()))?;
+    let matching: Vec<(&DocKey, &Seen)> = first
+        .iter()
+        .filter(|(doc, _)| rest.iter().all(|c| c.contains_key(doc)))
+        .collect();
+    let clause_places = clauses
+        .iter()
+        .map(|c| {
+            matching
+                .iter()
+                .filter_map(|(doc, _)| c.get(doc))
+                .map(|seen| seen.places)
+                .sum()
+        })
+        .collect();
+    let documents = matching
+        .iter()
+        .take(maxnum)
+        .map(|&(&(s, d), seen)| document(index, s, d, seen.first.1, max_disp_len))
+        .collect();
+    Ok(PartialSearch {
+        doc_cnt: matching.len() as u64,
+        clause_places,
+        documents,
+    })
+}
+
+/// Documents matched by any n-gram of a clause, visiting every `stride`-th place of each range.
+/// The places of a range are sorted first: then each document's places lie side by side, and one
+/// search per document (not per place) finds where they end (measured in eval/ENGINE.md).
+fn clause_documents<S: DocumentShard>(
+    shards: &[S],
+    clause: &Located,
+    stride: u64,
+) -> Result<ClauseDocs> {
+    let mut docs = ClauseDocs::new();
+    let mut visited = 0u64;
+    let mut places = Vec::new();
+    for (len, ranges) in clause {
+        for (s, (shard, range)) in shards.iter().zip(ranges).enumerate() {
+            places.clear();
+            let mut rank = range.lo;
+            while rank < range.hi {
+                visited += 1;
+                if visited.is_multiple_of(CHECK_EVERY) && crate::interrupt::interrupted() {
+                    return Err(IndexError::Interrupted);
+                }
+                places.push(shard.place_of(rank, *len));
+                rank += stride;
+            }
+            places.sort_unstable();
+            let mut rest = &places[..];
+            while let Some(&first) = rest.first() {
+                let doc = shard.doc_of(first);
+                let end = shard.doc_end(doc);
+                let here = rest.partition_point(|&p| p < end).max(1) as u64;
+                docs.entry((s, doc))
+                    .and_modify(|seen| {
+                        seen.first = seen.first.min((s, first));
+                        seen.places += here;
+                    })
+                    .or_insert(Seen {
+                        first: (s, first),
+                        places: here,
+                    });
+                rest = &rest[here as usize..];
+            }
+        }
+    }
+    Ok(docs)
+}
+
+fn doc_ix_base<I: DocumentIndex>(index: &I, shard: usize) -> u64 {
+    index.doc_shards()[..shard]
+        .iter()
+        .map(DocumentShard::doc_cnt)
+        .sum()
+}
+
+/// Document `doc` of shard `s`: at most `max_disp_len` of its tokens, around the place `needle`.
+fn document<I: DocumentIndex>(
+    index: &I,
+    s: usize,
+    doc: u64,
+    needle: u64,
+    max_disp_len: usize,
+) -> Document {
+    let shard = &index.doc_shards()[s];
+    let (doc_len, needle_tok) = shard.doc_len_and_offset(doc, needle);
+    let needle_tok = needle_tok.min(doc_len);
+    let disp_len = doc_len.min(max_disp_len as u64);
+    // A window of disp_len tokens that shows the needle with context on both sides.
+    let from_tok = needle_tok
+        .saturating_sub(disp_len / 2)
+        .min(doc_len - disp_len);
+    let token_ids = shard.doc_tokens(doc, from_tok, from_tok + disp_len);
+    let text = index
+        .doc_tokenizer()
+        .and_then(|t| t.decode(&token_ids).ok());
+    Document {
+        doc_ix: doc_ix_base(index, s) + doc,
+        doc_len,
+        disp_len,
+        needle_offset: needle_tok - from_tok,
+        metadata: shard.metadata(doc),
+        token_ids,
+        text,
+    }
+}
+
+/// Document `doc_ix` (over all shards) in full, with metadata and text.
+pub(crate) fn get_document<I: DocumentIndex>(index: &I, doc_ix: u64) -> Result<Document> {
+    let mut local = doc_ix;
+    for (s, shard) in index.doc_shards().iter().enumerate() {
+        if local < shard.doc_cnt() {
+            return Ok(document(index, s, local, 0, usize::MAX));
+        }
+        local -= shard.doc_cnt();
+    }
+    let total: u64 = index.doc_shards().iter().map(DocumentShard::doc_cnt).sum();
+    Err(IndexError::Invalid(format!(
+        "document {doc_ix} does not exist (the index has {total})"
+    )))
+}
+
+impl DocumentShard for Shard {
+    fn doc_cnt(&self) -> u64 {
+        Shard::doc_cnt(self)
+    }
+    fn place_of(&self, rank: u64, _len: usize) -> u64 {
+        self.ptr(rank)
+    }
+    fn doc_of(&self, place: u64) -> u64 {
+        Shard::doc_of(self, place)
+    }
+    fn doc_end(&self, doc: u64) -> u64 {
+        Shard::doc_end(self, doc)
+    }
+    fn doc_len_and_offset(&self, doc: u64, place: u64) -> (u64, u64) {
+        // The document's first token follows its separator.
+        let w = self.width().bytes() as u64;
+        let start = self.doc_start(doc) + w;
+        (
+            self.doc_end(doc).saturating_sub(start) / w,
+            place.saturating_sub(start) / w,
+        )
+    }
+    fn doc_tokens(&self, doc: u64, from: u64, to: u64) -> Vec<u32> {
+        let w = self.width().bytes() as u64;
+        let start = self.doc_start(doc) + w;
+        self.tokens_between(start + from * w, start + to * w)
+    }
+    fn metadata(&self, doc: u64) -> Option<String> {
+        Shard::metadata(self, doc)
+    }
+}
+
+impl DocumentIndex for Index {
+    type Shard = Shard;
+    const PLACE_COST: u64 = 1;
+    const SUFFIX_ORDER: bool = true;
+    fn doc_shards(&self) -> &[Shard] {
+        &self.shards
+    }
+    fn check_ngram(&self, ids: &[u32]) -> Result<()> {
+        self.check_ids(ids)
+    }
+    fn ngram_ranges(&self, ids: &[u32]) -> Vec<RankRange> {
+        self.locate(self.encode(ids)).ranges
+    }
+    fn doc_tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer()
+    }
+}
 
 impl Index {
     /// Documents containing `ids` anywhere.
@@ -172,21 +465,7 @@ impl Index {
         cnf: &[Vec<Vec<u32>>],
         opts: SearchOptions,
     ) -> Result<SearchResult> {
-        self.check_cnf(cnf, opts.max_clauses)?;
-        if opts.max_clause_freq == 0 {
-            return Err(IndexError::Invalid(
-                "max_clause_freq must be a positive integer".into(),
-            ));
-        }
-        // Every n-gram is located first: the counts bound the work before any place is visited.
-        let located = self.locate_cnf(cnf);
-        let totals: Vec<u64> = located
-            .iter()
-            .map(|clause| clause.iter().map(Matches::count).sum())
-            .collect();
-        let strides = search_strides(&totals, opts)?;
-        let found = self.visit_cnf(&located, &strides, opts.maxnum, opts.max_disp_len)?;
-        Ok(found.result(&totals, &strides))
+        search_docs_cnf(self, cnf, opts)
     }
 
     /// What this index holds of a search whose strides were chosen from the counts of several
@@ -198,23 +477,17 @@ impl Index {
         strides: &[u64],
         opts: SearchOptions,
     ) -> Result<PartialSearch> {
-        self.check_cnf(cnf, opts.max_clauses)?;
+        check_cnf(self, cnf, opts.max_clauses)?;
         if strides.len() != cnf.len() || strides.contains(&0) {
             return Err(IndexError::Invalid(
                 "a strided search needs one positive stride per clause".into(),
             ));
         }
-        let located = self.locate_cnf(cnf);
+        let located = locate_cnf(self, cnf);
         let places = located
             .iter()
             .zip(strides)
-            .map(|(clause, &stride)| {
-                clause
-                    .iter()
-                    .map(Matches::count)
-                    .sum::<u64>()
-                    .div_ceil(stride)
-            })
+            .map(|(clause, &stride)| matches_of(clause).div_ceil(stride))
             .fold(0u64, u64::saturating_add);
         if places > opts.max_places {
             return Err(IndexError::Invalid(format!(
@@ -222,109 +495,7 @@ impl Index {
                 opts.max_places
             )));
         }
-        self.visit_cnf(&located, strides, opts.maxnum, opts.max_disp_len)
-    }
-
-    fn check_cnf(&self, cnf: &[Vec<Vec<u32>>], max_clauses: usize) -> Result<()> {
-        check_cnf_shape(cnf, max_clauses)?;
-        for ngram in cnf.iter().flatten() {
-            self.check_ids(ngram)?;
-        }
-        Ok(())
-    }
-
-    fn locate_cnf(&self, cnf: &[Vec<Vec<u32>>]) -> Vec<Vec<Matches>> {
-        cnf.iter()
-            .map(|clause| {
-                clause
-                    .iter()
-                    .map(|ngram| self.locate(self.encode(ngram), None))
-                    .collect()
-            })
-            .collect()
-    }
-
-    /// The documents matching every clause, visiting every `strides[c]`-th match of clause c.
-    fn visit_cnf(
-        &self,
-        located: &[Vec<Matches>],
-        strides: &[u64],
-        maxnum: usize,
-        max_disp_len: usize,
-    ) -> Result<PartialSearch> {
-        let clauses = located
-            .iter()
-            .zip(strides)
-            .map(|(matches, &stride)| self.clause_documents(matches, stride))
-            .collect::<Result<Vec<ClauseDocs>>>()?;
-        let (first, rest) = clauses
-            .split_first()
-            .ok_or_else(|| IndexError::Invalid("empty CNF".into()))?;
-        let matching: Vec<(&DocKey, &Seen)> = first
-            .iter()
-            .filter(|(doc, _)| rest.iter().all(|c| c.contains_key(doc)))
-            .collect();
-        let clause_places = clauses
-            .iter()
-            .map(|c| {
-                matching
-                    .iter()
-                    .filter_map(|(doc, _)| c.get(doc))
-                    .map(|seen| seen.places)
-                    .sum()
-            })
-            .collect();
-        let documents = matching
-            .iter()
-            .take(maxnum)
-            .map(|&(&(s, d), seen)| self.document(s, d, seen.first, max_disp_len))
-            .collect();
-        Ok(PartialSearch {
-            doc_cnt: matching.len() as u64,
-            clause_places,
-            documents,
-        })
-    }
-
-    /// Documents matched by any n-gram of a clause, visiting every `stride`-th place of each range.
-    /// The places of a range are sorted first: then each document's places lie side by side, and one
-    /// search per document (not per place) finds where they end (measured in eval/ENGINE.md).
-    fn clause_documents(&self, matches: &[Matches], stride: u64) -> Result<ClauseDocs> {
-        let mut docs = ClauseDocs::new();
-        let mut visited = 0u64;
-        let mut places = Vec::new();
-        for m in matches {
-            for (s, (shard, range)) in self.shards.iter().zip(&m.ranges).enumerate() {
-                places.clear();
-                let mut rank = range.lo;
-                while rank < range.hi {
-                    visited += 1;
-                    if visited.is_multiple_of(CHECK_EVERY) && crate::interrupt::interrupted() {
-                        return Err(IndexError::Interrupted);
-                    }
-                    places.push(shard.ptr(rank));
-                    rank += stride;
-                }
-                places.sort_unstable();
-                let mut rest = &places[..];
-                while let Some(&first) = rest.first() {
-                    let doc = shard.doc_of(first);
-                    let end = shard.doc_end(doc);
-                    let here = rest.partition_point(|&p| p < end).max(1) as u64;
-                    docs.entry((s, doc))
-                        .and_modify(|seen| {
-                            seen.first = seen.first.min((s, first));
-                            seen.places += here;
-                        })
-                        .or_insert(Seen {
-                            first: (s, first),
-                            places: here,
-                        });
-                    rest = &rest[here as usize..];
-                }
-            }
-        }
-        Ok(docs)
+        visit_cnf(self, &located, strides, opts.maxnum, opts.max_disp_len)
     }
 
     /// Every document's tokens, in order (what compaction reads back to merge live runs).
@@ -336,48 +507,8 @@ impl Index {
         })
     }
 
-    fn doc_ix_base(&self, shard: usize) -> u64 {
-        self.shards[..shard].iter().map(|s| s.doc_cnt()).sum()
-    }
-
-    fn document(&self, s: usize, doc: u64, needle: Place, max_disp_len: usize) -> Document {
-        let shard = &self.shards[s];
-        let w = self.width().bytes() as u64;
-        let (start, end) = (shard.doc_start(doc) + w, shard.doc_end(doc));
-        let doc_len = end.saturating_sub(start) / w;
-        let needle_tok = (needle.1.saturating_sub(start) / w).min(doc_len);
-        let disp_len = doc_len.min(max_disp_len as u64);
-        // A window of disp_len tokens that shows the needle with context on both sides.
-        let from_tok = needle_tok
-            .saturating_sub(disp_len / 2)
-            .min(doc_len - disp_len);
-        let token_ids =
-            shard.tokens_between(start + from_tok * w, start + (from_tok + disp_len) * w);
-        let text = self.tokenizer().and_then(|t| t.decode(&token_ids).ok());
-        Document {
-            doc_ix: self.doc_ix_base(s) + doc,
-            doc_len,
-            disp_len,
-            needle_offset: needle_tok - from_tok,
-            metadata: shard.metadata(doc),
-            token_ids,
-            text,
-        }
-    }
-
     /// Document `doc_ix` (over all shards) in full, with metadata and text.
     pub fn get_document(&self, doc_ix: u64) -> Result<Document> {
-        let mut local = doc_ix;
-        for (s, shard) in self.shards.iter().enumerate() {
-            if local < shard.doc_cnt() {
-                let start = shard.doc_start(local);
-                return Ok(self.document(s, local, (s, start), usize::MAX));
-            }
-            local -= shard.doc_cnt();
-        }
-        Err(IndexError::Invalid(format!(
-            "document {doc_ix} does not exist (the index has {})",
-            self.total_documents()
-        )))
+        get_document(self, doc_ix)
     }
 }

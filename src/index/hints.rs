@@ -28,8 +28,9 @@
 //!
 //! **Samples** are occurrences drawn uniformly (the next token after each), from a generator seeded
 //! by the seed and the sequence: a sequence's samples depend only on them and the index. Under
-//! exclusion few occurrences are read one by one; many are drawn and rejected when preceded by the
-//! excluded token, and where rejection would take too long the exact counts are drawn from.
+//! exclusion, occurrences are drawn and rejected when preceded by the excluded token; where few are
+//! kept they are read one by one instead, and where rejection would take too long the exact counts
+//! are drawn from.
 
 use std::collections::BTreeMap;
 
@@ -39,7 +40,7 @@ use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::index::query::Matches;
-use crate::index::shard::NextKey;
+use crate::index::shard::{NextKey, Shard};
 use crate::index::suffix::SuffixMatch;
 use crate::index::{Index, IndexError, Result};
 
@@ -49,7 +50,7 @@ pub const DEFAULT_SAMPLES: usize = 20;
 pub const DEFAULT_MIN_PLATEAU: usize = 5;
 /// Most samples (or top tokens) a position may ask for.
 pub const MAX_SAMPLES: usize = 256;
-/// Occurrences read one by one when the regulariser excludes some; above it, rejection sampling.
+/// Most occurrences read one by one when the regulariser excludes some; above it, rejection sampling.
 const SCAN_LIMIT: u64 = 256;
 /// Draws per wanted sample before rejection sampling gives way to the exact counts.
 const REJECTION_DRAWS: usize = 16;
@@ -179,13 +180,14 @@ impl Index {
             let mut a = (bottom + 1).min(longest);
             let mut under = match below.take() {
                 _ if a == 1 => self.everything(),
-                Some(m) if a == bottom + 1 => {
+                Some(mut m) if a == bottom + 1 => {
                     cost.searches += 1;
-                    self.extend(&m, context[end - 1])
+                    self.grow(&mut m, context[end - 1]);
+                    m
                 }
                 _ => {
                     cost.searches += 1;
-                    self.locate(self.encode(suffix(a - 1)), None)
+                    self.locate(self.encode(suffix(a - 1)))
                 }
             };
             while a > 1 && under.count() == top {
@@ -194,7 +196,7 @@ impl Index {
                     1 => self.everything(),
                     _ => {
                         cost.searches += 1;
-                        self.locate(self.encode(suffix(a - 1)), None)
+                        self.locate(self.encode(suffix(a - 1)))
                     }
                 };
             }
@@ -287,29 +289,36 @@ impl Index {
     ) -> Result<Vec<u32>> {
         let total = matches.count();
         let qlen = matches.bytes.len();
+        let next = |(shard, rank): (&Shard, u64)| self.token_of(shard.next_key(rank, qlen));
         let Some(ex) = exclusion else {
             return Ok(match total {
                 0 => Vec::new(),
                 _ => (0..samples)
-                    .map(|_| {
-                        self.next_token_at(matches, rng.random_range(0..total), qlen)
-                            .0
-                    })
+                    .filter_map(|_| self.occurrence(matches, rng.random_range(0..total)))
+                    .map(next)
                     .collect(),
             });
         };
         // A shard's first position has no token before it: under the empty suffix it stands for
         // no occurrence the counts know (they count a shard's last token as followed by its end),
         // so it is not drawn; under a longer one it is an occurrence like any other.
-        let kept = |prev: Option<NextKey>| match prev {
+        let kept = |(shard, rank): (&Shard, u64)| match shard.prev_key(rank) {
             Some(p) => p != ex.before,
             None => qlen > 0,
         };
-        if total <= SCAN_LIMIT {
+        // At most this many are kept (fewer only by a shard's first position).
+        let most_kept = total.saturating_sub(ex.count);
+        if most_kept == 0 {
+            return Ok(Vec::new());
+        }
+        // A scan reads every occurrence once, in rank order; a draw reads a random one (its
+        // pointer too, about twice the cost) and keeps it one time in total / kept. Drawing costs
+        // less once more than twice the samples are kept.
+        if total <= SCAN_LIMIT && most_kept <= 2 * samples as u64 {
             let pool: Vec<u32> = (0..total)
-                .map(|k| self.next_token_at(matches, k, qlen))
-                .filter(|&(_, prev)| kept(prev))
-                .map(|(token, _)| token)
+                .filter_map(|k| self.occurrence(matches, k))
+                .filter(|&at| kept(at))
+                .map(next)
                 .collect();
             return Ok(match pool.len() {
                 0 => Vec::new(),
@@ -318,12 +327,12 @@ impl Index {
         }
         let mut out = Vec::with_capacity(samples);
         for _ in 0..samples * REJECTION_DRAWS {
-            let (token, prev) = self.next_token_at(matches, rng.random_range(0..total), qlen);
-            if kept(prev) {
-                out.push(token);
-                if out.len() == samples {
-                    return Ok(out);
-                }
+            match self.occurrence(matches, rng.random_range(0..total)) {
+                Some(at) if kept(at) => out.push(next(at)),
+                _ => continue,
+            }
+            if out.len() == samples {
+                return Ok(out);
             }
         }
         // Most occurrences are excluded: the rest come from the exact counts.
@@ -336,20 +345,15 @@ impl Index {
         Ok(out)
     }
 
-    /// The next token after the `k`-th occurrence of the matches (over the shards in order), and
-    /// the token before it (`None` at a shard's start).
-    fn next_token_at(&self, matches: &Matches, mut k: u64, qlen: usize) -> (u32, Option<NextKey>) {
+    /// The shard and rank of the `k`-th occurrence of the matches (over the shards in order).
+    fn occurrence<'a>(&'a self, matches: &Matches, mut k: u64) -> Option<(&'a Shard, u64)> {
         for (shard, range) in self.shards.iter().zip(&matches.ranges) {
             if k < range.len() {
-                let rank = range.lo + k;
-                return (
-                    self.token_of(shard.next_key(rank, qlen)),
-                    shard.prev_key(rank),
-                );
+                return Some((shard, range.lo + k));
             }
             k -= range.len();
         }
-        (self.eos_token_id(), None)
+        None
     }
 }
 

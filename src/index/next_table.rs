@@ -158,6 +158,7 @@ fn first_token_ranges(shard: &Shard, min_count: u64) -> Result<Vec<RankRange>> {
                 lo: rank,
                 hi: shard.tok_cnt(),
             },
+            0,
         );
         // Every rank holds a token, so the range starts here and is never empty.
         rank = range.hi.max(rank + 1);
@@ -360,7 +361,7 @@ impl NextTable {
             }
             let prompt = shard.suffix_prefix(range.lo, prompt_bytes as usize);
             if prompt.len() != prompt_bytes as usize
-                || shard.find(prompt, shard.full_range()) != range
+                || shard.find(prompt, shard.full_range(), 0) != range
             {
                 return Err(corrupt(format!(
                     "entry {i} is not the range of a prompt (a table of another index?)"

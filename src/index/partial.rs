@@ -58,7 +58,7 @@ impl Index {
         self.check_ids(prompt)?;
         let (suffix_len, m) = match infinite {
             true => self.longest_suffix(prompt),
-            false => (prompt.len(), self.locate(self.encode(prompt), None)),
+            false => (prompt.len(), self.locate(self.encode(prompt))),
         };
         // An exact distribution shows its spread; samples need the matches' ends read.
         let (dist, samples, spread) = match max_support {
@@ -102,7 +102,7 @@ impl Index {
     /// have been checked.
     pub fn support(&self, prefix: &[u32], len: usize, cap: u64) -> Result<Vec<LocalSample>> {
         let len = len.min(prefix.len());
-        let m = self.locate(self.encode(&prefix[prefix.len() - len..]), None);
+        let m = self.locate(self.encode(&prefix[prefix.len() - len..]));
         self.fine_samples(&m, cap)
     }
 

@@ -178,13 +178,12 @@ impl Index {
         bytes
     }
 
-    /// Ranges of `bytes` in every shard, searched within `hint` (the ranges of a prefix) when given.
-    pub(crate) fn locate(&self, bytes: Vec<u8>, hint: Option<&[RankRange]>) -> Matches {
+    /// Ranges of `bytes` in every shard.
+    pub(crate) fn locate(&self, bytes: Vec<u8>) -> Matches {
         let ranges = self
             .shards
             .iter()
-            .enumerate()
-            .map(|(i, s)| s.find(&bytes, hint.map_or_else(|| s.full_range(), |h| h[i])))
+            .map(|s| s.find(&bytes, s.full_range(), 0))
             .collect();
         Matches { bytes, ranges }
     }
@@ -199,7 +198,7 @@ impl Index {
 
     pub fn find(&self, ids: &[u32]) -> Result<FindResult> {
         self.check_ids(ids)?;
-        let m = self.locate(self.encode(ids), None);
+        let m = self.locate(self.encode(ids));
         Ok(FindResult {
             cnt: m.count(),
             segment_by_shard: m.ranges.iter().map(|r| (r.lo, r.hi)).collect(),
@@ -208,13 +207,13 @@ impl Index {
 
     pub fn count(&self, ids: &[u32]) -> Result<u64> {
         self.check_ids(ids)?;
-        Ok(self.locate(self.encode(ids), None).count())
+        Ok(self.locate(self.encode(ids)).count())
     }
 
     pub fn prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
         self.check_ids(prompt)?;
         self.check_ids(&[cont])?;
-        let m = self.locate(self.encode(prompt), None);
+        let m = self.locate(self.encode(prompt));
         Ok(self.prob_given(&m, cont))
     }
 
@@ -225,9 +224,19 @@ impl Index {
     /// Matches of the prompt followed by `cont`, searched inside the prompt's ranges. For eos this is only
     /// the literal eos token; `cont_count` adds separators and shard ends.
     pub(crate) fn extend(&self, prompt: &Matches, cont: u32) -> Matches {
-        let mut bytes = prompt.bytes.clone();
-        self.width().encode_into(&[cont], &mut bytes);
-        self.locate(bytes, Some(&prompt.ranges))
+        let mut grown = prompt.clone();
+        self.grow(&mut grown, cont);
+        grown
+    }
+
+    /// [`Index::extend`] in place, for a match that is not kept: nothing is copied, and only the
+    /// new token's bytes are compared, inside the match's own ranges.
+    pub(crate) fn grow(&self, m: &mut Matches, cont: u32) {
+        let shared = m.bytes.len();
+        self.width().encode_into(&[cont], &mut m.bytes);
+        for (shard, range) in self.shards.iter().zip(&mut m.ranges) {
+            *range = shard.find(&m.bytes, *range, shared);
+        }
     }
 
     /// How often the prompt is followed by `cont`, counting separators and shard ends as eos.
@@ -255,7 +264,7 @@ impl Index {
 
     pub fn ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult> {
         self.check_ids(prompt)?;
-        let m = self.locate(self.encode(prompt), None);
+        let m = self.locate(self.encode(prompt));
         self.ntd_given(&m, max_support)
     }
 
@@ -344,7 +353,7 @@ impl Index {
         let sub = |t: u32| {
             let mut bytes = prompt.bytes.clone();
             self.width().encode_into(&[t], &mut bytes);
-            shard.find(&bytes, range).len()
+            shard.find(&bytes, range, prompt.bytes.len()).len()
         };
         let sep = self.width().separator();
         let eos_like = sub(eos)

@@ -193,58 +193,43 @@ impl Shard {
         u64::from_le_bytes(buf)
     }
 
-    /// Compares the suffix at `rank`, cut to the query's length, with the query bytes.
+    /// Compares the suffix at `rank`, cut to the query's length, with the query bytes, from byte
+    /// `shared` on (the bytes before it are known to agree).
     #[inline]
-    fn cmp_at(&self, rank: u64, query: &[u8]) -> Ordering {
+    fn cmp_at(&self, rank: u64, query: &[u8], shared: usize) -> Ordering {
         // Clamped so a corrupt pointer compares as the empty suffix instead of reading out of bounds.
         let p = (self.ptr(rank) as usize).min(self.tokens.len());
         let end = (p + query.len()).min(self.tokens.len());
-        let suffix = &self.tokens[p..end];
+        let suffix = &self.tokens[(p + shared).min(end)..end];
         // A suffix shorter than the query that matches all of its bytes is a proper prefix: smaller.
-        suffix.cmp(query)
+        suffix.cmp(&query[shared..])
     }
 
-    /// The ranks whose suffixes start with `query` (little-endian token bytes), searched inside `within`
-    /// (the range of any prefix of the query, or the whole array).
-    pub fn find(&self, query: &[u8], within: RankRange) -> RankRange {
-        if query.is_empty() || within.is_empty() {
+    /// The ranks whose suffixes start with `query` (little-endian token bytes), searched inside
+    /// `within`: the whole array with `shared` 0, or the range of the query's first `shared` bytes
+    /// (a match grown to the right), whose suffixes all agree with them, so only the bytes after
+    /// them are compared: growing a long match costs what growing a short one does.
+    pub fn find(&self, query: &[u8], within: RankRange, shared: usize) -> RankRange {
+        if query.len() <= shared || within.is_empty() {
             return within;
         }
         // Narrow both ends together until a rank matches, then find each end in its own half: the two
         // searches share their first steps instead of repeating them.
+        let cmp = |rank| self.cmp_at(rank, query, shared);
         let (mut lo, mut hi) = (within.lo, within.hi);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            match self.cmp_at(mid, query) {
+            match cmp(mid) {
                 Ordering::Less => lo = mid + 1,
                 Ordering::Greater => hi = mid,
                 Ordering::Equal => {
-                    let start = self.first_rank(lo, mid, |o| o != Ordering::Less, query);
-                    let end = self.first_rank(mid + 1, hi, |o| o == Ordering::Greater, query);
+                    let start = first_rank(lo, mid, |r| cmp(r) != Ordering::Less);
+                    let end = first_rank(mid + 1, hi, |r| cmp(r) == Ordering::Greater);
                     return RankRange { lo: start, hi: end };
                 }
             }
         }
         RankRange { lo, hi: lo }
-    }
-
-    /// First rank in `[lo, hi)` whose comparison with the query satisfies `past` (monotone), else `hi`.
-    fn first_rank(
-        &self,
-        mut lo: u64,
-        mut hi: u64,
-        past: impl Fn(Ordering) -> bool,
-        query: &[u8],
-    ) -> u64 {
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if past(self.cmp_at(mid, query)) {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        lo
     }
 
     pub fn full_range(&self) -> RankRange {
@@ -383,4 +368,17 @@ impl Shard {
         }
         acc
     }
+}
+
+/// First rank in `[lo, hi)` that is `past` (monotone: false, then true), else `hi`.
+fn first_rank(mut lo: u64, mut hi: u64, past: impl Fn(u64) -> bool) -> u64 {
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if past(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
 }

@@ -28,7 +28,8 @@ pub trait Occurrences {
     /// Refuses ids outside the vocabulary.
     fn check_query(&self, ids: &[u32]) -> Result<()>;
     fn matches_of(&self, ids: &[u32]) -> Self::Matches;
-    fn matches_after(&self, m: &Self::Matches, token: u32) -> Self::Matches;
+    /// Grows `m` by a token to the right, in place (the match is not kept on its own).
+    fn grow_matches(&self, m: &mut Self::Matches, token: u32);
 }
 
 impl Occurrences for Index {
@@ -37,10 +38,10 @@ impl Occurrences for Index {
         self.check_ids(ids)
     }
     fn matches_of(&self, ids: &[u32]) -> Matches {
-        self.locate(self.encode(ids), None)
+        self.locate(self.encode(ids))
     }
-    fn matches_after(&self, m: &Matches, token: u32) -> Matches {
-        self.extend(m, token)
+    fn grow_matches(&self, m: &mut Matches, token: u32) {
+        self.grow(m, token)
     }
 }
 
@@ -96,10 +97,9 @@ impl<M: Clone + Counted> SuffixMatch<M> {
             return 0;
         };
         let len = self.suffix_len();
-        let extended = index.matches_after(&self.matches, token);
-        let followed = extended.count();
+        index.grow_matches(&mut self.matches, token);
+        let followed = self.matches.count();
         let new_len = if followed > 0 {
-            self.matches = extended;
             len + 1
         } else {
             let (l, m) = longest_between(index, seq, 0, index.matches_of(&[]), len);
@@ -205,7 +205,7 @@ impl Index {
         if min_len > max_len {
             return None;
         }
-        let start = self.locate(self.encode(&seq[seq.len() - min_len..]), None);
+        let start = self.locate(self.encode(&seq[seq.len() - min_len..]));
         if min_len > 0 && start.count() == 0 {
             return None;
         }

@@ -136,16 +136,16 @@ impl Index {
             if crate::interrupt::interrupted() {
                 return Err(IndexError::Interrupted);
             }
-            let mut matches = self.locate(self.encode(&ids[i..i + carried]), None);
-            let mut len = carried;
+            let mut matches = self.locate(self.encode(&ids[i..i + carried]));
+            let (mut len, mut count) = (carried, matches.count());
             while let Some(&next) = ids.get(i + len) {
-                let grown = self.extend(&matches, next);
-                if grown.count() == 0 {
-                    break;
+                self.grow(&mut matches, next);
+                match matches.count() {
+                    0 => break,
+                    grown => (len, count) = (len + 1, grown),
                 }
-                (matches, len) = (grown, len + 1);
             }
-            out.push((len, matches.count()));
+            out.push((len, count));
             carried = len.saturating_sub(1);
         }
         Ok(out)

@@ -200,10 +200,11 @@ pub(super) fn search_documents(
     r: pb::SearchDocumentsRequest,
 ) -> Result<pb::SearchDocumentsResponse, Status> {
     let (cnf, opts) = search_request(&s.limits, r)?;
-    let found = s
-        .index()?
-        .search_docs_cnf(&cnf, opts)
-        .map_err(index_status)?;
+    let found = match s.either_index()? {
+        EitherIndex::SuffixArray(i) => i.search_docs_cnf(&cnf, opts),
+        EitherIndex::Compressed(c) => c.search_docs_cnf(&cnf, opts),
+    }
+    .map_err(index_status)?;
     Ok(search_response(found, None))
 }
 

@@ -202,6 +202,8 @@ fn stopped() -> Status {
 fn index_status(e: IndexError) -> Status {
     match e {
         IndexError::Invalid(m) => Status::invalid_argument(m),
+        // A call this kind of index does not answer (a compressed one's subsampled search).
+        e @ IndexError::Mismatch(_) => Status::failed_precondition(e.to_string()),
         IndexError::Interrupted => stopped(),
         IndexError::Remote { code, message } => Status::new(code, message),
         other => Status::internal(other.to_string()),
@@ -388,8 +390,8 @@ impl State {
         if let Some(compressed) = &self.compressed {
             return Err(Status::failed_precondition(format!(
                 "this call needs a suffix-array index, and {} is a compressed one (count, \
-                 distributions, mixing, scoring, sessions and drafts only): serve the index it \
-                 was compressed from",
+                 distributions, mixing, scoring, sessions, drafts and document search only): \
+                 serve the index it was compressed from",
                 compressed.dir().display()
             )));
         }

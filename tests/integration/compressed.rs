@@ -288,22 +288,53 @@ async fn a_sidecar_over_a_compressed_index_answers_as_over_the_suffix_array() {
         assert_eq!(got, want);
     }
 
-    // What only a suffix array answers is refused, naming it.
-    let search = pb::SearchDocumentsRequest {
-        cnf: vec![pb::Clause {
-            ngrams: vec![pb::NGram {
-                ids: doc[..2].to_vec(),
-            }],
-        }],
+    // Document search: the same documents, counts and windows, for an n-gram visited whole and
+    // a two-clause CNF; a search the suffix array would subsample is refused, naming it.
+    let search = |cnf: Vec<Vec<Vec<u32>>>, max_clause_freq| pb::SearchDocumentsRequest {
+        cnf: cnf
+            .into_iter()
+            .map(|ngrams| pb::Clause {
+                ngrams: ngrams.into_iter().map(|ids| pb::NGram { ids }).collect(),
+            })
+            .collect(),
+        maxnum: 3,
+        max_disp_len: 40,
+        max_clause_freq,
         ..Default::default()
     };
-    let err = fm.client.search_documents(search).await.unwrap_err();
-    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
-    assert!(
-        err.message().contains("suffix-array index"),
-        "{}",
-        err.message()
-    );
+    let (gram, other) = (doc[half..half + 3].to_vec(), doc[..2].to_vec());
+    for cnf in [
+        vec![vec![gram.clone()]],
+        vec![vec![gram.clone()], vec![other.clone()]],
+    ] {
+        let r = search(cnf, 0);
+        let want = sa
+            .client
+            .search_documents(r.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(want.doc_cnt > 0 && !want.approx, "{want:?}");
+        assert_eq!(
+            fm.client.search_documents(r).await.unwrap().into_inner(),
+            want
+        );
+    }
+    let broad = search(vec![vec![other]], 1);
+    let want = sa
+        .client
+        .search_documents(broad.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(want.approx, "{want:?}");
+    refused_naming_the_suffix_array(fm.client.search_documents(broad).await.unwrap_err());
+    // What only a suffix array answers is refused, naming it.
+    let hints = pb::HintsRequest {
+        sequences: vec![pb::TokenIds { ids: gram }],
+        ..Default::default()
+    };
+    refused_naming_the_suffix_array(fm.client.hints(hints).await.unwrap_err());
     let info = fm
         .client
         .info(pb::InfoRequest {})
@@ -315,4 +346,13 @@ async fn a_sidecar_over_a_compressed_index_answers_as_over_the_suffix_array() {
         let _ = running.stop.send(());
         running.task.await.unwrap().unwrap();
     }
+}
+
+fn refused_naming_the_suffix_array(err: tonic::Status) {
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        err.message().contains("suffix-array index"),
+        "{}",
+        err.message()
+    );
 }

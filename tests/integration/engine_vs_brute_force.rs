@@ -201,6 +201,34 @@ fn check_compressed(b: &Built, queries: &[Vec<u32>]) {
                 .collect();
             places.sort_unstable();
             assert_eq!(places, oracle.occurrences(q), "positions {q:?}");
+            // Document search: one n-gram, an OR, an AND; windows cut short around the match.
+            let opts = SearchOptions {
+                maxnum: 1 << 20,
+                max_disp_len: 5,
+                ..SearchOptions::default()
+            };
+            let probe_gram = vec![probe];
+            for cnf in [
+                vec![vec![q.clone()]],
+                vec![vec![q.clone(), probe_gram.clone()]],
+                vec![vec![q.clone()], vec![probe_gram.clone()]],
+            ] {
+                assert_eq!(
+                    fm.search_docs_cnf(&cnf, opts).unwrap(),
+                    index.search_docs_cnf(&cnf, opts).unwrap(),
+                    "search {cnf:?}"
+                );
+            }
+            // One the suffix array subsamples is refused.
+            let sampled = SearchOptions {
+                max_clause_freq: 1,
+                ..opts
+            };
+            let cnf = [vec![q.clone()]];
+            if index.search_docs_cnf(&cnf, sampled).unwrap().approx {
+                let err = fm.search_docs_cnf(&cnf, sampled).unwrap_err().to_string();
+                assert!(err.contains("suffix-array index"), "{err}");
+            }
             // What follows every match, cut at document ends (samples enough for all of them).
             let matched = FmSuffixMatch::of(fm, q).unwrap();
             let mut following = if matched.suffix_len() == q.len() {

@@ -7,7 +7,8 @@
 //! Its answers are the suffix-array index's, field for field, subsampled distributions included
 //! (`query` says how), but for two documented ones: `find`'s rank ranges are this index's own
 //! rows (their lengths agree for a non-empty query), and a draft's tokens after the first come
-//! from other occurrences (`suffix`).
+//! from other occurrences (`suffix`). A document search the suffix array would subsample is
+//! refused (`docs`).
 
 pub mod bits;
 pub mod file;
@@ -20,13 +21,17 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::index::docs::{
+    self, Document, DocumentIndex, DocumentShard, SearchOptions, SearchResult,
+};
 use crate::index::format::{ptr_size_for, TokenWidth, TOKENIZER_FILE};
 use crate::index::query::check_vocabulary;
+use crate::index::shard::RankRange;
 use crate::index::{Index, IndexError, Result};
 use crate::tokenizer::Tokenizer;
 
 use file::{WordReader, Words, MAGIC};
-use shard::{FmShard, ShardText};
+use shard::{FmShard, ShardText, SAMPLE_EVERY};
 
 /// The file of compressed shard `n`.
 pub fn shard_file(dir: &Path, n: usize) -> PathBuf {
@@ -337,29 +342,66 @@ impl CompressedIndex {
     }
 
     /// Document `doc_ix` (over all shards) in full, as [`Index::get_document`] gives it.
-    pub fn get_document(&self, doc_ix: u64) -> Result<crate::index::docs::Document> {
-        let mut local = doc_ix;
-        for shard in &self.shards {
-            if local < shard.doc_cnt() {
-                let token_ids = shard.document(local);
-                return Ok(crate::index::docs::Document {
-                    doc_ix,
-                    doc_len: token_ids.len() as u64,
-                    disp_len: token_ids.len() as u64,
-                    needle_offset: 0,
-                    metadata: shard.metadata(local),
-                    text: self
-                        .tokenizer
-                        .as_ref()
-                        .and_then(|t| t.decode(&token_ids).ok()),
-                    token_ids,
-                });
-            }
-            local -= shard.doc_cnt();
-        }
-        Err(IndexError::Invalid(format!(
-            "document {doc_ix} does not exist (the index has {})",
-            self.total_documents()
-        )))
+    pub fn get_document(&self, doc_ix: u64) -> Result<Document> {
+        docs::get_document(self, doc_ix)
+    }
+
+    /// Documents satisfying a CNF, as [`Index::search_docs_cnf`] finds them. A clause with more
+    /// than `max_clause_freq` matches is refused: the suffix-array index subsamples it in an
+    /// order this index does not keep.
+    pub fn search_docs_cnf(
+        &self,
+        cnf: &[Vec<Vec<u32>>],
+        opts: SearchOptions,
+    ) -> Result<SearchResult> {
+        docs::search_docs_cnf(self, cnf, opts)
+    }
+}
+
+impl DocumentIndex for CompressedIndex {
+    type Shard = FmShard;
+    /// A place is found by LF steps back to a sampled row: half the sampling distance on average.
+    const PLACE_COST: u64 = SAMPLE_EVERY / 2;
+    const SUFFIX_ORDER: bool = false;
+    fn doc_shards(&self) -> &[FmShard] {
+        &self.shards
+    }
+    fn check_ngram(&self, ids: &[u32]) -> Result<()> {
+        self.check_ids(ids)
+    }
+    fn ngram_ranges(&self, ids: &[u32]) -> Vec<RankRange> {
+        self.locate(ids).ranges
+    }
+    fn doc_tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+}
+
+impl DocumentShard for FmShard {
+    fn doc_cnt(&self) -> u64 {
+        FmShard::doc_cnt(self)
+    }
+    fn place_of(&self, row: u64, len: usize) -> u64 {
+        self.end_of(row).saturating_sub(len as u64)
+    }
+    fn doc_of(&self, place: u64) -> u64 {
+        FmShard::doc_of(self, place)
+    }
+    fn doc_end(&self, doc: u64) -> u64 {
+        FmShard::doc_end(self, doc)
+    }
+    fn doc_len_and_offset(&self, doc: u64, place: u64) -> (u64, u64) {
+        // The document's first token follows its separator.
+        let start = self.doc_start(doc) + 1;
+        (
+            self.doc_end(doc).saturating_sub(start),
+            place.saturating_sub(start),
+        )
+    }
+    fn doc_tokens(&self, doc: u64, from: u64, to: u64) -> Vec<u32> {
+        FmShard::doc_tokens(self, doc, from, to)
+    }
+    fn metadata(&self, doc: u64) -> Option<String> {
+        FmShard::metadata(self, doc)
     }
 }

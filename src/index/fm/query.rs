@@ -44,8 +44,8 @@ impl Occurrences for CompressedIndex {
     fn matches_of(&self, ids: &[u32]) -> FmMatches {
         self.locate(ids)
     }
-    fn matches_after(&self, m: &FmMatches, token: u32) -> FmMatches {
-        self.extend(m, token)
+    fn grow_matches(&self, m: &mut FmMatches, token: u32) {
+        *m = self.extend(m, token)
     }
 }
 

@@ -415,10 +415,13 @@ impl FmShard {
         (self.doc_starts.partition_point(|&s| s <= at) as u64).saturating_sub(1)
     }
 
-    /// Tokens of document `doc` (its separator left out), read by LF steps from its first.
-    pub fn document(&self, doc: u64) -> Vec<u32> {
-        let len = self.doc_end(doc) - self.doc_start(doc) - 1;
-        self.following(self.doc_rows[doc as usize], len as usize, |_| false)
+    /// Tokens `from..to` of document `doc` (its separator left out), read by LF steps from its
+    /// first.
+    pub fn doc_tokens(&self, doc: u64, from: u64, to: u64) -> Vec<u32> {
+        let len = (self.doc_end(doc) - self.doc_start(doc) - 1).min(to);
+        let mut tokens = self.following(self.doc_rows[doc as usize], len as usize, |_| false);
+        tokens.drain(..(from as usize).min(tokens.len()));
+        tokens
     }
 
     pub fn metadata(&self, doc: u64) -> Option<String> {

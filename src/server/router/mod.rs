@@ -292,7 +292,10 @@ impl RouterService {
                 .collect()
         };
         let totals = clause_totals(&sum_counts(&counted.parts, n_grams, |_| true));
-        let strides = docs::search_strides(&totals, opts).map_err(super::index_status)?;
+        // Shard servers search suffix arrays.
+        let place_cost = <crate::index::Index as docs::DocumentIndex>::PLACE_COST;
+        let strides =
+            docs::search_strides(&totals, place_cost, opts).map_err(super::index_status)?;
         let ask = spb::SearchRequest {
             cnf: cnf
                 .iter()
