@@ -105,15 +105,25 @@ fn main() {
     // Document search as the service asks it (the defaults: the first document, a window of
     // 1,000 tokens), over the n-grams the compressed index answers: those the suffix array does
     // not subsample.
-    let opts = SearchOptions::default();
+    // Places visited (matches located) a search, mean: the cost a place is the row over it.
+    let opts = SearchOptions {
+        max_places: u64::MAX,
+        ..SearchOptions::default()
+    };
+    let mut places = Vec::new();
     for (name, queries) in [
         ("document search, 4-grams", &short),
         ("document search, 16-grams", &long),
     ] {
+        let mut visited = 0;
         let whole: Vec<Vec<Vec<Vec<u32>>>> = queries
             .iter()
             .map(|q| vec![vec![q.clone()]])
-            .filter(|cnf| !sa.search_docs_cnf(cnf, opts).unwrap().approx)
+            .filter(|cnf| {
+                let found = sa.search_docs_cnf(cnf, opts).unwrap();
+                visited += if found.approx { 0 } else { found.cnt };
+                !found.approx
+            })
             .collect();
         let sa_us = mean_us(&whole, |cnf| {
             std::hint::black_box(sa.search_docs_cnf(cnf, opts).unwrap());
@@ -122,6 +132,7 @@ fn main() {
             std::hint::black_box(fm.search_docs_cnf(cnf, opts).unwrap());
         });
         rows.push((name, sa_us, fm_us));
+        places.push((name, visited as f64 / whole.len() as f64));
     }
 
     println!(
@@ -156,6 +167,9 @@ fn main() {
     for (name, sa_us, fm_us) in &rows {
         println!("{name:<32} {sa_us:>14.1} {fm_us:>14.1}");
     }
+    for (name, mean) in &places {
+        println!("{name}: {mean:.0} places a search");
+    }
     let result = json!({
             "cpu": infini_sidecar::cpu::CpuInfo::detect().summary(),
             "index": dir.display().to_string(),
@@ -168,6 +182,7 @@ fn main() {
             "bytes_per_text_token": {"suffix_array": per_text(sa_info.bytes), "compressed": per_text(fm_info.bytes)},
             "compressed_parts_per_text_token": fm_info.bytes_by_part.iter().map(|(p, b)| (p.clone(), json!(per_text(*b)))).collect::<serde_json::Map<_, _>>(),
             "latency_us": rows.iter().map(|(n, s, f)| json!({"query": n, "suffix_array": s, "compressed": f})).collect::<Vec<_>>(),
+            "document_search_places_mean": places.iter().map(|(n, p)| json!({"query": n, "places": p})).collect::<Vec<_>>(),
     });
     let name = if dir.ends_with("index-minipile-train-bytes") {
         "compressed.json".to_string()

@@ -67,7 +67,12 @@ fn query_everything(index: &CompressedIndex) {
         max_disp_len: 16,
         ..SearchOptions::default()
     };
-    let _ = index.search_docs_cnf(&[vec![probe.to_vec()], vec![vec![eos]]], opts);
+    let gram = match probe {
+        [] => vec![eos],
+        some => some.to_vec(),
+    };
+    let _ = index.search_docs_cnf(&[vec![gram.clone()]], opts);
+    let _ = index.search_docs_cnf(&[vec![gram], vec![vec![eos]]], opts);
     for d in 0..=index.total_documents().min(64) {
         let _ = index.get_document(d);
     }

@@ -124,24 +124,28 @@ pub fn check_cnf_shape(cnf: &[Vec<Vec<u32>>], max_clauses: usize) -> Result<()> 
 }
 
 /// Every clause's stride: 1, or what brings its matches to `max_clause_freq`. Refuses a search
-/// that would visit more than `max_places` places, each costing `place_cost` (see
-/// [`DocumentIndex::PLACE_COST`]).
+/// that would visit more than `max_places` places, and, as unsupported, one over `max_places` /
+/// `place_cost` (`DocumentIndex::PLACE_COST`: what locating one place costs the index).
 pub fn search_strides(totals: &[u64], place_cost: u64, opts: SearchOptions) -> Result<Vec<u64>> {
     let places = totals
         .iter()
         .map(|&t| t.min(opts.max_clause_freq))
         .fold(0u64, u64::saturating_add);
-    let limit = opts.max_places / place_cost;
-    if places > limit {
-        let cost = match place_cost {
-            1 => String::new(),
-            c => format!(" (each costs {c} times a suffix array's, so at most {limit} here)"),
-        };
+    if places > opts.max_places {
         return Err(IndexError::Invalid(format!(
             "this search would visit {places} places (over its clauses, the matches of each up to \
-             max_clause_freq {}), beyond the limit of {}{cost}: use rarer n-grams or a lower \
+             max_clause_freq {}), beyond the limit of {}: use rarer n-grams or a lower \
              max_clause_freq",
             opts.max_clause_freq, opts.max_places
+        )));
+    }
+    let limit = opts.max_places / place_cost;
+    if places > limit {
+        return Err(IndexError::Unsupported(format!(
+            "this search would visit {places} places, and a compressed index locates each at \
+             {place_cost} times a suffix array's cost, so it visits at most {limit} (max_places {} \
+             / {place_cost}): search the suffix-array index, or use rarer n-grams",
+            opts.max_places
         )));
     }
     Ok(totals
@@ -163,8 +167,8 @@ pub(crate) trait DocumentShard {
     fn doc_end(&self, doc: u64) -> u64;
     /// The document's length in tokens, and the token offset of a place inside it.
     fn doc_len_and_offset(&self, doc: u64, place: u64) -> (u64, u64);
-    /// The document's tokens `from..to` (token offsets inside it).
-    fn doc_tokens(&self, doc: u64, from: u64, to: u64) -> Vec<u32>;
+    /// The document's tokens `from..to` (token offsets inside it); stops when interrupted.
+    fn doc_tokens(&self, doc: u64, from: u64, to: u64) -> Result<Vec<u32>>;
     fn metadata(&self, doc: u64) -> Option<String>;
 }
 
@@ -172,8 +176,8 @@ pub(crate) trait DocumentShard {
 /// Suffix arrays and compressed indexes both answer it, so one search serves both.
 pub(crate) trait DocumentIndex {
     type Shard: DocumentShard;
-    /// What locating one place costs, in a suffix array's reads of one pointer: it scales the
-    /// places a search may visit.
+    /// What locating one place costs against a suffix array's pointer read, as measured by
+    /// `cargo bench --bench compressed`: it divides the places a search may visit.
     const PLACE_COST: u64;
     /// Whether a clause with too many matches can be subsampled as the reference subsamples it:
     /// every stride-th rank of the suffix array's order.
@@ -225,10 +229,10 @@ pub(crate) fn search_docs_cnf<I: DocumentIndex>(
     let totals: Vec<u64> = located.iter().map(matches_of).collect();
     let strides = search_strides(&totals, I::PLACE_COST, opts)?;
     if !I::SUFFIX_ORDER && strides.iter().any(|&s| s > 1) {
-        return Err(IndexError::Mismatch(format!(
+        return Err(IndexError::Unsupported(format!(
             "a clause matches more than max_clause_freq {} places, and the reference subsamples it \
              in the suffix array's order, which a compressed index does not keep: search the \
-             suffix-array index, or raise max_clause_freq to visit every place",
+             suffix-array index, or use rarer n-grams",
             opts.max_clause_freq
         )));
     }
@@ -298,7 +302,7 @@ fn visit_cnf<I: DocumentIndex>(
         .iter()
         .take(maxnum)
         .map(|&(&(s, d), seen)| document(index, s, d, seen.first.1, max_disp_len))
-        .collect();
+        .collect::<Result<_>>()?;
     Ok(PartialSearch {
         doc_cnt: matching.len() as u64,
         clause_places,
@@ -365,7 +369,7 @@ fn document<I: DocumentIndex>(
     doc: u64,
     needle: u64,
     max_disp_len: usize,
-) -> Document {
+) -> Result<Document> {
     let shard = &index.doc_shards()[s];
     let (doc_len, needle_tok) = shard.doc_len_and_offset(doc, needle);
     let needle_tok = needle_tok.min(doc_len);
@@ -374,11 +378,11 @@ fn document<I: DocumentIndex>(
     let from_tok = needle_tok
         .saturating_sub(disp_len / 2)
         .min(doc_len - disp_len);
-    let token_ids = shard.doc_tokens(doc, from_tok, from_tok + disp_len);
+    let token_ids = shard.doc_tokens(doc, from_tok, from_tok + disp_len)?;
     let text = index
         .doc_tokenizer()
         .and_then(|t| t.decode(&token_ids).ok());
-    Document {
+    Ok(Document {
         doc_ix: doc_ix_base(index, s) + doc,
         doc_len,
         disp_len,
@@ -386,7 +390,7 @@ fn document<I: DocumentIndex>(
         metadata: shard.metadata(doc),
         token_ids,
         text,
-    }
+    })
 }
 
 /// Document `doc_ix` (over all shards) in full, with metadata and text.
@@ -394,7 +398,7 @@ pub(crate) fn get_document<I: DocumentIndex>(index: &I, doc_ix: u64) -> Result<D
     let mut local = doc_ix;
     for (s, shard) in index.doc_shards().iter().enumerate() {
         if local < shard.doc_cnt() {
-            return Ok(document(index, s, local, 0, usize::MAX));
+            return document(index, s, local, 0, usize::MAX);
         }
         local -= shard.doc_cnt();
     }
@@ -426,10 +430,10 @@ impl DocumentShard for Shard {
             place.saturating_sub(start) / w,
         )
     }
-    fn doc_tokens(&self, doc: u64, from: u64, to: u64) -> Vec<u32> {
+    fn doc_tokens(&self, doc: u64, from: u64, to: u64) -> Result<Vec<u32>> {
         let w = self.width().bytes() as u64;
         let start = self.doc_start(doc) + w;
-        self.tokens_between(start + from * w, start + to * w)
+        Ok(self.tokens_between(start + from * w, start + to * w))
     }
     fn metadata(&self, doc: u64) -> Option<String> {
         Shard::metadata(self, doc)

@@ -20,6 +20,9 @@ pub enum IndexError {
     /// A bad query or bad build input.
     #[error("{0}")]
     Invalid(String),
+    /// A query this kind of index does not answer (another kind does: the message names it).
+    #[error("{0}")]
+    Unsupported(String),
     #[error("interrupted")]
     Interrupted,
     /// The shard servers behind a router failed to answer (a shard down, its deadline passed): the

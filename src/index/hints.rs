@@ -28,9 +28,9 @@
 //!
 //! **Samples** are occurrences drawn uniformly (the next token after each), from a generator seeded
 //! by the seed and the sequence: a sequence's samples depend only on them and the index. Under
-//! exclusion, occurrences are drawn and rejected when preceded by the excluded token; where few are
-//! kept they are read one by one instead, and where rejection would take too long the exact counts
-//! are drawn from.
+//! exclusion, occurrences are drawn and rejected when preceded by the excluded token; where there
+//! are few (at most 256) and few of them are kept, they are read one by one instead, and where
+//! rejection would take too long the exact counts are drawn from.
 
 use std::collections::BTreeMap;
 
@@ -313,8 +313,9 @@ impl Index {
         }
         // A scan reads every occurrence once, in rank order; a draw reads a random one (its
         // pointer too, about twice the cost) and keeps it one time in total / kept. Drawing costs
-        // less once more than twice the samples are kept.
-        if total <= SCAN_LIMIT && most_kept <= 2 * samples as u64 {
+        // less once more than twice the samples are kept, and when its draws are likely enough.
+        let draws_enough = total <= REJECTION_DRAWS as u64 / 2 * most_kept;
+        if total <= SCAN_LIMIT && (most_kept <= 2 * samples as u64 || !draws_enough) {
             let pool: Vec<u32> = (0..total)
                 .filter_map(|k| self.occurrence(matches, k))
                 .filter(|&at| kept(at))

@@ -206,9 +206,10 @@ impl Shard {
     }
 
     /// The ranks whose suffixes start with `query` (little-endian token bytes), searched inside
-    /// `within`: the whole array with `shared` 0, or the range of the query's first `shared` bytes
-    /// (a match grown to the right), whose suffixes all agree with them, so only the bytes after
-    /// them are compared: growing a long match costs what growing a short one does.
+    /// `within`: any range with `shared` 0, or the range of the query's first `shared` bytes (a
+    /// match grown to the right), whose suffixes all agree with them, so only the bytes after
+    /// them are compared: growing a long match costs what growing a short one does. Only that
+    /// range may be given with `shared` > 0: its bytes are not compared again.
     pub fn find(&self, query: &[u8], within: RankRange, shared: usize) -> RankRange {
         if query.len() <= shared || within.is_empty() {
             return within;

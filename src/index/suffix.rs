@@ -160,16 +160,30 @@ pub(crate) fn longest_suffix<I: Occurrences + ?Sized>(
     index: &I,
     prompt: &[u32],
 ) -> (usize, I::Matches) {
-    let n = prompt.len();
-    let (mut good, mut good_m) = (0usize, index.matches_of(&[]));
-    let mut len = 1;
-    while len <= n {
-        let m = index.matches_of(&prompt[n - len..]);
+    longest_above(index, prompt, 0, index.matches_of(&[]), prompt.len())
+}
+
+/// The longest suffix of `seq` of at most `max_len` tokens that occurs, above a suffix of `good`
+/// tokens known to occur (`good_m`, its matches): the excess over `good` doubles, then a binary
+/// search, O(log(L − good)) lookups, so a match no longer than `good` costs one.
+fn longest_above<I: Occurrences + ?Sized>(
+    index: &I,
+    seq: &[u32],
+    good: usize,
+    good_m: I::Matches,
+    max_len: usize,
+) -> (usize, I::Matches) {
+    let (n, max_len) = (seq.len(), max_len.min(seq.len()));
+    let (mut good, mut good_m) = (good, good_m);
+    let mut excess = 1;
+    while good < max_len {
+        let len = (good + excess).min(max_len);
+        let m = index.matches_of(&seq[n - len..]);
         if m.count() == 0 {
-            return longest_between(index, prompt, good, good_m, len - 1);
+            return longest_between(index, seq, good, good_m, len - 1);
         }
         (good, good_m) = (len, m);
-        len = if len == n { n + 1 } else { (len * 2).min(n) };
+        excess *= 2;
     }
     (good, good_m)
 }
@@ -180,7 +194,8 @@ impl SuffixMatch {
     /// is sampled in proportion to its count), each with at most `depth` following tokens, cut at
     /// the end of its document. Nothing when no suffix matched.
     pub fn continuations(&self, index: &Index, samples: usize, depth: usize) -> Vec<Vec<u32>> {
-        index.sample_continuations(self.suffix_len(), &self.matches, samples, depth)
+        let total = self.matches.count();
+        index.sample_continuations(self.suffix_len(), &self.matches, samples, depth, total)
     }
 }
 
@@ -188,6 +203,13 @@ impl SuffixMatch {
 pub struct LongestSuffix {
     pub len: usize,
     matches: Matches,
+}
+
+impl LongestSuffix {
+    /// Its occurrences.
+    pub fn count(&self) -> u64 {
+        self.matches.count()
+    }
 }
 
 impl Index {
@@ -209,28 +231,35 @@ impl Index {
         if min_len > 0 && start.count() == 0 {
             return None;
         }
-        let (len, matches) = longest_between(self, seq, min_len, start, max_len);
+        let (len, matches) = longest_above(self, seq, min_len, start, max_len);
         Some(LongestSuffix { len, matches })
     }
 
-    /// What followed `found`'s occurrences, sampled as [`SuffixMatch::continuations`] samples.
+    /// What followed `found`'s occurrences, sampled as [`SuffixMatch::continuations`] samples,
+    /// when `pooled` matches (these and those of other indexes, as many as `found` at least) share
+    /// the `samples`: this index takes its share, as each shard of one index does, so that
+    /// indexes searched one by one are sampled as one index over all of them would be.
     pub fn continuations_of(
         &self,
         found: &LongestSuffix,
         samples: usize,
         depth: usize,
+        pooled: u64,
     ) -> Vec<Vec<u32>> {
-        self.sample_continuations(found.len, &found.matches, samples, depth)
+        let total = pooled.max(found.count());
+        self.sample_continuations(found.len, &found.matches, samples, depth, total)
     }
 
+    /// Continuations at evenly spread ranks of every shard's matches, each shard taking its share
+    /// of `samples` among `total` matches.
     fn sample_continuations(
         &self,
         suffix_len: usize,
         matches: &Matches,
         samples: usize,
         depth: usize,
+        total: u64,
     ) -> Vec<Vec<u32>> {
-        let total = matches.count();
         if suffix_len == 0 || total == 0 || samples == 0 {
             return Vec::new();
         }

@@ -204,8 +204,14 @@ impl Namespace {
                 found.push((run, m));
             }
         }
-        for (run, m) in found.iter().filter(|(_, m)| m.len == longest) {
-            best.offer((run.index().continuations_of(m, samples, depth), m.len));
+        // The runs that match longest share the samples as shards of one index would.
+        let longest_runs: Vec<_> = found.iter().filter(|(_, m)| m.len == longest).collect();
+        let pooled = longest_runs.iter().map(|(_, m)| m.count()).sum();
+        for (run, m) in longest_runs {
+            best.offer((
+                run.index().continuations_of(m, samples, depth, pooled),
+                m.len,
+            ));
         }
         (best.continuations, best.len)
     }

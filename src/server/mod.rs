@@ -202,8 +202,7 @@ fn stopped() -> Status {
 fn index_status(e: IndexError) -> Status {
     match e {
         IndexError::Invalid(m) => Status::invalid_argument(m),
-        // A call this kind of index does not answer (a compressed one's subsampled search).
-        e @ IndexError::Mismatch(_) => Status::failed_precondition(e.to_string()),
+        IndexError::Unsupported(m) => Status::failed_precondition(m),
         IndexError::Interrupted => stopped(),
         IndexError::Remote { code, message } => Status::new(code, message),
         other => Status::internal(other.to_string()),

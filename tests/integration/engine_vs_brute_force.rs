@@ -219,14 +219,31 @@ fn check_compressed(b: &Built, queries: &[Vec<u32>]) {
                     "search {cnf:?}"
                 );
             }
-            // One the suffix array subsamples is refused.
+            // One the suffix array subsamples is refused; so is one over the compressed index's
+            // share of the places, which the suffix array answers.
             let sampled = SearchOptions {
                 max_clause_freq: 1,
                 ..opts
             };
             let cnf = [vec![q.clone()]];
-            if index.search_docs_cnf(&cnf, sampled).unwrap().approx {
-                let err = fm.search_docs_cnf(&cnf, sampled).unwrap_err().to_string();
+            let want = index.search_docs_cnf(&cnf, sampled).unwrap();
+            match want.approx {
+                true => {
+                    let err = fm.search_docs_cnf(&cnf, sampled).unwrap_err().to_string();
+                    assert!(err.contains("suffix-array index"), "{err}");
+                }
+                false => assert_eq!(fm.search_docs_cnf(&cnf, sampled).unwrap(), want),
+            }
+            let few_places = SearchOptions {
+                max_places: 1,
+                ..opts
+            };
+            if index.count(q).unwrap() == 1 {
+                assert!(index.search_docs_cnf(&cnf, few_places).is_ok());
+                let err = fm
+                    .search_docs_cnf(&cnf, few_places)
+                    .unwrap_err()
+                    .to_string();
                 assert!(err.contains("suffix-array index"), "{err}");
             }
             // What follows every match, cut at document ends (samples enough for all of them).

@@ -416,12 +416,25 @@ impl FmShard {
     }
 
     /// Tokens `from..to` of document `doc` (its separator left out), read by LF steps from its
-    /// first.
-    pub fn doc_tokens(&self, doc: u64, from: u64, to: u64) -> Vec<u32> {
+    /// first: a window deep in a long document costs a step per token before it, so the walk
+    /// stops when interrupted.
+    pub fn doc_tokens(&self, doc: u64, from: u64, to: u64) -> Result<Vec<u32>> {
         let len = (self.doc_end(doc) - self.doc_start(doc) - 1).min(to);
-        let mut tokens = self.following(self.doc_rows[doc as usize], len as usize, |_| false);
-        tokens.drain(..(from as usize).min(tokens.len()));
-        tokens
+        let mut row = self.doc_rows[doc as usize];
+        let mut tokens = Vec::with_capacity(len.saturating_sub(from) as usize);
+        for at in 0..len {
+            if at % 4096 == 4095 && crate::interrupt::interrupted() {
+                return Err(IndexError::Interrupted);
+            }
+            let Some((token, next)) = self.step(row) else {
+                break;
+            };
+            if at >= from {
+                tokens.push(token);
+            }
+            row = next;
+        }
+        Ok(tokens)
     }
 
     pub fn metadata(&self, doc: u64) -> Option<String> {
