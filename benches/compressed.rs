@@ -105,7 +105,7 @@ fn main() {
     // Document search as the service asks it (the defaults: the first document, a window of
     // 1,000 tokens), over the n-grams the compressed index answers: those the suffix array does
     // not subsample.
-    // Places visited (matches located) a search, mean: the cost a place is the row over it.
+    // Places visited (matches located) a search, mean: a row's time over it is a place's cost.
     let opts = SearchOptions {
         max_places: u64::MAX,
         ..SearchOptions::default()
@@ -132,7 +132,7 @@ fn main() {
             std::hint::black_box(fm.search_docs_cnf(cnf, opts).unwrap());
         });
         rows.push((name, sa_us, fm_us));
-        places.push((name, visited as f64 / whole.len() as f64));
+        places.push((name, visited as f64 / whole.len().max(1) as f64));
     }
 
     println!(

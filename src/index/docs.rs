@@ -143,8 +143,8 @@ pub fn search_strides(totals: &[u64], place_cost: u64, opts: SearchOptions) -> R
     if places > limit {
         return Err(IndexError::Unsupported(format!(
             "this search would visit {places} places, and a compressed index locates each at \
-             {place_cost} times a suffix array's cost, so it visits at most {limit} (max_places {} \
-             / {place_cost}): search the suffix-array index, or use rarer n-grams",
+             {place_cost} times a suffix array's cost, so it visits at most {limit} (the limit of \
+             {} places / {place_cost}): search the suffix-array index, or use rarer n-grams",
             opts.max_places
         )));
     }

@@ -174,6 +174,10 @@ fn longest_above<I: Occurrences + ?Sized>(
     max_len: usize,
 ) -> (usize, I::Matches) {
     let (n, max_len) = (seq.len(), max_len.min(seq.len()));
+    debug_assert!(
+        good <= max_len,
+        "a known match of {good} over a limit of {max_len}"
+    );
     let (mut good, mut good_m) = (good, good_m);
     let mut excess = 1;
     while good < max_len {

@@ -626,6 +626,32 @@ mod tests {
     }
 
     #[test]
+    fn runs_that_tie_share_the_samples_as_one_index_would() {
+        let mut rng = Rng(11);
+        let live = LiveIndex::open(config(None), VOCAB).unwrap();
+        let doc = documents(&mut rng, 1).remove(0);
+        // The same document in every run: each ties for the longest match of its head.
+        for _ in 0..3 {
+            live.add_documents("a", &vec![doc.clone(); 10]).unwrap();
+            live.compact_now(true);
+        }
+        let runs = live.stats().runs;
+        assert!(runs >= 2, "{:?}", live.stats());
+        let pattern = &doc[..6];
+        let (want_len, want) = oracle(std::slice::from_ref(&doc), pattern, 4);
+        let samples = 8;
+        let (conts, len) = live.continuations("a", pattern, samples, 4);
+        assert_eq!(len, want_len);
+        // Each run takes its share of the samples, at least one: never `samples` each.
+        assert!(
+            (samples..samples + runs).contains(&conts.len()),
+            "{} continuations from {runs} runs",
+            conts.len()
+        );
+        assert!(conts.iter().all(|c| want.contains(c)), "{conts:?}");
+    }
+
+    #[test]
     fn namespaces_never_see_each_other() {
         let mut rng = Rng(7);
         let live = LiveIndex::open(config(None), VOCAB).unwrap();

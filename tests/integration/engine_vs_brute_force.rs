@@ -9,7 +9,7 @@ use infini_sidecar::index::docs::SearchOptions;
 use infini_sidecar::index::fm::suffix::FmSuffixMatch;
 use infini_sidecar::index::fm::CompressedIndex;
 use infini_sidecar::index::next_table::NextTableSpec;
-use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
+use infini_sidecar::index::{Index, IndexError, OpenOptions, TokenWidth};
 use proptest::prelude::*;
 
 use crate::common::oracle::Oracle;
@@ -234,17 +234,26 @@ fn check_compressed(b: &Built, queries: &[Vec<u32>]) {
                 }
                 false => assert_eq!(fm.search_docs_cnf(&cnf, sampled).unwrap(), want),
             }
-            let few_places = SearchOptions {
-                max_places: 1,
-                ..opts
-            };
-            if index.count(q).unwrap() == 1 {
-                assert!(index.search_docs_cnf(&cnf, few_places).is_ok());
-                let err = fm
-                    .search_docs_cnf(&cnf, few_places)
-                    .unwrap_err()
-                    .to_string();
-                assert!(err.contains("suffix-array index"), "{err}");
+            // The compressed index visits at most max_places / 1,024 places: exactly as many as
+            // it needs is answered, one fewer refused as unsupported.
+            let needed = index.count(q).unwrap().min(opts.max_clause_freq);
+            if needed > 0 {
+                let enough = SearchOptions {
+                    max_places: needed * 1024,
+                    ..opts
+                };
+                assert_eq!(
+                    fm.search_docs_cnf(&cnf, enough).unwrap(),
+                    index.search_docs_cnf(&cnf, enough).unwrap()
+                );
+                let short = SearchOptions {
+                    max_places: needed * 1024 - 1,
+                    ..opts
+                };
+                assert!(index.search_docs_cnf(&cnf, short).is_ok());
+                let err = fm.search_docs_cnf(&cnf, short).unwrap_err();
+                assert!(matches!(err, IndexError::Unsupported(_)), "{err}");
+                assert!(err.to_string().contains("suffix-array index"), "{err}");
             }
             // What follows every match, cut at document ends (samples enough for all of them).
             let matched = FmSuffixMatch::of(fm, q).unwrap();
