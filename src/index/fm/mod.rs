@@ -321,11 +321,11 @@ impl CompressedIndex {
                 if crate::interrupt::interrupted() {
                     return Err(IndexError::Interrupted);
                 }
-                let end = shard.end_of(row);
-                if ids.is_empty() && end == shard.tok_cnt() {
+                let at = shard.place_of(row, ids.len());
+                if ids.is_empty() && at == shard.tok_cnt() {
                     continue;
                 }
-                out.push((s, end.saturating_sub(ids.len() as u64)));
+                out.push((s, at));
             }
         }
         Ok(out)
@@ -334,11 +334,9 @@ impl CompressedIndex {
     /// The document holding `(shard, token offset)` (over all shards), and the offset inside it.
     pub fn place(&self, (s, at): (usize, u64)) -> (u64, u64) {
         let base: u64 = self.shards[..s].iter().map(|x| x.doc_cnt()).sum();
-        let doc = self.shards[s].doc_of(at);
-        (
-            base + doc,
-            at.saturating_sub(self.shards[s].doc_start(doc) + 1),
-        )
+        let shard = &self.shards[s];
+        let doc = shard.doc_of(at);
+        (base + doc, shard.doc_len_and_offset(doc, at).1)
     }
 
     /// Document `doc_ix` (over all shards) in full, as [`Index::get_document`] gives it.
