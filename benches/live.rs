@@ -2,8 +2,12 @@
 //! Streams the reference index's own documents into one namespace (LIVE_TOKENS, default 10 M) and
 //! prints: µs per appended token (the caller's cost; compaction runs beside it), the time until
 //! compaction has caught up, and µs per lookup of real test-split text in the live index against the
-//! same lookup in the static reference index. Then a soak: SOAK_TOKENS (default 50 M) more stream
-//! through a budget of LIVE_TOKENS, with the process's RSS sampled against the budget's bytes.
+//! same lookup in the static reference index. Last, the drafter end to end through the RPC: a served
+//! sidecar's namespace is filled with as many tokens over `AddDocuments`, and the agentic workload's
+//! recorded outputs (eval/results/workload/replay.json) are replayed through `Session` streams on
+//! loopback (draft, then append what verification would accept), timed at the client. Between the
+//! two, a soak: SOAK_TOKENS (default 50 M) more stream through a budget of LIVE_TOKENS, with the
+//! process's RSS sampled against the budget's bytes.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -14,6 +18,9 @@ use std::time::{Duration, Instant};
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::live::{LiveConfig, LiveError, LiveIndex, LiveStore, Vocabulary};
 use infini_sidecar::server::config::ServeConfig;
+use infini_sidecar::server::pb::{self, session_request, session_response};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 
 fn env_tokens(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -146,4 +153,173 @@ fn main() {
         peak_anon as f64 / 1e6,
         live_tokens as f64 * 8.0 / 1e6
     );
+
+    drop(live);
+    let rpc = tokio::runtime::Runtime::new().unwrap().block_on(rpc_replay(
+        config.clone(),
+        &index,
+        live_tokens * 9 / 10,
+    ));
+    println!(
+        "drafting through the RPC (Session on loopback, a namespace of {} tokens, {} requests replayed): {:.1} µs per drafted token ({} drafted, {:.0} µs a step: append and draft in one round trip, {:.1} drafted a step; the floor, an Info round trip: {:.0} µs p50)",
+        rpc.namespace_tokens,
+        rpc.requests,
+        rpc.seconds * 1e6 / rpc.drafted as f64,
+        rpc.drafted,
+        rpc.seconds * 1e6 / rpc.steps as f64,
+        rpc.drafted as f64 / rpc.steps as f64,
+        rpc.round_trip_p50 * 1e6
+    );
+}
+
+/// What the RPC replay measured.
+struct RpcReplay {
+    namespace_tokens: u64,
+    requests: usize,
+    steps: usize,
+    drafted: usize,
+    /// Client-side time of the drafting steps (append and draft), the Start of each stream excluded.
+    seconds: f64,
+    /// Median time of an `Info` call.
+    round_trip_p50: f64,
+}
+
+/// Serves `config` with a live index of `tokens` on loopback, fills namespace "bench" with the
+/// reference index's documents over `AddDocuments`, then replays each recorded request: a Session
+/// started on its prompt in that namespace (learning), and per step a chain draft (up to the
+/// workload's 31 tokens), the accepted tokens and one more appended as verification would.
+async fn rpc_replay(mut config: ServeConfig, index: &Index, tokens: u64) -> RpcReplay {
+    config.model = None;
+    config.live.enabled = true;
+    config.live.budget_tokens = tokens * 10 / 9;
+    let served = common::Served::start(config);
+    let mut client = served.client().await;
+    // A request carries at most the sidecar's context limit of tokens: documents longer than
+    // that go in pieces.
+    const REQUEST_TOKENS: usize = 1 << 15;
+    let mut pieces = index
+        .documents()
+        .flat_map(|doc| {
+            doc.chunks(REQUEST_TOKENS)
+                .map(<[u32]>::to_vec)
+                .collect::<Vec<_>>()
+        })
+        .peekable();
+    let mut added = 0u64;
+    while added < tokens && pieces.peek().is_some() {
+        let mut documents = Vec::new();
+        let mut held = 0;
+        while let Some(ids) = pieces.next_if(|p| held + p.len() <= REQUEST_TOKENS) {
+            held += ids.len();
+            documents.push(pb::LiveDocument {
+                content: Some(pb::live_document::Content::Tokens(pb::TokenIds { ids })),
+            });
+        }
+        let request = pb::AddDocumentsRequest {
+            namespace: "bench".into(),
+            documents,
+        };
+        // Compaction far behind: the sidecar refuses, and the caller tries again shortly.
+        loop {
+            match client.add_documents(request.clone()).await {
+                Ok(r) => break added += r.into_inner().tokens,
+                Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                Err(status) => panic!("{status}"),
+            }
+        }
+    }
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let replay: Vec<(Vec<u32>, Vec<u32>)> = serde_json::from_str(
+        &std::fs::read_to_string(repo.join("eval/results/workload/replay.json")).unwrap(),
+    )
+    .unwrap();
+    let options = pb::DraftOptions {
+        max_tokens: 31,
+        ..Default::default()
+    };
+    let (mut steps, mut drafted, mut seconds) = (0, 0, 0.0);
+    for (prompt, truth) in &replay {
+        let (tx, rx) = mpsc::channel(4);
+        let mut responses = client
+            .session(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        let step = |step: session_request::Step| {
+            let tx = tx.clone();
+            async move {
+                tx.send(pb::SessionRequest { step: Some(step) })
+                    .await
+                    .unwrap();
+            }
+        };
+        step(session_request::Step::Start(pb::SessionStart {
+            context: prompt.clone(),
+            namespace: "bench".into(),
+            learn: true,
+            ..Default::default()
+        }))
+        .await;
+        responses.message().await.unwrap().unwrap();
+        // A decoding loop sends what was accepted and asks for the next draft at once: one round
+        // trip a step.
+        let (mut done, mut accepted): (usize, Option<Vec<u32>>) = (0, None);
+        loop {
+            let started = Instant::now();
+            let appending = accepted.take();
+            if let Some(tokens) = &appending {
+                step(session_request::Step::Append(pb::SessionAppend {
+                    tokens: tokens.clone(),
+                }))
+                .await;
+            }
+            let more = done < truth.len();
+            if more {
+                step(session_request::Step::Draft(options)).await;
+            }
+            if appending.is_some() {
+                responses.message().await.unwrap().unwrap();
+            }
+            if !more {
+                seconds += started.elapsed().as_secs_f64();
+                break;
+            }
+            let reply = responses.message().await.unwrap().unwrap();
+            seconds += started.elapsed().as_secs_f64();
+            let Some(session_response::Result::Draft(draft)) = reply.result else {
+                panic!("no draft: {reply:?}");
+            };
+            // The chain's tokens, as many as the output has room for.
+            let room = truth.len() - done - 1;
+            let chain = &draft.token_ids[..draft.token_ids.len().min(room)];
+            let agree = chain
+                .iter()
+                .zip(&truth[done..])
+                .take_while(|(a, b)| a == b)
+                .count();
+            accepted = Some(truth[done..done + agree + 1].to_vec());
+            steps += 1;
+            drafted += chain.len();
+            done += agree + 1;
+        }
+    }
+    // The floor of a round trip here: an RPC that does no work.
+    let mut floor = Vec::new();
+    for _ in 0..1000 {
+        let started = Instant::now();
+        client.info(pb::InfoRequest {}).await.unwrap();
+        floor.push(started.elapsed().as_secs_f64());
+    }
+    floor.sort_by(f64::total_cmp);
+    served.stop();
+    RpcReplay {
+        namespace_tokens: added,
+        requests: replay.len(),
+        steps,
+        drafted,
+        seconds,
+        round_trip_p50: floor[floor.len() / 2],
+    }
 }

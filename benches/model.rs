@@ -141,13 +141,14 @@ fn main() {
         "ms",
     );
 
-    // Ours: one short pass of k rows after the decode above (draft verification), rolled back each
-    // time: an extra row's cost against the step's is what speculative decoding trades on.
+    // Ours: one exact pass of k rows after the decode above (draft verification, up to the longest
+    // one), rolled back each time: an extra row's cost against the step's is what speculative
+    // decoding trades on.
     let at = cache.len();
-    for rows in [1usize, 2, 4, 8, 15] {
+    for rows in [1usize, 2, 4, 8, 15, infini_sidecar::model::MAX_EXACT_ROWS] {
         let input = &ids[at..at + rows];
         let seconds = median_seconds(|| {
-            ours.forward(input, &mut cache).unwrap();
+            ours.forward_exact(input, &mut cache).unwrap();
             cache.truncate(at);
         });
         report(

@@ -12,7 +12,7 @@ use common::measure;
 
 use std::cell::Cell;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use infini_sidecar::corpus::{expand_inputs, text_documents, Content};
 use infini_sidecar::server::config::ServeConfig;
@@ -280,32 +280,8 @@ async fn main() {
     let (context_4000, next) = (&ids[..4_000], &ids[4_000..5_000]);
     let context_40 = &context_4000[4_000 - 40..];
 
-    // The server runs on a runtime of its own, as it would in its own process.
-    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    std_listener.set_nonblocking(true).unwrap();
-    let addr = std_listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
-            infini_sidecar::server::serve(config, listener, async {
-                let _ = stopped.await;
-            })
-            .await
-        })
-    });
-    let channel = loop {
-        match Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-        {
-            Ok(c) => break c,
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    };
-    let client = SidecarClient::new(channel);
+    let served = common::Served::start(config);
+    let client = served.client().await;
     // The floor: an RPC that does no work.
     let info = measure(3_000, |_| {
         let mut c = client.clone();
@@ -400,6 +376,5 @@ async fn main() {
     let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("eval/results/service.json");
     std::fs::write(&out, serde_json::to_string_pretty(&report).unwrap()).unwrap();
     println!("wrote {}", out.display());
-    let _ = stop.send(());
-    server.join().unwrap().unwrap();
+    served.stop();
 }

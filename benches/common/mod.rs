@@ -1,5 +1,5 @@
-//! What the benchmarks share: real test-split text of the default assets, tokenized, and latency
-//! measurement. Each bench uses part of it.
+//! What the benchmarks share: real test-split text of the default assets, tokenized, latency
+//! measurement, and a sidecar served on loopback. Each bench uses part of it.
 #![allow(dead_code)]
 
 use std::path::Path;
@@ -63,4 +63,51 @@ where
         "p99_us": at(0.99),
         "per_second": n as f64 / total.as_secs_f64(),
     })
+}
+
+/// A sidecar served on loopback from a thread with a runtime of its own, as it would run in its own
+/// process.
+pub struct Served {
+    pub addr: std::net::SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<Result<(), infini_sidecar::server::ServeError>>,
+}
+
+impl Served {
+    pub fn start(config: infini_sidecar::server::config::ServeConfig) -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            tokio::runtime::Runtime::new()
+                .unwrap()
+                .block_on(async move {
+                    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                    infini_sidecar::server::serve(config, listener, async {
+                        let _ = stopped.await;
+                    })
+                    .await
+                })
+        });
+        Self { addr, stop, thread }
+    }
+
+    /// A client, once the server answers.
+    pub async fn client(
+        &self,
+    ) -> infini_sidecar::server::pb::sidecar_client::SidecarClient<tonic::transport::Channel> {
+        loop {
+            let url = format!("http://{}", self.addr);
+            match infini_sidecar::server::pb::sidecar_client::SidecarClient::connect(url).await {
+                Ok(c) => return c,
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            }
+        }
+    }
+
+    pub fn stop(self) {
+        let _ = self.stop.send(());
+        self.thread.join().unwrap().unwrap();
+    }
 }

@@ -457,7 +457,13 @@ fn run_workload(args: WorkloadArgs) -> Result<()> {
     let index = Index::open(&args.index, &OpenOptions::default())?;
     Pairing::same_tokenizer(&model, &index)?;
     let mut report = workload::run(&model, &index, &requests)?;
-    report.simulated = workload::simulate(&index, &requests, &report.replay, &report.references)?;
+    report.simulated = workload::simulate(
+        &index,
+        &requests,
+        &report.replay,
+        &report.references,
+        &workload::draft_options(),
+    )?;
     let replay_json = serde_json::to_string(&report.replay)?;
     if let Some(python) = &args.suffix_decoding_python {
         report

@@ -13,12 +13,12 @@ use serde::Serialize;
 
 use super::{DraftOptions, DraftTree, Extras, Sequence};
 use crate::evidence::ReferenceData;
-use crate::model::{ModelError, Transformer, SHORT_PASS_ROWS};
+use crate::model::{ModelError, Transformer, MAX_EXACT_ROWS};
 use crate::softmax::softmax;
 
-/// Rows verified per pass, pending token included: a short pass, computed row for row as one-token
+/// Rows verified per pass, pending token included: an exact pass, computed row for row as one-token
 /// decoding computes it, so greedy output stays bit-identical.
-pub const MAX_VERIFY_ROWS: usize = SHORT_PASS_ROWS - 1;
+pub const MAX_VERIFY_ROWS: usize = MAX_EXACT_ROWS;
 
 #[derive(Debug, Clone, Copy)]
 pub struct SpecOptions {
@@ -95,12 +95,47 @@ fn sample(p: &[f64], u: f64) -> u32 {
 /// after row `parents[r − 1] < r`. Trees are laid out depth first, likeliest child first, so the
 /// likeliest path is rows `0, 1, 2, ..` and keeping it moves nothing in the cache.
 #[derive(Debug, Default, PartialEq)]
-struct Rows {
+pub(crate) struct Rows {
     tokens: Vec<u32>,
     parents: Vec<usize>,
 }
 
 impl Rows {
+    /// A draft's rows as a pass verifies them: a tree when `tree`, else its likeliest chain; at
+    /// most `room` tokens.
+    pub(crate) fn of(draft: &DraftTree, room: usize, tree: bool) -> Self {
+        match tree {
+            true => Self::tree(draft, room),
+            false => Self::chain(draft, room),
+        }
+    }
+
+    /// Draft tokens in the pass.
+    pub(crate) fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// The accepted rows, in path order, and the target's own next token, where `target(row,
+    /// depth)` is the target's choice after `row` (the root's at depth 0): each step follows the
+    /// child that drafted it, until none did.
+    pub(crate) fn accepted(
+        &self,
+        mut target: impl FnMut(usize, usize) -> u32,
+    ) -> (Vec<usize>, u32) {
+        let mut path = Vec::new();
+        let mut at = 0;
+        loop {
+            let t = target(at, path.len());
+            match (0..self.tokens.len()).find(|&r| self.parents[r] == at && self.tokens[r] == t) {
+                Some(r) => {
+                    path.push(r + 1);
+                    at = r + 1;
+                }
+                None => return (path, t),
+            }
+        }
+    }
+
     /// The draft's likeliest chain, at most `room` tokens.
     fn chain(draft: &DraftTree, room: usize) -> Self {
         let mut tokens = draft.chain();
@@ -151,23 +186,7 @@ impl Verifier {
     /// of every row (`logits.len() == rows.tokens.len() + 1`). Sampling takes chains only.
     fn verify(&mut self, logits: &[Vec<f32>], rows: &Rows) -> (Vec<usize>, u32) {
         match self {
-            Verifier::Greedy => {
-                let mut path = Vec::new();
-                let mut at = 0;
-                loop {
-                    let t = argmax(&logits[at]);
-                    let child = (0..rows.tokens.len())
-                        .find(|&r| rows.parents[r] == at && rows.tokens[r] == t)
-                        .map(|r| r + 1);
-                    match child {
-                        Some(row) => {
-                            path.push(row);
-                            at = row;
-                        }
-                        None => return (path, t),
-                    }
-                }
-            }
+            Verifier::Greedy => rows.accepted(|at, _| argmax(&logits[at])),
             Verifier::Sampling { temperature, rng } => {
                 let (accepted, next) = verify_sampled(logits, &rows.tokens, *temperature, rng);
                 ((1..=accepted).collect(), next)
@@ -264,13 +283,7 @@ fn decode_here(
         let t = Instant::now();
         let room = (opts.max_new_tokens - run.tokens.len() - 1).min(MAX_VERIFY_ROWS - 1);
         let rows = match &mut drafter {
-            Some((seq, d)) => {
-                let draft = seq.draft(reference, d)?;
-                match trees {
-                    true => Rows::tree(&draft, room),
-                    false => Rows::chain(&draft, room),
-                }
-            }
+            Some((seq, d)) => Rows::of(&seq.draft(reference, d)?, room, trees),
             None => Rows::default(),
         };
         run.draft_seconds += t.elapsed().as_secs_f64();
@@ -280,7 +293,7 @@ fn decode_here(
         input.extend(&rows.tokens);
         let before = cache.len();
         let logits = match rows.is_chain() {
-            true => model.forward(&input, &mut cache)?,
+            true => model.forward_exact(&input, &mut cache)?,
             false => {
                 let parents: Vec<usize> = std::iter::once(0)
                     .chain(rows.parents.iter().copied())

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::{EvalError, Result};
-use crate::draft::spec::{decode, SourceTally, SpecOptions, SpecRun, MAX_VERIFY_ROWS};
+use crate::draft::spec::{decode, Rows, SourceTally, SpecOptions, SpecRun, MAX_VERIFY_ROWS};
 use crate::draft::{DraftOptions, DraftSource, Extras, Sequence};
 use crate::index::Index;
 use crate::live::{LiveConfig, LiveIndex, Vocabulary};
@@ -182,6 +182,14 @@ pub struct WorkloadReport {
     pub simulated: Vec<Simulated>,
 }
 
+/// The replay's drafts, real and simulated: the defaults, as long as a verification pass allows.
+pub fn draft_options() -> DraftOptions {
+    DraftOptions {
+        max_tokens: MAX_VERIFY_ROWS - 1,
+        ..DraftOptions::default()
+    }
+}
+
 /// Replays `requests` in order: plain greedy first, then each configuration.
 pub fn run(model: &Model, index: &Index, requests: &[WorkloadRequest]) -> Result<WorkloadReport> {
     let tokenizer = model.tokenizer();
@@ -195,10 +203,7 @@ pub fn run(model: &Model, index: &Index, requests: &[WorkloadRequest]) -> Result
         eos_token_id: index.eos_token_id(),
         vocab_size: index.vocab_size(),
     };
-    let draft = DraftOptions {
-        max_tokens: MAX_VERIFY_ROWS - 1,
-        ..DraftOptions::default()
-    };
+    let draft = draft_options();
     let lives = CONFIGURATIONS
         .iter()
         .map(|_| LiveIndex::open(LiveConfig::default(), vocab).map(Arc::new))
@@ -410,6 +415,7 @@ pub fn simulate(
     requests: &[WorkloadRequest],
     replay: &[(Vec<u32>, Vec<u32>)],
     references: &[Vec<u32>],
+    draft: &DraftOptions,
 ) -> Result<Vec<Simulated>> {
     let vocab = Vocabulary {
         width: index.width(),
@@ -422,9 +428,8 @@ pub fn simulate(
             .map(Arc::new)
             .map_err(|e| EvalError::Invalid(format!("live index: {e}")))?;
         let opts = DraftOptions {
-            max_tokens: MAX_VERIFY_ROWS - 1,
             source: config.source,
-            ..DraftOptions::default()
+            ..*draft
         };
         let mut rows: Vec<ReplayCost> = Vec::new();
         for ((r, (prompt, truth)), reference) in requests.iter().zip(replay).zip(references) {
@@ -440,24 +445,19 @@ pub fn simulate(
             let (mut done, mut cost, mut steps, mut accepted, mut drafted, mut seconds) =
                 (0usize, 0.0, 0usize, 0usize, 0usize, 0.0);
             while done < truth.len() {
-                let room = (truth.len() - done - 1).min(MAX_VERIFY_ROWS - 1);
+                let room = (truth.len() - done - 1).min(draft.max_tokens);
                 let started = std::time::Instant::now();
-                let mut chain = seq.draft(index, &opts)?.chain();
+                let rows = Rows::of(&seq.draft(index, &opts)?, room, opts.tree);
                 seconds += started.elapsed().as_secs_f64();
-                chain.truncate(room);
-                let agree = chain
-                    .iter()
-                    .zip(&truth[done..])
-                    .take_while(|(a, b)| a == b)
-                    .count();
+                let agree = rows.accepted(|_, depth| truth[done + depth]).0.len();
                 let emit = (agree + 1).min(truth.len() - done);
                 let started = std::time::Instant::now();
                 seq.append(index, &truth[done..done + emit])?;
                 seconds += started.elapsed().as_secs_f64();
-                cost += 1.0 + ROW_COST * chain.len() as f64;
+                cost += 1.0 + ROW_COST * rows.len() as f64;
                 steps += 1;
                 accepted += agree;
-                drafted += chain.len();
+                drafted += rows.len();
                 done += emit;
             }
             rows.push(ReplayCost {

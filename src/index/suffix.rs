@@ -47,7 +47,11 @@ impl Occurrences for Index {
 
 /// The longest suffix of a sequence that occurs in the reference data, with its matches.
 pub struct SuffixMatch<M = Matches> {
-    /// `lens[i]`: the match length after the first `i` tokens, so a truncation restores it at once.
+    /// Tokens seen before the first entry of `lens`: a sequence taken in whole ([`Self::of`])
+    /// searches only for its end's match, and a truncation to fewer tokens searches again.
+    first: usize,
+    /// `lens[i]`: the match length after the first `first + i` tokens, so a truncation to any of
+    /// them restores it at once.
     lens: Vec<u32>,
     matches: M,
 }
@@ -56,24 +60,31 @@ impl<M: Clone + Counted> SuffixMatch<M> {
     /// The match of the empty sequence: every position of the corpus.
     pub fn new<I: Occurrences<Matches = M> + ?Sized>(index: &I) -> Self {
         Self {
+            first: 0,
             lens: vec![0],
             matches: index.matches_of(&[]),
         }
     }
 
-    /// The match of `seq`, built one token at a time.
+    /// The match of `seq`'s end, found by one doubling search (O(log L) lookups), not token by
+    /// token: a long prompt costs microseconds, not one search per token.
     pub fn of<I: Occurrences<Matches = M> + ?Sized>(index: &I, seq: &[u32]) -> Result<Self> {
         index.check_query(seq)?;
-        let mut m = Self::new(index);
-        for i in 0..seq.len() {
-            m.advance(index, &seq[..=i]);
+        Ok(Self::at_end(index, seq))
+    }
+
+    fn at_end<I: Occurrences<Matches = M> + ?Sized>(index: &I, seq: &[u32]) -> Self {
+        let (len, matches) = longest_suffix(index, seq);
+        Self {
+            first: seq.len(),
+            lens: vec![len as u32],
+            matches,
         }
-        Ok(m)
     }
 
     /// Tokens seen.
     pub fn seen(&self) -> usize {
-        self.lens.len() - 1
+        self.first + self.lens.len() - 1
     }
 
     /// Length of the longest matching suffix (effective n − 1).
@@ -111,12 +122,16 @@ impl<M: Clone + Counted> SuffixMatch<M> {
     }
 
     /// Forgets every token past `seq.len()` (`seq` is the sequence truncated): one lookup, whatever
-    /// was taken back.
+    /// was taken back, or a doubling search to before the tokens taken in whole.
     pub fn truncate<I: Occurrences<Matches = M> + ?Sized>(&mut self, index: &I, seq: &[u32]) {
         if seq.len() >= self.seen() {
             return;
         }
-        self.lens.truncate(seq.len() + 1);
+        if seq.len() < self.first {
+            *self = Self::at_end(index, seq);
+            return;
+        }
+        self.lens.truncate(seq.len() - self.first + 1);
         let len = self.suffix_len();
         self.matches = index.matches_of(&seq[seq.len() - len..]);
     }

@@ -22,6 +22,11 @@ pub use cache::KvCache;
 /// computes it. Longer passes (window scoring, prefill) use the dense f32 copies and batched
 /// attention, an order of magnitude faster per row (eval/MODEL.md).
 pub const SHORT_PASS_ROWS: usize = 16;
+/// Most rows of an exact pass ([`Transformer::forward_exact`], [`Transformer::forward_tree`]):
+/// short-pass arithmetic whatever the rows, so a verified draft reproduces plain decoding. A row
+/// costs about a fifth of a one-token step (eval/MODEL.md); past this many, drafts are rarely
+/// accepted far enough to pay for their rows.
+pub const MAX_EXACT_ROWS: usize = 32;
 pub use config::{Activation, Architecture, ModelConfig};
 pub use generate::{GenerateOptions, Generation};
 pub use scoring::{

@@ -8,8 +8,8 @@ use candle_core::{Device, Tensor};
 use super::cache::KvCache;
 use super::config::{Activation, ModelConfig, RopeLayout};
 use super::short_attention::{self, AttentionInput, RowPaths};
-use super::weights::{LayerWeights, Linear, Weights};
-use super::{ModelError, SHORT_PASS_ROWS};
+use super::weights::{LayerWeights, Linear, MatmulPath, Weights};
+use super::{ModelError, MAX_EXACT_ROWS, SHORT_PASS_ROWS};
 use crate::cpu::KernelFlavour;
 
 /// cos/sin tables of one RoPE base, `(positions, head_dim / 2)`.
@@ -148,7 +148,7 @@ impl Transformer {
     /// Logits `(n, vocab)` of a tree of `tokens` appended after what `cache` holds: row `i > 0` comes
     /// after row `parents[i] < i` (row 0 after the cache), and each row's logits are exactly those
     /// of decoding its path alone. The cache keeps all `n` rows; [`KvCache::keep`] then keeps the
-    /// path that was accepted. Short passes on the CPU only: fewer than [`SHORT_PASS_ROWS`] rows.
+    /// path that was accepted. On the CPU only, at most [`MAX_EXACT_ROWS`] rows.
     pub fn forward_tree(
         &self,
         tokens: &[u32],
@@ -156,9 +156,9 @@ impl Transformer {
         cache: &mut KvCache,
     ) -> Result<Tensor, ModelError> {
         self.check_tokens(tokens)?;
-        if tokens.len() >= SHORT_PASS_ROWS || parents.len() != tokens.len() {
+        if tokens.len() > MAX_EXACT_ROWS || parents.len() != tokens.len() {
             return Err(ModelError::Invalid(format!(
-                "a tree pass takes fewer than {SHORT_PASS_ROWS} rows, one parent each; got {} \
+                "a tree pass takes at most {MAX_EXACT_ROWS} rows, one parent each; got {} \
                  tokens and {} parents",
                 tokens.len(),
                 parents.len()
@@ -170,19 +170,36 @@ impl Transformer {
         let paths = RowPaths::tree(parents).map_err(ModelError::Invalid)?;
         let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
         let hidden = self.forward_rows(&ids, cache, Some(paths))?;
-        self.logits(&hidden.squeeze(0)?)
+        self.logits_on(&hidden.squeeze(0)?, MatmulPath::Exact)
     }
 
-    /// Short passes take their rows' paths (a chain unless given), long ones attend with masks.
+    /// Logits `(n, vocab)` at every position of one sequence's `tokens`, each row exactly as a
+    /// one-token step computes it whatever `n` (at most [`MAX_EXACT_ROWS`]): a draft's verification
+    /// pass, which must reproduce plain decoding.
+    pub fn forward_exact(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor, ModelError> {
+        self.check_tokens(tokens)?;
+        if tokens.len() > MAX_EXACT_ROWS {
+            return Err(ModelError::Invalid(format!(
+                "an exact pass takes at most {MAX_EXACT_ROWS} rows; got {}",
+                tokens.len()
+            )));
+        }
+        let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
+        let hidden = self.forward_rows(&ids, cache, Some(RowPaths::chain(tokens.len())))?;
+        self.logits_on(&hidden.squeeze(0)?, MatmulPath::Exact)
+    }
+
+    /// Short passes and exact ones (given their rows' paths) attend row by row, long ones with
+    /// masks.
     fn forward_rows(
         &self,
         tokens: &Tensor,
         cache: &mut KvCache,
-        tree: Option<RowPaths>,
+        exact: Option<RowPaths>,
     ) -> Result<Tensor, ModelError> {
         match self.device.is_cpu() {
-            true => super::on_rayon_worker(|| self.forward_hidden_here(tokens, cache, tree)),
-            false => self.forward_hidden_here(tokens, cache, tree),
+            true => super::on_rayon_worker(|| self.forward_hidden_here(tokens, cache, exact)),
+            false => self.forward_hidden_here(tokens, cache, exact),
         }
     }
 
@@ -190,7 +207,7 @@ impl Transformer {
         &self,
         tokens: &Tensor,
         cache: &mut KvCache,
-        tree: Option<RowPaths>,
+        exact: Option<RowPaths>,
     ) -> Result<Tensor, ModelError> {
         let (batch, n) = tokens.dims2()?;
         let pos = cache.len();
@@ -214,21 +231,26 @@ impl Transformer {
         if c.scale_embeddings {
             x = (x * (c.hidden_size as f64).sqrt())?;
         }
-        // Short passes attend row by row along their paths and need no masks; a tree's rows sit at
-        // their depths.
-        let rows = match (n < SHORT_PASS_ROWS, tree) {
-            (true, Some(paths)) => {
+        // Short and exact passes attend row by row along their paths and need no masks; a tree's
+        // rows sit at their depths.
+        let rows = match (exact, n < SHORT_PASS_ROWS) {
+            (Some(paths), _) => {
                 let at: Vec<u32> = paths.depths().map(|d| (pos + d) as u32).collect();
+                let in_order = at.iter().enumerate().all(|(i, &p)| p as usize == pos + i);
                 PassRows::Short {
-                    positions: Some(Tensor::new(at, &self.device)?),
+                    positions: (!in_order)
+                        .then(|| Tensor::new(at, &self.device))
+                        .transpose()?,
                     paths,
+                    matmul: MatmulPath::Exact,
                 }
             }
-            (true, None) => PassRows::Short {
+            (None, true) => PassRows::Short {
                 positions: None,
                 paths: RowPaths::chain(n),
+                matmul: MatmulPath::ByRows,
             },
-            (false, _) => PassRows::Masked(Masks::new(n, pos, c.sliding_window, &self.device)?),
+            (None, false) => PassRows::Masked(Masks::new(n, pos, c.sliding_window, &self.device)?),
         };
         for (i, layer) in self.weights.layers.iter().enumerate() {
             // A long pass stops between layers when its request is stopped; the cache keeps its
@@ -244,7 +266,11 @@ impl Transformer {
 
     /// Logits `(.., vocab)` of hidden states from [`Self::forward_hidden`].
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor, ModelError> {
-        Ok(self.weights.lm_head.forward(hidden)?)
+        self.logits_on(hidden, MatmulPath::ByRows)
+    }
+
+    fn logits_on(&self, hidden: &Tensor, path: MatmulPath) -> Result<Tensor, ModelError> {
+        Ok(self.weights.lm_head.forward(hidden, path)?)
     }
 
     /// Logits `(vocab,)` after the last of `tokens`, appended to `cache`: the next-token
@@ -276,8 +302,9 @@ impl Transformer {
     ) -> Result<Tensor, ModelError> {
         let c = &self.config;
         let (batch, n, _) = x.dims3()?;
+        let matmul = rows.matmul();
         let h = rms_norm(x, &w.attn_norm, c.rms_norm_eps)?;
-        let qkv = Linear::forward_shared(&[&w.wq, &w.wk, &w.wv], &h)?;
+        let qkv = Linear::forward_shared(&[&w.wq, &w.wk, &w.wv], &h, matmul)?;
         let heads =
             |t: &Tensor, count: usize, norm: &Option<Tensor>| -> candle_core::Result<Tensor> {
                 let t = t.reshape((batch, n, count, c.head_dim))?;
@@ -316,18 +343,18 @@ impl Transformer {
             }
             PassRows::Short { .. } => attention_by_row(&q, &keys, &values, c, pos, window)?,
         };
-        let mut attn = w.wo.forward(&attn)?;
+        let mut attn = w.wo.forward(&attn, matmul)?;
         if let Some(nw) = &w.post_attn_norm {
             attn = rms_norm(&attn, nw, c.rms_norm_eps)?;
         }
         let x = (x + attn)?;
         let h = rms_norm(&x, &w.ffn_norm, c.rms_norm_eps)?;
-        let gate_up = Linear::forward_shared(&[&w.gate, &w.up], &h)?;
+        let gate_up = Linear::forward_shared(&[&w.gate, &w.up], &h, matmul)?;
         let gate = match c.activation {
             Activation::Silu => candle_nn::ops::silu(&gate_up[0])?,
             Activation::GeluTanh => gate_up[0].gelu()?,
         };
-        let mut ffn = w.down.forward(&(gate * &gate_up[1])?)?;
+        let mut ffn = w.down.forward(&(gate * &gate_up[1])?, matmul)?;
         if let Some(nw) = &w.post_ffn_norm {
             ffn = rms_norm(&ffn, nw, c.rms_norm_eps)?;
         }
@@ -343,14 +370,24 @@ impl Transformer {
     }
 }
 
-/// How the rows of a pass attend: short passes row by row along their paths (a tree's rows at
-/// the positions of their depths), long ones batched with masks.
+/// How the rows of a pass attend: short and exact passes row by row along their paths (a tree's
+/// rows at the positions of their depths), long ones batched with masks.
 enum PassRows {
     Short {
         paths: RowPaths,
         positions: Option<Tensor>,
+        matmul: MatmulPath,
     },
     Masked(Masks),
+}
+
+impl PassRows {
+    fn matmul(&self) -> MatmulPath {
+        match self {
+            PassRows::Short { matmul, .. } => *matmul,
+            PassRows::Masked(_) => MatmulPath::ByRows,
+        }
+    }
 }
 
 fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> candle_core::Result<Tensor> {

@@ -16,6 +16,18 @@ use super::ModelError;
 use super::SHORT_PASS_ROWS;
 use crate::cpu::KernelFlavour;
 
+/// Which copy of a matrix a pass multiplies by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatmulPath {
+    /// The dense f32 copy, where there is one, for inputs of [`SHORT_PASS_ROWS`] rows or more
+    /// (window scoring, prefill): products in f32, where the stored weights' kernels quantize the
+    /// input to 8 bits.
+    ByRows,
+    /// The stored weights whatever the rows, so that each row comes out bit for bit as a
+    /// one-token step computes it (draft verification).
+    Exact,
+}
+
 /// A weight matrix used as `x · Wᵀ`: quantized blocks from GGUF or a dense f32 tensor, plus, for
 /// quantized ones, an optional dense copy for many-row inputs (window scoring, prompt prefill).
 #[derive(Debug, Clone)]
@@ -56,20 +68,22 @@ impl Linear {
         Ok(())
     }
 
-    /// The dense copy when it serves `x`: inputs of [`SHORT_PASS_ROWS`] rows (tokens × sequences)
-    /// or more.
-    fn dense_for(&self, x: &Tensor) -> Option<&QMatMul> {
+    /// The dense copy when it serves `x` under `path`: inputs of [`SHORT_PASS_ROWS`] rows (tokens
+    /// × sequences) or more, unless the pass is exact.
+    fn dense_for(&self, x: &Tensor, path: MatmulPath) -> Option<&QMatMul> {
         let rows = x.elem_count() / x.dim(candle_core::D::Minus1).unwrap_or(1).max(1);
-        self.dense_copy.as_ref().filter(|_| rows >= SHORT_PASS_ROWS)
+        self.dense_copy
+            .as_ref()
+            .filter(|_| path == MatmulPath::ByRows && rows >= SHORT_PASS_ROWS)
     }
 
     /// The matrix that serves `x`: the dense copy for many rows, else the stored one.
-    fn for_input(&self, x: &Tensor) -> &QMatMul {
-        self.dense_for(x).unwrap_or(&self.inner)
+    fn for_input(&self, x: &Tensor, path: MatmulPath) -> &QMatMul {
+        self.dense_for(x, path).unwrap_or(&self.inner)
     }
 
-    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        match (self.dense_for(x), &self.short) {
+    pub fn forward(&self, x: &Tensor, path: MatmulPath) -> candle_core::Result<Tensor> {
+        match (self.dense_for(x, path), &self.short) {
             (Some(dense), _) => dense.forward(x),
             (None, Some(q)) if x.device().is_cpu() => q.forward(x),
             (None, _) => self.inner.forward(x),
@@ -80,17 +94,25 @@ impl Linear {
     /// and the products share one parallel region, in our own kernel when it serves every part (so
     /// a row computes the same way alone and in a draft), else in candle's fused one where the CPU
     /// supports it.
-    pub fn forward_shared(parts: &[&Linear], x: &Tensor) -> candle_core::Result<Vec<Tensor>> {
+    pub fn forward_shared(
+        parts: &[&Linear],
+        x: &Tensor,
+        path: MatmulPath,
+    ) -> candle_core::Result<Vec<Tensor>> {
         let short: Option<Vec<&ShortMatmul>> = parts
             .iter()
-            .map(|l| l.short.as_deref().filter(|_| l.dense_for(x).is_none()))
+            .map(|l| {
+                l.short
+                    .as_deref()
+                    .filter(|_| l.dense_for(x, path).is_none())
+            })
             .collect();
         if let (Some(short), true) = (short, x.device().is_cpu()) {
             return ShortMatmul::forward_shared(&short, x);
         }
         let quantized: Option<Vec<&QTensor>> = parts
             .iter()
-            .map(|l| match l.for_input(x) {
+            .map(|l| match l.for_input(x, path) {
                 QMatMul::QTensor(q) if l.short.is_none() => Some(q.as_ref()),
                 _ => None,
             })
@@ -112,7 +134,7 @@ impl Linear {
                 }
             }
         }
-        parts.iter().map(|l| l.forward(x)).collect()
+        parts.iter().map(|l| l.forward(x, path)).collect()
     }
 }
 

@@ -134,7 +134,10 @@ pub(super) fn add_documents(
         s.reference.check_ids(&tokens).map_err(index_status)?;
         docs.push(tokens);
     }
-    s.check_len("the documents", docs.iter().map(Vec::len).sum())?;
+    s.check_len(
+        "the request's documents together",
+        docs.iter().map(Vec::len).sum(),
+    )?;
     live.add_documents(&r.namespace, &docs)
         .map_err(live_status)?;
     Ok(pb::AddDocumentsResponse {

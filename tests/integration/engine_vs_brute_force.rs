@@ -9,6 +9,7 @@ use infini_sidecar::index::docs::SearchOptions;
 use infini_sidecar::index::fm::suffix::FmSuffixMatch;
 use infini_sidecar::index::fm::CompressedIndex;
 use infini_sidecar::index::next_table::NextTableSpec;
+use infini_sidecar::index::suffix::SuffixMatch;
 use infini_sidecar::index::{Index, IndexError, OpenOptions, TokenWidth};
 use proptest::prelude::*;
 
@@ -358,6 +359,28 @@ fn check_all(b: &Built, random: &[Vec<u32>]) {
                 "score {seq:?} at {i}"
             );
             assert!((s.prob - cont as f64 / prompt_cnt as f64).abs() < 1e-12);
+        }
+    }
+    // Following a sequence: taken in whole, grown a token at a time, cut back anywhere (before
+    // the part taken in whole too), the match is always the oracle's longest suffix.
+    for seq in oracle.docs.iter().take(4).chain(random.iter().take(4)) {
+        let half = seq.len() / 2;
+        let mut m = SuffixMatch::of(index, &seq[..half]).unwrap();
+        for i in half..seq.len() {
+            m.advance(index, &seq[..=i]);
+        }
+        let check = |m: &SuffixMatch, at: usize| {
+            let l = oracle.suffix_len(&seq[..at]);
+            assert_eq!(
+                (m.suffix_len(), m.prompt_cnt()),
+                (l, oracle.count(&seq[at - l..at])),
+                "following {seq:?}, cut to {at}"
+            );
+        };
+        check(&m, seq.len());
+        for at in (0..seq.len()).rev() {
+            m.truncate(index, &seq[..at]);
+            check(&m, at);
         }
     }
     // Document search: the documents that satisfy a CNF, with the right text.

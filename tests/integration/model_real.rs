@@ -217,6 +217,53 @@ fn smollm2_tree_rows_decode_their_paths_exactly() {
     assert!(bad.keep(context.len(), &[1, 0]).is_err());
 }
 
+/// A verification pass longer than a short one (here the most an exact pass takes) still computes
+/// every row as a one-token step does, bit for bit, where the same rows through `forward` take the
+/// dense f32 copies and differ; a longer exact pass is refused.
+#[test]
+fn smollm2_exact_passes_of_many_rows_decode_as_single_steps() {
+    let model = load(&common::smollm2_gguf());
+    let t = model.transformer();
+    let rows = infini_sidecar::model::MAX_EXACT_ROWS;
+    let ids = model.encode_document(&common::brown_test_text()).unwrap()[..30 + rows].to_vec();
+    let (context, chain) = ids.split_at(30);
+    let primed = || {
+        let mut cache = t.new_cache();
+        t.forward(context, &mut cache).unwrap();
+        cache
+    };
+    let exact = t
+        .forward_exact(chain, &mut primed())
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    let mut alone = primed();
+    for (i, &id) in chain.iter().enumerate() {
+        let want = t
+            .forward(&[id], &mut alone)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        assert!(
+            exact[i] == want[0],
+            "row {i} differs from its one-token step"
+        );
+    }
+    let batched = t
+        .forward(chain, &mut primed())
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    assert!(
+        batched != exact,
+        "a long pass through forward should take the dense copies"
+    );
+    let mut longer = primed();
+    let too_many = [chain, &chain[..1]].concat();
+    assert!(t.forward_exact(&too_many, &mut longer).is_err());
+    assert_eq!(longer.len(), context.len(), "a refused pass writes nothing");
+}
+
 /// Perplexity of tokens 1.. of `ids` from candle-transformers fed one token at a time.
 fn candle_perplexity(path: &Path, ids: &[u32], gemma: bool) -> f64 {
     let mut reference = CandleReference::new(path, gemma);

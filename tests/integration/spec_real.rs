@@ -3,14 +3,15 @@
 //! every test domain, while drafts are actually accepted.
 //!
 //! Exactness rests on every row of a pass being computed as a one-token step computes it: the
-//! quantized kernels sum each output the same way for any number of rows, and short passes attend
-//! row by row along each row's path (a chain, or a draft tree's branch).
+//! quantized kernels sum each output the same way for any number of rows, and verification passes
+//! attend row by row along each row's path (a chain, or a draft tree's branch), however many rows
+//! they hold.
 
 use crate::common;
 
 use common::server::build_index;
 use infini_sidecar::corpus::Content;
-use infini_sidecar::draft::spec::{decode, SpecOptions};
+use infini_sidecar::draft::spec::{decode, SpecOptions, MAX_VERIFY_ROWS};
 use infini_sidecar::draft::{DraftOptions, DraftSource, Extras};
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::model::Model;
@@ -62,6 +63,8 @@ fn greedy_speculative_decoding_equals_plain_greedy() {
                 tree,
                 min_token_prob: 0.1,
                 min_path_prob: 0.1,
+                // Drafts as long as the room allows: passes longer than a short one stay exact.
+                max_tokens: MAX_VERIFY_ROWS - 1,
                 ..DraftOptions::default()
             }),
             ..plain

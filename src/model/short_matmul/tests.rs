@@ -98,7 +98,8 @@ fn decoded_blocks_are_candles_weights() {
 }
 
 /// For each format and each flavour this CPU runs: every row's output is the same bit for bit
-/// whether the row runs alone or with 1–14 others (what exact verification rests on), the products
+/// whether the row runs alone or with up to `MAX_EXACT_ROWS − 1` others (what exact verification
+/// rests on), the products
 /// match the dequantized oracle, all flavours agree bit for bit, products sharing one input equal
 /// separate ones. (candle's own products are no oracle: they quantize activations more coarsely,
 /// per 256 inputs for K-quants, and differ from the exact sums by up to 2% here.)
@@ -108,7 +109,7 @@ fn rows_are_independent_and_match_the_oracle() {
     let flavours = KernelFlavour::supported_here();
     let (n, k) = (96, 512);
     let w = Tensor::from_vec(pseudo(n * k, 7919, 997, 0.2), (n, k), &dev).unwrap();
-    let m = 15;
+    let m = crate::model::MAX_EXACT_ROWS;
     let xs = pseudo(m * k, 104729, 1009, 3.0);
     let x = |rows: usize| Tensor::from_vec(xs[..rows * k].to_vec(), (1, rows, k), &dev);
     for dtype in FORMATS {
@@ -118,7 +119,7 @@ fn rows_are_independent_and_match_the_oracle() {
         for &flavour in &flavours {
             let ours = ShortMatmul::from_qtensor(&q, flavour).unwrap().unwrap();
             let all = flat(ours.forward(&x(m).unwrap()).unwrap());
-            for rows in [1usize, 2, 3, 4, 5, 15] {
+            for rows in [1usize, 2, 3, 4, 5, 15, 16, m - 1] {
                 let alone = flat(ours.forward(&x(rows).unwrap()).unwrap());
                 assert!(
                     alone == all[..rows * n],
