@@ -98,6 +98,10 @@ impl Served {
         &self,
     ) -> infini_sidecar::server::pb::sidecar_client::SidecarClient<tonic::transport::Channel> {
         loop {
+            assert!(
+                !self.thread.is_finished(),
+                "the sidecar stopped before answering"
+            );
             let url = format!("http://{}", self.addr);
             match infini_sidecar::server::pb::sidecar_client::SidecarClient::connect(url).await {
                 Ok(c) => return c,

@@ -94,7 +94,7 @@ pub struct SpecArgs {
     /// Tokens generated after each prompt.
     #[arg(long, default_value_t = 64)]
     new_tokens: usize,
-    /// Longest draft (at most 14: one pass verifies the pending token and the draft).
+    /// Longest draft (at most 31: one pass verifies the pending token and the draft).
     #[arg(long, default_value_t = DraftOptions::default().max_tokens)]
     max_draft: usize,
     #[arg(long, default_value_t = DraftOptions::default().min_token_prob)]

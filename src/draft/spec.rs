@@ -13,11 +13,12 @@ use serde::Serialize;
 
 use super::{DraftOptions, DraftTree, Extras, Sequence};
 use crate::evidence::ReferenceData;
-use crate::model::{ModelError, Transformer, MAX_EXACT_ROWS};
+use crate::model::{ModelError, Transformer, MAX_EXACT_ROWS, SHORT_PASS_ROWS};
 use crate::softmax::softmax;
 
-/// Rows verified per pass, pending token included: an exact pass, computed row for row as one-token
-/// decoding computes it, so greedy output stays bit-identical.
+/// Rows verified per pass on the CPU, pending token included: an exact pass, computed row for row
+/// as one-token decoding computes it, so greedy output stays bit-identical. Other devices verify in
+/// short passes (fewer than [`SHORT_PASS_ROWS`] rows).
 pub const MAX_VERIFY_ROWS: usize = MAX_EXACT_ROWS;
 
 #[derive(Debug, Clone, Copy)]
@@ -46,6 +47,8 @@ pub struct SpecRun {
     pub seconds: f64,
     /// Drafts, drafted and accepted tokens by the source of the draft ("union" for trees of several).
     pub by_source: BTreeMap<&'static str, SourceTally>,
+    /// Most draft tokens verified in one pass.
+    pub longest_draft: usize,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -256,9 +259,12 @@ fn decode_here(
         },
     };
     // Trees when asked for, under greedy verification, where passes can follow them (the CPU).
-    let trees = opts.draft.is_some_and(|d| d.tree)
-        && matches!(verifier, Verifier::Greedy)
-        && model.device().is_cpu();
+    let cpu = model.device().is_cpu();
+    let trees = opts.draft.is_some_and(|d| d.tree) && matches!(verifier, Verifier::Greedy) && cpu;
+    let max_rows = match cpu {
+        true => MAX_VERIFY_ROWS,
+        false => SHORT_PASS_ROWS - 1,
+    };
     // The drafter's state, kept only when drafting.
     let t = Instant::now();
     let mut drafter = opts
@@ -281,7 +287,7 @@ fn decode_here(
             return Err(ModelError::Interrupted.into());
         }
         let t = Instant::now();
-        let room = (opts.max_new_tokens - run.tokens.len() - 1).min(MAX_VERIFY_ROWS - 1);
+        let room = (opts.max_new_tokens - run.tokens.len() - 1).min(max_rows - 1);
         let rows = match &mut drafter {
             Some((seq, d)) => Rows::of(&seq.draft(reference, d)?, room, trees),
             None => Rows::default(),
@@ -293,7 +299,8 @@ fn decode_here(
         input.extend(&rows.tokens);
         let before = cache.len();
         let logits = match rows.is_chain() {
-            true => model.forward_exact(&input, &mut cache)?,
+            true if cpu => model.forward_exact(&input, &mut cache)?,
+            true => model.forward(&input, &mut cache)?,
             false => {
                 let parents: Vec<usize> = std::iter::once(0)
                     .chain(rows.parents.iter().copied())
@@ -307,6 +314,7 @@ fn decode_here(
         cache.keep(before, &kept)?;
         run.steps += 1;
         run.drafted += rows.tokens.len();
+        run.longest_draft = run.longest_draft.max(rows.tokens.len());
         run.accepted += path.len();
         if let Some((seq, _)) = drafter.as_ref().filter(|_| !rows.tokens.is_empty()) {
             let source = seq.last_origin().map_or("union", |o| o.name());

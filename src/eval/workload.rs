@@ -431,7 +431,7 @@ pub fn simulate(
             source: config.source,
             ..*draft
         };
-        let mut rows: Vec<ReplayCost> = Vec::new();
+        let mut costs: Vec<ReplayCost> = Vec::new();
         for ((r, (prompt, truth)), reference) in requests.iter().zip(replay).zip(references) {
             let extras = Extras {
                 live: Some(live.clone()),
@@ -439,13 +439,21 @@ pub fn simulate(
                 learn: true,
                 reference: reference.clone(),
             };
+            // The drafter's time counts taking in the prompt, as the real loop's does.
+            let started = std::time::Instant::now();
             let mut seq = Sequence::new(index, prompt.clone())?
                 .with_extras(extras)
                 .map_err(|e| EvalError::Invalid(format!("live index: {e}")))?;
-            let (mut done, mut cost, mut steps, mut accepted, mut drafted, mut seconds) =
-                (0usize, 0.0, 0usize, 0usize, 0usize, 0.0);
+            let (mut done, mut cost, mut steps, mut accepted, mut drafted, mut seconds) = (
+                0usize,
+                0.0,
+                0usize,
+                0usize,
+                0usize,
+                started.elapsed().as_secs_f64(),
+            );
             while done < truth.len() {
-                let room = (truth.len() - done - 1).min(draft.max_tokens);
+                let room = (truth.len() - done - 1).min(MAX_VERIFY_ROWS - 1);
                 let started = std::time::Instant::now();
                 let rows = Rows::of(&seq.draft(index, &opts)?, room, opts.tree);
                 seconds += started.elapsed().as_secs_f64();
@@ -460,7 +468,7 @@ pub fn simulate(
                 drafted += rows.len();
                 done += emit;
             }
-            rows.push(ReplayCost {
+            costs.push(ReplayCost {
                 tokens: truth.len(),
                 cost,
                 steps,
@@ -469,12 +477,12 @@ pub fn simulate(
                 seconds,
             });
         }
-        let n = rows.len();
+        let n = costs.len();
         let fifth = n.div_ceil(5);
         for (part, sel) in [
-            ("all", &rows[..]),
-            ("cold", &rows[..fifth]),
-            ("warm", &rows[n - fifth..]),
+            ("all", &costs[..]),
+            ("cold", &costs[..fifth]),
+            ("warm", &costs[n - fifth..]),
         ] {
             let sum = |f: fn(&ReplayCost) -> f64| -> f64 { sel.iter().map(f).sum() };
             let tokens = sum(|r| r.tokens as f64);

@@ -17,15 +17,15 @@ use candle_core::Device;
 
 pub use cache::KvCache;
 
-/// Passes of fewer rows than this are short (decoding, draft verification): they run on the
-/// quantized weights and attend row by row, so every row comes out exactly as a one-token step
-/// computes it. Longer passes (window scoring, prefill) use the dense f32 copies and batched
-/// attention, an order of magnitude faster per row (eval/MODEL.md).
+/// Passes of fewer rows than this are short (decoding): they run on the quantized weights and
+/// attend row by row, so every row comes out exactly as a one-token step computes it. Longer passes
+/// (window scoring, prefill) use the dense f32 copies and batched attention (eval/MODEL.md), unless
+/// they are exact ([`MAX_EXACT_ROWS`]): draft verification.
 pub const SHORT_PASS_ROWS: usize = 16;
 /// Most rows of an exact pass ([`Transformer::forward_exact`], [`Transformer::forward_tree`]):
 /// short-pass arithmetic whatever the rows, so a verified draft reproduces plain decoding. A row
-/// costs about a fifth of a one-token step (eval/MODEL.md); past this many, drafts are rarely
-/// accepted far enough to pay for their rows.
+/// costs about a fifth of a one-token SmolLM2 step on a CPU (eval/MODEL.md); past this many, drafts
+/// are rarely accepted far enough to pay for their rows.
 pub const MAX_EXACT_ROWS: usize = 32;
 pub use config::{Activation, Architecture, ModelConfig};
 pub use generate::{GenerateOptions, Generation};

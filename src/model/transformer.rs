@@ -175,7 +175,9 @@ impl Transformer {
 
     /// Logits `(n, vocab)` at every position of one sequence's `tokens`, each row exactly as a
     /// one-token step computes it whatever `n` (at most [`MAX_EXACT_ROWS`]): a draft's verification
-    /// pass, which must reproduce plain decoding.
+    /// pass, which must reproduce plain decoding. On the CPU only, where our kernels compute every
+    /// row alike: they serve the GGUF block formats of the models we ship (a matrix they do not
+    /// serve runs on candle's kernels, whose sums may depend on the rows).
     pub fn forward_exact(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor, ModelError> {
         self.check_tokens(tokens)?;
         if tokens.len() > MAX_EXACT_ROWS {
@@ -183,6 +185,9 @@ impl Transformer {
                 "an exact pass takes at most {MAX_EXACT_ROWS} rows; got {}",
                 tokens.len()
             )));
+        }
+        if !self.device.is_cpu() {
+            return Err(ModelError::Invalid("exact passes run on the CPU".into()));
         }
         let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
         let hidden = self.forward_rows(&ids, cache, Some(RowPaths::chain(tokens.len())))?;

@@ -14,7 +14,7 @@ use infini_sidecar::corpus::Content;
 use infini_sidecar::draft::spec::{decode, SpecOptions, MAX_VERIFY_ROWS};
 use infini_sidecar::draft::{DraftOptions, DraftSource, Extras};
 use infini_sidecar::index::{Index, OpenOptions};
-use infini_sidecar::model::Model;
+use infini_sidecar::model::{Model, SHORT_PASS_ROWS};
 
 #[test]
 fn greedy_speculative_decoding_equals_plain_greedy() {
@@ -34,10 +34,10 @@ fn greedy_speculative_decoding_equals_plain_greedy() {
         .map(|ids| ids[..96].to_vec())
         .collect();
     assert_eq!(prompts.len(), 8);
-    let (mut drafted, mut accepted) = (0, 0);
+    let (mut drafted, mut accepted, mut longest) = (0, 0, 0);
     for (i, prompt) in prompts.iter().enumerate() {
         let plain = SpecOptions {
-            max_new_tokens: 20,
+            max_new_tokens: 40,
             draft: None,
             temperature: None,
             seed: 0,
@@ -52,7 +52,7 @@ fn greedy_speculative_decoding_equals_plain_greedy() {
         )
         .unwrap();
         assert_eq!(want.drafted, 0);
-        assert_eq!(want.steps, 20);
+        assert_eq!(want.steps, 40);
         let source = [DraftSource::All, DraftSource::Index, DraftSource::Prompt][i % 3];
         // Chains and trees (verified a tree per pass) in turn.
         let tree = i % 2 == 1;
@@ -63,8 +63,10 @@ fn greedy_speculative_decoding_equals_plain_greedy() {
                 tree,
                 min_token_prob: 0.1,
                 min_path_prob: 0.1,
-                // Drafts as long as the room allows: passes longer than a short one stay exact.
+                // Drafts as long as the room allows, whatever the match: passes longer than a
+                // short one stay exact.
                 max_tokens: MAX_VERIFY_ROWS - 1,
+                match_len_factor: 0.0,
                 ..DraftOptions::default()
             }),
             ..plain
@@ -81,12 +83,17 @@ fn greedy_speculative_decoding_equals_plain_greedy() {
             got.tokens, want.tokens,
             "prompt {i}, {source:?}, tree {tree}"
         );
-        assert_eq!(got.steps + got.accepted, 20);
+        assert_eq!(got.steps + got.accepted, 40);
+        longest = longest.max(got.longest_draft);
         drafted += got.drafted;
         accepted += got.accepted;
     }
     assert!(
         accepted > 0 && drafted >= accepted,
         "{accepted} of {drafted} accepted"
+    );
+    assert!(
+        longest + 1 >= SHORT_PASS_ROWS,
+        "no pass as long as a short one's limit: {longest} draft tokens at most"
     );
 }
