@@ -444,14 +444,9 @@ pub fn simulate(
             let mut seq = Sequence::new(index, prompt.clone())?
                 .with_extras(extras)
                 .map_err(|e| EvalError::Invalid(format!("live index: {e}")))?;
-            let (mut done, mut cost, mut steps, mut accepted, mut drafted, mut seconds) = (
-                0usize,
-                0.0,
-                0usize,
-                0usize,
-                0usize,
-                started.elapsed().as_secs_f64(),
-            );
+            let mut seconds = started.elapsed().as_secs_f64();
+            let (mut done, mut cost, mut steps, mut accepted, mut drafted) =
+                (0usize, 0.0, 0usize, 0usize, 0usize);
             while done < truth.len() {
                 let room = (truth.len() - done - 1).min(MAX_VERIFY_ROWS - 1);
                 let started = std::time::Instant::now();
