@@ -398,6 +398,12 @@ pub struct WorkloadArgs {
     /// through SuffixDecoding too (eval/suffix_decoding_replay.py), for the table's comparison.
     #[arg(long)]
     suffix_decoding_python: Option<PathBuf>,
+    /// The replay.json of an earlier run of this workload: its outputs are replayed through the
+    /// drafters (the simulated replays alone, written as simulated.json and simulated.md), without
+    /// decoding again (the model is read for its tokenizer). Seconds instead of half an hour: for
+    /// trying draft settings.
+    #[arg(long)]
+    replay: Option<PathBuf>,
 }
 
 /// SuffixDecoding's simulated replays of `replay_json`, from eval/suffix_decoding_replay.py.
@@ -456,7 +462,14 @@ fn run_workload(args: WorkloadArgs) -> Result<()> {
     let model = load_model(&args.model)?;
     let index = Index::open(&args.index, &OpenOptions::default())?;
     Pairing::same_tokenizer(&model, &index)?;
-    let mut report = workload::run(&model, &index, &requests)?;
+    let mut report = match &args.replay {
+        Some(path) => workload::WorkloadReport {
+            replay: workload::read_replay(path, &requests)?,
+            references: workload::references_of(&model, &requests)?,
+            ..workload::WorkloadReport::default()
+        },
+        None => workload::run(&model, &index, &requests)?,
+    };
     report.simulated = workload::simulate(
         &index,
         &requests,
@@ -472,13 +485,19 @@ fn run_workload(args: WorkloadArgs) -> Result<()> {
     }
     let md = workload::markdown(&report);
     let mut written = Vec::new();
-    if let Some(dir) = &args.out_dir {
-        report.replay.clear();
-        written = write_results(dir, "workload", &report, &md)?;
-        let replay = dir.join("replay.json");
-        std::fs::write(&replay, &replay_json)
-            .with_context(|| format!("writing {}", replay.display()))?;
-        written.push(replay);
+    match (&args.out_dir, &args.replay) {
+        (Some(dir), Some(_)) => {
+            written = write_results(dir, "simulated", &report.simulated, &md)?;
+        }
+        (Some(dir), None) => {
+            report.replay.clear();
+            written = write_results(dir, "workload", &report, &md)?;
+            let replay = dir.join("replay.json");
+            std::fs::write(&replay, &replay_json)
+                .with_context(|| format!("writing {}", replay.display()))?;
+            written.push(replay);
+        }
+        (None, _) => {}
     }
     print!("{md}{}", text::wrote(&written));
     Ok(())

@@ -4,10 +4,10 @@
 //!
 //! Each namespace is a small log-structured store of suffix arrays. New tokens go to an in-memory
 //! tail (O(1) per token, searched by looking back from a token's recent occurrences); a background
-//! thread freezes a full tail into a suffix-array run with the index builder and merges runs level by
-//! level, so a lookup visits a logarithmic number of runs however much has been learnt; runs live in
-//! the data folder and are loaded again at the next start; past the token budget the oldest runs are
-//! evicted. Why this and not a suffix tree or automaton: those take no deletions, so eviction would
+//! thread (or the owner, when it asks: a replay) freezes a full tail into a suffix-array run with the
+//! index builder and merges runs level by level, so a lookup visits a logarithmic number of runs
+//! however much has been learnt; runs live in the data folder and are loaded again at the next
+//! start; past the token budget the oldest runs are evicted. Why this and not a suffix tree or automaton: those take no deletions, so eviction would
 //! mean rebuilding anyway, and they cost tens of bytes a token where a run costs the index's 6–8.
 //! A kill loses at most the tail and the frozen tail, never a run (`namespace`).
 
@@ -81,6 +81,10 @@ pub struct LiveConfig {
     pub max_namespaces: usize,
     /// Time between compaction rounds when nothing wakes the compactor earlier.
     pub compact_every: Duration,
+    /// Compaction in a background thread (a server); `false`: only when the owner calls
+    /// [`LiveIndex::compact`], so a replay that calls it at the same points drafts the same every
+    /// time.
+    pub background: bool,
 }
 
 impl Default for LiveConfig {
@@ -92,6 +96,7 @@ impl Default for LiveConfig {
             merge_fanout: 4,
             max_namespaces: 1024,
             compact_every: Duration::from_secs(1),
+            background: true,
         }
     }
 }
@@ -129,7 +134,8 @@ pub struct LiveStats {
 
 pub struct LiveIndex {
     inner: Arc<Inner>,
-    /// Taken by the first [`LiveIndex::close`].
+    /// The background compactor (none without `LiveConfig::background`); taken by the first
+    /// [`LiveIndex::close`].
     compactor: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -228,16 +234,20 @@ impl LiveIndex {
             stop: AtomicBool::new(false),
             _lock: Some(lock),
         });
-        let compactor = {
-            let inner = inner.clone();
-            std::thread::Builder::new()
-                .name("live-compactor".into())
-                .spawn(move || run_compactor(&inner))
-                .map_err(|e| LiveError::io(Path::new("live-compactor thread"), e))?
+        let compactor = match inner.config.background {
+            true => {
+                let inner = inner.clone();
+                let thread = std::thread::Builder::new()
+                    .name("live-compactor".into())
+                    .spawn(move || run_compactor(&inner))
+                    .map_err(|e| LiveError::io(Path::new("live-compactor thread"), e))?;
+                Some(thread)
+            }
+            false => None,
         };
         Ok(Self {
             inner,
-            compactor: Mutex::new(Some(compactor)),
+            compactor: Mutex::new(compactor),
         })
     }
 
@@ -301,19 +311,26 @@ impl LiveIndex {
     /// tails into runs, so a clean stop keeps everything learnt. Later appends stay in the tail
     /// (and searchable) but are no longer compacted. Dropping the index closes it too.
     pub fn close(&self) {
-        let compactor = self
-            .compactor
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        let Some(compactor) = compactor else {
+        // Held throughout, so a second caller returns only once the first is done.
+        let mut compactor = self.compactor.lock().unwrap_or_else(|e| e.into_inner());
+        if self.inner.stop.swap(true, Ordering::Relaxed) {
             return;
-        };
-        self.inner.stop.store(true, Ordering::Relaxed);
-        self.inner.wake_compactor();
-        let _ = compactor.join();
+        }
+        if let Some(compactor) = compactor.take() {
+            self.inner.wake_compactor();
+            let _ = compactor.join();
+        }
         if !self.inner.temporary {
             compact::round(&self.inner, true);
+        }
+    }
+
+    /// A compaction round in the caller's thread, for an index without a background compactor
+    /// (`LiveConfig::background` false): full tails become runs, runs merge, the budget is kept.
+    /// Nothing once the index is closed.
+    pub fn compact(&self) {
+        if !self.inner.stop.load(Ordering::Relaxed) {
+            compact::round(&self.inner, false);
         }
     }
 }
@@ -475,7 +492,7 @@ impl LiveStore for LiveIndex {
             state.tail.append(doc, tokens);
             state.tail.tokens() as u64 >= self.inner.config.freeze_tokens
         };
-        if full {
+        if full && self.inner.config.background {
             self.inner.wake_compactor();
         }
         Ok(())
@@ -623,6 +640,40 @@ mod tests {
             live.stats().tokens,
             docs.iter().map(|d| d.len() as u64).sum::<u64>()
         );
+    }
+
+    #[test]
+    fn without_a_background_compactor_runs_are_built_only_when_asked() {
+        let mut rng = Rng(5);
+        let dir = tempfile::tempdir().unwrap();
+        let inline = LiveConfig {
+            background: false,
+            ..config(Some(dir.path().to_path_buf()))
+        };
+        let docs = documents(&mut rng, 25);
+        let live = LiveIndex::open(inline.clone(), VOCAB).unwrap();
+        // 320 tokens: past the freeze size, and nothing compacts them until asked.
+        live.add_documents("a", &docs[..10]).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!((live.stats().runs, live.stats().tail_tokens), (0, 320));
+        live.compact();
+        assert_eq!(live.stats().tail_tokens, 0);
+        assert!(live.stats().runs >= 1);
+        live.add_documents("a", &docs[10..20]).unwrap();
+        live.compact();
+        // 160 tokens, under the freeze size: they stay in the tail.
+        live.add_documents("a", &docs[20..]).unwrap();
+        live.compact();
+        assert_eq!(live.stats().tail_tokens, 160);
+        check_lookups(&live, "a", &docs, &mut rng);
+        // A clean close builds the tail into a run; nothing compacts after it.
+        live.close();
+        live.compact();
+        drop(live);
+        let reopened = LiveIndex::open(inline, VOCAB).unwrap();
+        assert_eq!(reopened.stats().tail_tokens, 0);
+        assert_eq!(reopened.stats().tokens, 25 * 32);
+        check_lookups(&reopened, "a", &docs, &mut rng);
     }
 
     #[test]
