@@ -10,10 +10,10 @@
 use super::DraftTree;
 
 /// A source with no record yet is trusted at 0.7 of its word, with the weight of two checked
-/// tokens. Its word is often a single occurrence's continuation, every token at probability 1: taken
-/// at that, a new sequence's first draft runs to its full length, and a rejection near its start
-/// wastes most of its rows. In the workload replay (eval/RESULTS.md) 0.65–0.75 drafted equally well,
-/// and 1.0 (full trust) 3–5% slower on the warm part.
+/// tokens. Its word is often a single occurrence's continuation, every token at probability 1:
+/// taken at that, a new sequence's first draft runs to its full length, and a rejection near its
+/// start wastes most of its rows. In the workload replay (eval/RESULTS.md) 0.6–0.9 drafted within
+/// 2% of each other, and 1.0 (full trust) about 5% slower on the warm part.
 const PRIOR: Record = Record {
     expected: 2.0,
     accepted: 1.4,

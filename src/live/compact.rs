@@ -1,12 +1,12 @@
-//! Compaction, in a background thread (or when the owner asks, `LiveIndex::compact`): a tail past
-//! the freeze size becomes a level-0 run; when `fanout` runs of one level are the newest, they merge
-//! into one of the next level (so each token is rebuilt O(log_fanout(budget / freeze)) times and a
-//! lookup visits that many runs per level); runs stop merging at an eighth of the budget; and while
-//! the live index holds more than its budget, every tail is frozen early and the oldest run of any
-//! namespace is dropped. Searches go on throughout: a
-//! run is built beside what it replaces and swapped in under the namespace's lock, and the run list
-//! is written before that lock is taken (only compaction changes runs, so what it writes stays true).
-//! A namespace whose compaction fails is logged and skipped; the others and eviction go on.
+//! Compaction, in a background thread (or when the owner asks: `LiveIndex::compact`): a tail
+//! past the freeze size becomes a level-0 run; when `fanout` runs of one level are the newest, they
+//! merge into one of the next level (so each token is rebuilt O(log_fanout(budget / freeze)) times
+//! and a lookup visits that many runs per level); runs stop merging at an eighth of the budget; and
+//! while the live index holds more than its budget, every tail is frozen early and the oldest run
+//! of any namespace is dropped. Searches go on throughout: a run is built beside what it replaces
+//! and swapped in under the namespace's lock, and the run list is written before that lock is
+//! taken (only compaction changes runs, so what it writes stays true). A namespace whose
+//! compaction fails is logged and skipped; the others and eviction go on.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -4,11 +4,12 @@
 //!
 //! Each namespace is a small log-structured store of suffix arrays. New tokens go to an in-memory
 //! tail (O(1) per token, searched by looking back from a token's recent occurrences); a background
-//! thread (or the owner, when it asks: a replay) freezes a full tail into a suffix-array run with the
-//! index builder and merges runs level by level, so a lookup visits a logarithmic number of runs
-//! however much has been learnt; runs live in the data folder and are loaded again at the next
-//! start; past the token budget the oldest runs are evicted. Why this and not a suffix tree or automaton: those take no deletions, so eviction would
-//! mean rebuilding anyway, and they cost tens of bytes a token where a run costs the index's 6–8.
+//! thread (or the owner, when it asks: a replay) freezes a full tail into a suffix-array run with
+//! the index builder and merges runs level by level, so a lookup visits a logarithmic number of
+//! runs however much has been learnt; runs live in the data folder and are loaded again at the
+//! next start; past the token budget the oldest runs are evicted. Why this and not a suffix tree or
+//! automaton: those take no deletions, so eviction would mean rebuilding anyway, and they cost tens
+//! of bytes a token where a run costs the index's 6–8.
 //! A kill loses at most the tail and the frozen tail, never a run (`namespace`).
 
 mod compact;
@@ -666,9 +667,12 @@ mod tests {
         live.compact();
         assert_eq!(live.stats().tail_tokens, 160);
         check_lookups(&live, "a", &docs, &mut rng);
-        // A clean close builds the tail into a run; nothing compacts after it.
+        // A clean close builds the tail into a run; nothing compacts after it, and what is
+        // appended after it stays in the tail and is not kept.
         live.close();
+        live.add_documents("a", &docs[..10]).unwrap();
         live.compact();
+        assert_eq!(live.stats().tail_tokens, 320);
         drop(live);
         let reopened = LiveIndex::open(inline, VOCAB).unwrap();
         assert_eq!(reopened.stats().tail_tokens, 0);
