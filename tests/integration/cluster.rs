@@ -864,6 +864,9 @@ fn live_draft(context: &[u32], namespace: &str) -> pb::DraftRequest {
         })),
         options: Some(pb::DraftOptions {
             source: pb::DraftSource::Live as i32,
+            // A one-off draft has no record, so its source is trusted at 0.7 of its word; a bar
+            // this low lets a certain continuation run to the full 8 tokens (0.7^8 = 0.058).
+            min_path_prob: Some(0.01),
             ..Default::default()
         }),
         namespace: namespace.into(),
