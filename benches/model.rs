@@ -1,6 +1,8 @@
 //! Model speed, ours beside candle-transformers' own forward on the same GGUF file and tokens:
 //! scoring one 1024-token window (logits at every position for us; candle-transformers computes the
-//! same layers but only the last position's logits) and single-token decode with the cache.
+//! same layers but only the last position's logits), single-token decode with the cache, and our
+//! exact passes of 1 to 32 rows (draft verification) after a short context and after 640 cached
+//! positions.
 //!
 //! `cargo bench --bench model -- MODEL.gguf [TOKENS_FILE] [--ours-only]` prints one JSON line per
 //! measurement, naming the CPU and the kernel flavour. Threads: set `CANDLE_NUM_THREADS`
@@ -17,6 +19,8 @@ use infini_sidecar::model::{load_transformer, DeviceChoice, Transformer, WindowO
 
 const WINDOW: usize = 1024;
 const DECODE_STEPS: usize = 64;
+/// Cached positions before the long-context passes: about a workload request's midpoint.
+const LONG_CONTEXT: usize = 640;
 const REPEATS: usize = 3;
 /// Slow configurations (quantized window scoring on one thread) stop repeating after this long.
 const REPEAT_BUDGET_S: f64 = 20.0;
@@ -143,21 +147,31 @@ fn main() {
 
     // Ours: one exact pass of k rows after the decode above (draft verification, up to the longest
     // one), rolled back each time: an extra row's cost against the step's is what speculative
-    // decoding trades on.
-    let at = cache.len();
-    for rows in [1usize, 2, 4, 8, 15, infini_sidecar::model::MAX_EXACT_ROWS] {
-        let input = &ids[at..at + rows];
-        let seconds = median_seconds(|| {
-            ours.forward_exact(input, &mut cache).unwrap();
-            cache.truncate(at);
-        });
-        report(
-            "ours",
-            &format!("pass_ms_{rows}_rows"),
-            &name,
-            seconds * 1e3,
-            "ms",
-        );
+    // decoding trades on. Then the same after a context as long as a workload request's (a prompt
+    // of a few hundred tokens and its answer), where attention's share of a row grows.
+    for context in [cache.len(), LONG_CONTEXT] {
+        if cache.len() < context {
+            ours.forward(&ids[cache.len()..context], &mut cache)
+                .unwrap();
+        }
+        let suffix = match context {
+            LONG_CONTEXT => format!("_at_{LONG_CONTEXT}"),
+            _ => String::new(),
+        };
+        for rows in [1usize, 2, 4, 8, 15, infini_sidecar::model::MAX_EXACT_ROWS] {
+            let input = &ids[context..context + rows];
+            let seconds = median_seconds(|| {
+                ours.forward_exact(input, &mut cache).unwrap();
+                cache.truncate(context);
+            });
+            report(
+                "ours",
+                &format!("pass_ms_{rows}_rows{suffix}"),
+                &name,
+                seconds * 1e3,
+                "ms",
+            );
+        }
     }
 
     if ours_only {

@@ -10,6 +10,9 @@
 //! candle's tensor ops this took a dozen small ops per row and layer, about 3 ms per row for
 //! SmolLM2; these loops take a fraction of that.
 
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
 use candle_core::{Layout, Storage, Tensor};
 use rayon::prelude::*;
 
@@ -153,10 +156,13 @@ struct Vectors<'a> {
 impl<'a> Vectors<'a> {
     /// In order. Path rows come from [`RowPaths`], so they index `pass`.
     fn iter(&self, d: usize) -> impl Iterator<Item = &'a [f32]> + '_ {
+        self.cached.chunks_exact(d).chain(self.path(d))
+    }
+
+    /// The pass's rows on the path, after the cached ones.
+    fn path(&self, d: usize) -> impl Iterator<Item = &'a [f32]> + '_ {
         let pass = self.pass;
-        self.cached
-            .chunks_exact(d)
-            .chain(self.path.iter().map(move |&r| &pass[r * d..(r + 1) * d]))
+        self.path.iter().map(move |&r| &pass[r * d..(r + 1) * d])
     }
 }
 
@@ -170,16 +176,17 @@ struct Row<'a> {
 }
 
 impl Row<'_> {
-    /// Softmax of the scaled dot products, then the probability-weighted sum of the values.
+    /// Softmax of the scaled dot products, then the values summed under the unnormalised weights
+    /// and divided by their total once.
     fn attend(&self, scores: &mut Vec<f32>, out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         {
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
                 // SAFETY (each arm): the CPU has AVX2 and FMA, checked just above.
                 match self.d {
-                    64 => return unsafe { self.attend_avx2::<8>(scores, out) },
-                    128 => return unsafe { self.attend_avx2::<16>(scores, out) },
-                    256 => return unsafe { self.attend_avx2::<32>(scores, out) },
+                    64 => return unsafe { x86::attend_row::<8>(self, scores, out) },
+                    128 => return unsafe { x86::attend_row::<16>(self, scores, out) },
+                    256 => return unsafe { x86::attend_row::<32>(self, scores, out) },
                     _ => {}
                 }
             }
@@ -192,57 +199,11 @@ impl Row<'_> {
         let sum = exponentiate(scores);
         out.fill(0.0);
         for (e, v) in scores.iter().zip(self.values.iter(self.d)) {
-            let p = e / sum;
             for (o, x) in out.iter_mut().zip(v) {
-                *o += p * x;
+                *o += e * x;
             }
         }
-    }
-
-    /// The same with eight lanes and fused multiply-adds, for head dimensions of `8·C`: the query and
-    /// the output stay in registers, and four keys are scored at once. Each score is the same chain
-    /// of multiply-adds however the keys are grouped.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn attend_avx2<const C: usize>(&self, scores: &mut Vec<f32>, out: &mut [f32]) {
-        use std::arch::x86_64::*;
-        const KEYS_AT_ONCE: usize = 4;
-        let d = 8 * C;
-        let load = |v: &[f32], c: usize| _mm256_loadu_ps(v[8 * c..8 * c + 8].as_ptr());
-        let q: [__m256; C] = std::array::from_fn(|c| load(self.query, c));
-        scores.clear();
-        let mut groups = self.keys.cached.chunks_exact(KEYS_AT_ONCE * d);
-        for group in &mut groups {
-            let mut acc = [_mm256_setzero_ps(); KEYS_AT_ONCE];
-            for (c, &qc) in q.iter().enumerate() {
-                for (r, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(qc, load(&group[r * d..], c), *a);
-                }
-            }
-            scores.extend(acc.iter().map(|&a| hsum(a) * self.scale));
-        }
-        let rest = Vectors {
-            cached: groups.remainder(),
-            ..self.keys
-        };
-        for k in rest.iter(d) {
-            let mut a = _mm256_setzero_ps();
-            for (c, &qc) in q.iter().enumerate() {
-                a = _mm256_fmadd_ps(qc, load(k, c), a);
-            }
-            scores.push(hsum(a) * self.scale);
-        }
-        let sum = exponentiate(scores);
-        let mut acc = [_mm256_setzero_ps(); C];
-        for (e, v) in scores.iter().zip(self.values.iter(d)) {
-            let p = _mm256_set1_ps(e / sum);
-            for (c, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(p, load(v, c), *a);
-            }
-        }
-        for (c, a) in acc.iter().enumerate() {
-            _mm256_storeu_ps(out[8 * c..8 * c + 8].as_mut_ptr(), *a);
-        }
+        out.iter_mut().for_each(|o| *o /= sum);
     }
 }
 
@@ -296,13 +257,140 @@ impl<'a> CpuView<'a> {
     }
 }
 
-/// The eight lanes' sum, added in halves (the order candle's `hsum_float_8` uses).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn hsum(x: std::arch::x86_64::__m256) -> f32 {
-    use std::arch::x86_64::*;
-    let res = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
-    let res = _mm_add_ps(res, _mm_movehl_ps(res, res));
-    let res = _mm_add_ss(res, _mm_movehdup_ps(res));
-    _mm_cvtss_f32(res)
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    const HEADS: usize = 4;
+    const KV_HEADS: usize = 2;
+
+    /// Deterministic values in about ±1, `(1, heads, len, d)`.
+    fn tensor(heads: usize, len: usize, d: usize, seed: usize) -> Tensor {
+        let v: Vec<f32> = (0..heads * len * d)
+            .map(|i| ((i * 7 + seed * 131) as f32 * 0.618).sin())
+            .collect();
+        Tensor::from_vec(v, (1, heads, len, d), &Device::Cpu).unwrap()
+    }
+
+    /// The pass's output `(n, heads·d)` from the definition, in f64: each row's softmax over the
+    /// keys it sees (cached positions `first..pos`, then its path), weighting the values.
+    fn oracle(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        input: (usize, &RowPaths, Option<usize>),
+    ) -> Vec<Vec<f64>> {
+        let (pos, paths, window) = input;
+        let q = q.squeeze(0).unwrap().to_vec3::<f32>().unwrap();
+        let k = k.squeeze(0).unwrap().to_vec3::<f32>().unwrap();
+        let v = v.squeeze(0).unwrap().to_vec3::<f32>().unwrap();
+        let d = q[0][0].len();
+        paths
+            .0
+            .iter()
+            .enumerate()
+            .map(|(i, path)| {
+                let end = pos + path.len();
+                let first = window.map_or(0, |w| end.saturating_sub(w));
+                let seen: Vec<usize> = (first.min(pos)..pos)
+                    .chain(path.iter().map(|r| pos + r))
+                    .filter(|&p| p >= first)
+                    .collect();
+                (0..HEADS)
+                    .flat_map(|h| {
+                        let kvh = h / (HEADS / KV_HEADS);
+                        let dot = |p: usize| -> f64 {
+                            (0..d)
+                                .map(|c| q[h][i][c] as f64 * k[kvh][p][c] as f64)
+                                .sum::<f64>()
+                                / (d as f64).sqrt()
+                        };
+                        let scores: Vec<f64> = seen.iter().map(|&p| dot(p)).collect();
+                        let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                        let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                        let total: f64 = e.iter().sum();
+                        (0..d)
+                            .map(|c| {
+                                seen.iter()
+                                    .zip(&e)
+                                    .map(|(&p, e)| e * v[kvh][p][c] as f64)
+                                    .sum::<f64>()
+                                    / total
+                            })
+                            .collect::<Vec<f64>>()
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn run(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        pos: usize,
+        paths: &RowPaths,
+        window: Option<usize>,
+    ) -> Vec<Vec<f32>> {
+        let input = AttentionInput {
+            q,
+            keys: k,
+            values: v,
+            pos,
+            paths,
+            window,
+        };
+        attend(&input)
+            .unwrap()
+            .squeeze(0)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap()
+    }
+
+    /// Many blocks of cached keys (several hundred positions), windows that clip rows differently,
+    /// a chain and a tree, head sizes of the vector path and of the plain one: every row agrees
+    /// with the f64 definition, and (for chains) with the same row decoded alone after the rows
+    /// before it were cached, bit for bit.
+    #[test]
+    fn rows_match_the_definition_and_their_one_row_steps() {
+        let pos = 300;
+        let chain = RowPaths::chain(7);
+        let tree = RowPaths::tree(&[0, 0, 1, 1, 0, 4, 2]).unwrap();
+        for d in [64, 48] {
+            for window in [None, Some(100), Some(303)] {
+                for paths in [&chain, &tree] {
+                    let n = paths.len();
+                    let q = tensor(HEADS, n, d, 1);
+                    let k = tensor(KV_HEADS, pos + n, d, 2);
+                    let v = tensor(KV_HEADS, pos + n, d, 3);
+                    let got = run(&q, &k, &v, pos, paths, window);
+                    let want = oracle(&q, &k, &v, (pos, paths, window));
+                    for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+                        for (g, w) in got.iter().zip(want) {
+                            assert!(
+                                (*g as f64 - w).abs() < 1e-5,
+                                "d {d}, window {window:?}, row {i}: {g} against {w}"
+                            );
+                        }
+                    }
+                    if std::ptr::eq(paths, &tree) {
+                        continue;
+                    }
+                    for (i, row) in got.iter().enumerate() {
+                        let q_i = q.narrow(2, i, 1).unwrap();
+                        let seen = pos + i + 1;
+                        let (k_i, v_i) =
+                            (k.narrow(2, 0, seen).unwrap(), v.narrow(2, 0, seen).unwrap());
+                        let alone = run(&q_i, &k_i, &v_i, pos + i, &RowPaths::chain(1), window);
+                        assert!(
+                            alone[0] == *row,
+                            "d {d}, window {window:?}: row {i} differs from its one-row step"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
