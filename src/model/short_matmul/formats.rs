@@ -196,7 +196,8 @@ pub(super) trait Interleaved: Sync + Send + Sized {
     /// Whether the two 16-input halves have their own scales (then their sums are kept apart).
     const HALF_SCALES: bool;
     const HAS_MIN: bool;
-    /// The largest stored quant (what bounds a product's partial sums).
+    /// The largest stored quant (what bounds the x86 kernels' partial sums in i16).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     const MAX_QUANT: i32;
 
     fn build(columns: &[SubBlock; LANES]) -> Self;

@@ -1,6 +1,5 @@
-use super::activations::quantize_block;
 #[cfg(target_arch = "x86_64")]
-use super::activations::quantize_block_avx2;
+use super::activations::{quantize_block, quantize_block_avx2};
 use super::*;
 use candle_core::quantized::GgmlDType;
 use candle_core::Device;
