@@ -31,8 +31,15 @@ if [ ! -x "$root/usr/bin/rustc" ] || [ ! -d "$root/usr/lib/rustlib/aarch64-unkno
   # touched.
   mkdir -p "$apt_state/lists/partial" "$apt_state/cache/archives/partial"
   touch "$apt_state/status"
-  security="$(awk '(/^URIs:/ || /^deb /) && /debian-security/ {print $2; exit}' \
-    /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null || true)"
+  security=""
+  for list in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list /etc/apt/sources.list; do
+    [ -f "$list" ] && [ -z "$security" ] || continue
+    security="$(grep -v '^\s*#' "$list" | tr ' ' '\n' | grep -m1 -E '^(http|https)://.*debian-security' || true)"
+  done
+  if [ -z "$security" ]; then
+    echo "check_aarch64: no debian-security archive in this machine's apt sources" >&2
+    exit 1
+  fi
   codename="$(. /etc/os-release && echo "$VERSION_CODENAME")"
   echo "deb [arch=arm64] $security $codename-security main" >"$apt_state/sources.list"
   own_apt=(-o "Dir::State::Lists=$apt_state/lists" -o "Dir::Cache=$apt_state/cache"
@@ -40,16 +47,17 @@ if [ ! -x "$root/usr/bin/rustc" ] || [ ! -d "$root/usr/lib/rustlib/aarch64-unkno
     -o "Dir::State::status=$apt_state/status" -o "APT::Architecture=arm64" -o "APT::Architectures::=arm64")
   apt-get "${own_apt[@]}" update -qq
   (cd "$debs" && apt-get "${own_apt[@]}" download -q "libstd-rust-web-dev:arm64=$version")
-  rm -rf "$root"
-  mkdir -p "$root"
-  for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$root"; done
+  # Unpacked beside and moved into place, so an interrupted run leaves no half toolchain.
+  rm -rf "$root" "$root.new"
+  mkdir -p "$root.new"
+  for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$root.new"; done
+  mv "$root.new" "$root"
   rm -rf "$debs"
 fi
-for tool in aarch64-linux-gnu-gcc qemu-aarch64; do
-  if ! command -v "$tool" >/dev/null; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q gcc-aarch64-linux-gnu qemu-user >/dev/null
-  fi
-done
+if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64 >/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q gcc-aarch64-linux-gnu qemu-user >/dev/null
+fi
 
 export RUSTC="$root/usr/bin/rustc"
 export LD_LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu:$(echo "$root"/usr/lib/llvm-*/lib)"
@@ -59,15 +67,23 @@ export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch
 export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
 export CXX_aarch64_unknown_linux_gnu=aarch64-linux-gnu-g++
 "$RUSTC" --version
-# Warnings fail the check, as clippy's do on x86 (RUSTFLAGS would rebuild every dependency).
+# Our crate's warnings fail the check, as clippy's do on x86 (RUSTFLAGS would rebuild every
+# dependency; cargo reports only ours, since it caps the dependencies' lints).
 log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
 cargo check --target aarch64-unknown-linux-gnu --lib --bins 2>&1 | tee "$log"
-if grep -q '^warning' "$log"; then
+if grep -q '`infini-sidecar` (.*) generated' "$log"; then
   echo "check_aarch64: warnings on aarch64" >&2
   exit 1
 fi
-rm -f "$log"
-if [ "${1:-}" = "--test" ]; then
-  shift
-  cargo test --target aarch64-unknown-linux-gnu --lib -- "$@"
-fi
+case "${1:-}" in
+  "") ;;
+  --test)
+    shift
+    cargo test --target aarch64-unknown-linux-gnu --lib -- "$@"
+    ;;
+  *)
+    echo "usage: bash scripts/check_aarch64.sh [--test [FILTER]]" >&2
+    exit 2
+    ;;
+esac

@@ -293,9 +293,14 @@ mod tests {
             .map(|(i, path)| {
                 let end = pos + path.len();
                 let first = window.map_or(0, |w| end.saturating_sub(w));
+                // Path row `k` (an ancestor at depth k) sits at position `pos + k`, its key at
+                // `pos + r`.
                 let seen: Vec<usize> = (first.min(pos)..pos)
-                    .chain(path.iter().map(|r| pos + r))
-                    .filter(|&p| p >= first)
+                    .chain(
+                        (path.iter().enumerate())
+                            .filter(|&(k, _)| pos + k >= first)
+                            .map(|(_, r)| pos + r),
+                    )
                     .collect();
                 (0..HEADS)
                     .flat_map(|h| {
@@ -349,17 +354,17 @@ mod tests {
             .unwrap()
     }
 
-    /// Many blocks of cached keys (several hundred positions), windows that clip rows differently,
-    /// a chain and a tree, head sizes of the vector path and of the plain one: every row agrees
-    /// with the f64 definition, and (for chains) with the same row decoded alone after the rows
-    /// before it were cached, bit for bit.
+    /// Several hundred cached positions, windows that clip rows differently (one of 3, into the
+    /// pass's own rows), a chain and a tree, head sizes of the vector path and of the plain one:
+    /// every row agrees with the f64 definition, and (for chains) with the same row decoded alone
+    /// after the rows before it were cached, bit for bit.
     #[test]
     fn rows_match_the_definition_and_their_one_row_steps() {
         let pos = 300;
         let chain = RowPaths::chain(7);
         let tree = RowPaths::tree(&[0, 0, 1, 1, 0, 4, 2]).unwrap();
-        for d in [64, 48] {
-            for window in [None, Some(100), Some(303)] {
+        for d in [64, 128, 48] {
+            for window in [None, Some(100), Some(303), Some(3)] {
                 for paths in [&chain, &tree] {
                     let n = paths.len();
                     let q = tensor(HEADS, n, d, 1);
