@@ -34,12 +34,17 @@ pub(super) unsafe fn attend_row<const C: usize>(row: &Row, scores: &mut Vec<f32>
     for (k, score) in row.keys.path(d).zip(from_path) {
         *score = dot::<C>(row.query, k) * row.scale;
     }
-    let sum = _mm256_set1_ps(exponentiate(scores));
-    out.fill(0.0);
-    accumulate::<C>(out, scores.iter().zip(row.values.iter(d)));
-    for chunk in out.chunks_exact_mut(LANES) {
-        let scaled = _mm256_div_ps(_mm256_loadu_ps(chunk.as_ptr()), sum);
-        _mm256_storeu_ps(chunk.as_mut_ptr(), scaled);
+    let total = _mm256_set1_ps(exponentiate(scores));
+    let mut sums = [_mm256_setzero_ps(); C];
+    for (&weight, value) in scores.iter().zip(row.values.iter(d)) {
+        let p = _mm256_set1_ps(weight);
+        for (c, sum) in sums.iter_mut().enumerate() {
+            *sum = _mm256_fmadd_ps(p, load(value, c), *sum);
+        }
+    }
+    for (c, sum) in sums.iter().enumerate() {
+        let mean = _mm256_div_ps(*sum, total);
+        _mm256_storeu_ps(out[LANES * c..LANES * (c + 1)].as_mut_ptr(), mean);
     }
 }
 
@@ -79,25 +84,6 @@ unsafe fn score<const C: usize>(row: &Row, keys: &[f32], out: &mut [f32]) {
         .zip(outs.into_remainder())
     {
         *score = dot::<C>(row.query, key) * row.scale;
-    }
-}
-
-/// `acc += Σ weight·value`, in order, over `d`-float values; `acc` holds `d` floats.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn accumulate<'a, const C: usize>(
-    acc: &mut [f32],
-    weighted: impl Iterator<Item = (&'a f32, &'a [f32])>,
-) {
-    let mut sums: [__m256; C] = std::array::from_fn(|c| load(acc, c));
-    for (&weight, value) in weighted {
-        let p = _mm256_set1_ps(weight);
-        for (c, sum) in sums.iter_mut().enumerate() {
-            *sum = _mm256_fmadd_ps(p, load(value, c), *sum);
-        }
-    }
-    for (c, sum) in sums.iter().enumerate() {
-        _mm256_storeu_ps(acc[LANES * c..LANES * (c + 1)].as_mut_ptr(), *sum);
     }
 }
 
