@@ -2,12 +2,13 @@
 //! Streams the reference index's own documents into one namespace (LIVE_TOKENS, default 10 M) and
 //! prints: µs per appended token (the caller's cost; compaction runs beside it), the time until
 //! compaction has caught up, and µs per lookup of real test-split text in the live index against the
-//! same lookup in the static reference index. Last, the drafter end to end through the RPC: a served
+//! same lookup in the static reference index (LOOKUP_PASSES passes, default 4). Then a soak:
+//! SOAK_TOKENS (default 50 M) more stream through a budget of LIVE_TOKENS, with the process's RSS
+//! sampled against the budget's bytes. Then the drafter end to end through the RPC: a served
 //! sidecar's namespace is filled with as many tokens over `AddDocuments`, and the agentic workload's
 //! recorded outputs (eval/results/workload/replay.json) are replayed through `Session` streams on
-//! loopback (draft, then append what verification would accept), timed at the client. Between the
-//! two, a soak: SOAK_TOKENS (default 50 M) more stream through a budget of LIVE_TOKENS, with the
-//! process's RSS sampled against the budget's bytes.
+//! loopback (draft, then append what verification would accept), timed at the client. Last, the
+//! static index's lookups without and with sampled ranks.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -107,6 +108,8 @@ fn main() {
     while live.stats().tail_tokens >= live_config.freeze_tokens {
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Waits out a round in progress and runs one more: no merge is left to compete with lookups.
+    live.compact();
     let caught_up = started.elapsed().as_secs_f64();
     let stats = live.stats();
     println!(
@@ -116,25 +119,25 @@ fn main() {
 
     let assets = config.index.parent().unwrap().to_path_buf();
     let texts = common::test_documents(&assets, &tokenizer, 300, 20);
-    let (mut live_s, mut static_s, mut lookups) = (0.0, 0.0, 0usize);
-    for text in &texts {
-        for end in 100..300 {
-            let pattern = &text[..end];
-            let started = Instant::now();
-            std::hint::black_box(live.continuations("bench", pattern, 64, 8));
-            live_s += started.elapsed().as_secs_f64();
-            let started = Instant::now();
-            let found = index.longest_suffix_from(pattern, 0, 64);
-            std::hint::black_box(found.map(|m| index.continuations_of(&m, 64, 8, m.count())));
-            static_s += started.elapsed().as_secs_f64();
-            lookups += 1;
-        }
-    }
+    let patterns: Vec<&[u32]> = texts
+        .iter()
+        .flat_map(|text| (100..300).map(move |end| &text[..end]))
+        .collect();
+    let passes = env_tokens("LOOKUP_PASSES", 4) as usize;
+    let [live_us, static_us] = lookup_us(
+        &patterns,
+        passes,
+        [
+            &|p| {
+                std::hint::black_box(live.continuations("bench", p, 64, 8));
+            },
+            &|p| static_lookup(&index, p),
+        ],
+    );
     println!(
-        "lookup (longest match ≤ 64 tokens + 64 sampled continuations of 8): live {:.1} µs, static index {:.1} µs ({:.2}×)",
-        live_s * 1e6 / lookups as f64,
-        static_s * 1e6 / lookups as f64,
-        live_s / static_s
+        "lookup (longest match ≤ 64 tokens + 64 sampled continuations of 8, {} lookups): live {live_us:.1} µs, static index {static_us:.1} µs ({:.2}×)",
+        patterns.len() * passes,
+        live_us / static_us
     );
 
     let (mut peak_rss, mut peak_anon, mut next_sample) = (0u64, 0u64, 0u64);
@@ -170,6 +173,61 @@ fn main() {
         rpc.drafted as f64 / rpc.steps as f64,
         rpc.round_trip_p50 * 1e6
     );
+
+    // Last, so that neither its samples nor its pages count in the soak: the reference index
+    // without and with its ranks sampled as the live runs' are (`index::rank_samples`), the
+    // samples' own gain apart from the runs' layout.
+    let open = |sample_ranks| {
+        let started = Instant::now();
+        let opts = OpenOptions {
+            sample_ranks,
+            ..OpenOptions::default()
+        };
+        let index = Index::open(&config.index, &opts).unwrap();
+        (index, started.elapsed().as_secs_f64())
+    };
+    let (_, plain_open_s) = open(false);
+    let (sampled, sampled_open_s) = open(true);
+    let [plain_us, sampled_us] = lookup_us(
+        &patterns,
+        passes,
+        [&|p| static_lookup(&index, p), &|p| {
+            static_lookup(&sampled, p)
+        }],
+    );
+    println!(
+        "static index lookup, the same {} lookups: {plain_us:.1} µs without sampled ranks, {sampled_us:.1} µs with them ({:.2}× faster); opening its {} tokens took {sampled_open_s:.2} s with them, {plain_open_s:.2} s without",
+        patterns.len() * passes,
+        plain_us / sampled_us,
+        sampled.total_tokens()
+    );
+}
+
+/// The longest match of `pattern`'s end in the reference index, and 64 continuations of 8 sampled
+/// after it: what the live index's lookup does in one index.
+fn static_lookup(index: &Index, pattern: &[u32]) {
+    let found = index.longest_suffix_from(pattern, 0, 64);
+    std::hint::black_box(found.map(|m| index.continuations_of(&m, 64, 8, m.count())));
+}
+
+/// One kind of lookup, of a pattern's end.
+type Lookup<'a> = &'a dyn Fn(&[u32]);
+
+/// µs per lookup of each kind over `patterns`. Each pass times every lookup of one kind in a row
+/// (a server doing only that keeps its own structure in cache); the kinds take turns, in reverse
+/// order every other pass (a kind timed after another may find pages and lines it left), so that
+/// a slow spell of the machine falls on all alike.
+fn lookup_us<const K: usize>(patterns: &[&[u32]], passes: usize, kinds: [Lookup; K]) -> [f64; K] {
+    let mut seconds = [0.0; K];
+    for pass in 0..passes {
+        for k in 0..K {
+            let k = if pass % 2 == 0 { k } else { K - 1 - k };
+            let started = Instant::now();
+            patterns.iter().for_each(|p| kinds[k](p));
+            seconds[k] += started.elapsed().as_secs_f64();
+        }
+    }
+    seconds.map(|s| s * 1e6 / (patterns.len() * passes) as f64)
 }
 
 /// What the RPC replay measured.

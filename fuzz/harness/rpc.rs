@@ -106,6 +106,8 @@ impl Fixture {
             cluster: Default::default(),
             bind: "127.0.0.1:0".parse().unwrap(),
             index: tiny::build_index(dir, "rpc-index", &spec),
+            // Fuzzed queries search the sampled ranks too.
+            sample_ranks: true,
             mixing: Some(write_mixing(dir, tokenizer.fingerprint())),
             model: None,
             model_threads: None,

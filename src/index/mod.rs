@@ -16,6 +16,7 @@ pub mod next_table;
 pub mod next_tokens;
 pub mod partial;
 pub mod query;
+pub mod rank_samples;
 pub mod reader;
 pub mod sa;
 pub mod sampling;

@@ -10,6 +10,7 @@ use memmap2::Mmap;
 
 use crate::index::format::{ptr_size_for, ShardPaths, TokenWidth};
 use crate::index::next_table::NextTable;
+use crate::index::rank_samples::RankSamples;
 use crate::index::IndexError;
 
 /// The token after a match, as a sortable key: `END` for a match at the very end of the shard (which
@@ -44,6 +45,8 @@ pub struct Shard {
     doc_cnt: u64,
     /// Build-time counts of frequent short prompts, when the index has them.
     next_table: Option<NextTable>,
+    /// Every few ranks' first bytes in RAM, when the opener asked for them.
+    rank_samples: Option<RankSamples>,
 }
 
 pub(crate) fn map_file(path: &Path) -> Result<Mmap, IndexError> {
@@ -148,6 +151,7 @@ impl Shard {
             tok_cnt,
             doc_cnt,
             next_table: None,
+            rank_samples: None,
         };
         if width.read(&shard.tokens, 0) != width.separator() {
             return Err(IndexError::Corrupt(format!(
@@ -166,6 +170,10 @@ impl Shard {
     /// Attaches the shard's next-token table (opened and checked against this shard by the caller).
     pub fn set_next_table(&mut self, table: NextTable) {
         self.next_table = Some(table);
+    }
+    /// Samples the shard's ranks, so that searches start in RAM ([`RankSamples`]).
+    pub fn sample_ranks(&mut self) {
+        self.rank_samples = Some(RankSamples::sample(self));
     }
     /// Tokens in the shard, separators included.
     pub fn tok_cnt(&self) -> u64 {
@@ -214,9 +222,19 @@ impl Shard {
         if query.len() <= shared || within.is_empty() {
             return within;
         }
+        let cmp = |rank| self.cmp_at(rank, query, shared);
+        let within = match &self.rank_samples {
+            Some(samples) if shared == 0 => {
+                let bounded = samples.bound(query, within);
+                if let Some((first, last)) = bounded.equal {
+                    return Self::ends_near(bounded.range, first, last, cmp);
+                }
+                bounded.range
+            }
+            _ => within,
+        };
         // Narrow both ends together until a rank matches, then find each end in its own half: the two
         // searches share their first steps instead of repeating them.
-        let cmp = |rank| self.cmp_at(rank, query, shared);
         let (mut lo, mut hi) = (within.lo, within.hi);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
@@ -231,6 +249,32 @@ impl Shard {
             }
         }
         RankRange { lo, hi: lo }
+    }
+
+    /// The query's ranks in `within`, given sampled ranks `first` and `last` there whose keys equal
+    /// the query's first bytes: one comparison with each tells which side of it that end lies on
+    /// (for a query of at most 16 bytes, the near side: at most a stride to search).
+    fn ends_near(
+        within: RankRange,
+        first: u64,
+        last: u64,
+        cmp: impl Fn(u64) -> Ordering,
+    ) -> RankRange {
+        let at_first = cmp(first);
+        let at_last = if last == first { at_first } else { cmp(last) };
+        let start = if at_first == Ordering::Less {
+            first_rank(first + 1, within.hi, |r| cmp(r) != Ordering::Less)
+        } else {
+            first_rank(within.lo, first, |r| cmp(r) != Ordering::Less)
+        };
+        let end = if at_last == Ordering::Greater {
+            first_rank(start, last, |r| cmp(r) == Ordering::Greater)
+        } else {
+            first_rank((last + 1).max(start), within.hi, |r| {
+                cmp(r) == Ordering::Greater
+            })
+        };
+        RankRange { lo: start, hi: end }
     }
 
     pub fn full_range(&self) -> RankRange {

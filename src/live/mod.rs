@@ -73,7 +73,8 @@ pub struct LiveConfig {
     /// dropped.
     pub data_dir: Option<PathBuf>,
     /// Tokens held over all namespaces; past it the oldest are evicted. The index's memory is about
-    /// 6–12 bytes a token (runs: the tokens and their suffix array; tails: tokens and positions).
+    /// 6–12 bytes a token (runs: the tokens, their suffix array and its samples; tails: tokens and
+    /// positions).
     pub budget_tokens: u64,
     /// A tail this big is frozen into a run.
     pub freeze_tokens: u64,

@@ -83,6 +83,8 @@ impl Run {
             token_width: Some(vocab.width),
             eos_token_id: Some(vocab.eos_token_id),
             vocab_size: Some(vocab.vocab_size),
+            // A lookup searches every run in turn: each search starts in RAM.
+            sample_ranks: true,
             ..OpenOptions::default()
         };
         let index = Index::open(&ns_dir.join(&meta.name), &opts).map_err(LiveError::Index)?;

@@ -17,6 +17,12 @@ pub struct ServeConfig {
     /// The reference index (built by `index build`); none for a router.
     #[serde(default)]
     pub index: PathBuf,
+    /// Keep every 32nd suffix's first bytes of the reference index in RAM (`index::rank_samples`):
+    /// faster lookups for 0.5 bytes a token, paid for at start-up by reading every 32nd suffix. Off
+    /// by default: an index whose pages are cold on disk would take long to start. The live
+    /// index's runs are always sampled.
+    #[serde(default)]
+    pub sample_ranks: bool,
     /// The mixing file of `eval fit` (λ1/λ2 for `Mix` with `split`).
     pub mixing: Option<PathBuf>,
     /// The sidecar's own model (a `.gguf` file or HF folder), for `Score`, `own_model` mixing and

@@ -452,7 +452,11 @@ impl SidecarService {
         if crate::index::fm::is_compressed(&config.index) {
             return Self::open_compressed(config, metrics);
         }
-        let index = Arc::new(Index::open(&config.index, &OpenOptions::default())?);
+        let opts = OpenOptions {
+            sample_ranks: config.sample_ranks,
+            ..OpenOptions::default()
+        };
+        let index = Arc::new(Index::open(&config.index, &opts)?);
         let tokenizer = index.tokenizer().cloned().ok_or_else(|| {
             ServeError::Setup(format!(
                 "{}: the index has no tokenizer",
@@ -509,6 +513,11 @@ impl SidecarService {
     /// A sidecar over a compressed index of tokens (a byte-level index is followed in a model's
     /// tokens by reading suffix arrays), and no shard server (routers merge suffix-array answers).
     fn open_compressed(config: &ServeConfig, metrics: Arc<Metrics>) -> Result<Self, ServeError> {
+        if config.sample_ranks {
+            tracing::warn!(
+                "sample_ranks is for suffix-array indexes: a compressed index ignores it"
+            );
+        }
         let index = Arc::new(CompressedIndex::open(&config.index)?);
         let tokenizer = index.tokenizer().cloned().ok_or_else(|| {
             ServeError::Setup(format!(

@@ -118,6 +118,18 @@ fn build_corpus(symbol_docs: &[Vec<u32>], width: TokenWidth, max_shard_tokens: u
     }
 }
 
+/// The same index opened again with its ranks sampled (`index::rank_samples`): the samples only
+/// narrow searches, so every answer must stay the oracle's. Small alphabets give many samples
+/// whose keys equal a query's, and suffixes at the corpus end shorter than a key.
+fn with_rank_samples(b: Built) -> Built {
+    let opts = OpenOptions {
+        sample_ranks: true,
+        ..OpenOptions::default()
+    };
+    let index = Index::open(&b._dir.path().join("idx"), &opts).unwrap();
+    Built { index, ..b }
+}
+
 /// Queries worth asking of a corpus: n-grams taken from it (so counts are non-zero), the very end of the
 /// corpus, document ends, and random ones (mostly absent).
 fn queries(oracle: &Oracle, random: &[Vec<u32>]) -> Vec<Vec<u32>> {
@@ -450,6 +462,7 @@ fn run_width(width: TokenWidth) {
                 .map(|q| q.iter().map(|&s| spread(s, width)).collect())
                 .collect();
             check_all(&b, &random);
+            check_all(&with_rank_samples(b), &random);
             Ok(())
         })
         .unwrap();
@@ -483,6 +496,7 @@ fn several_shards_are_built_and_merged() {
     );
     assert!(b.index.info().next_token_table_prompts > 0);
     check_all(&b, &[vec![1, 2, 3], vec![9]]);
+    check_all(&with_rank_samples(b), &[vec![1, 2, 3], vec![9]]);
 }
 
 #[test]

@@ -75,6 +75,7 @@ pub fn config(dir: &Path, index: PathBuf, auth: bool) -> ServeConfig {
         cluster: Default::default(),
         bind: "127.0.0.1:0".parse().unwrap(),
         index,
+        sample_ranks: false,
         mixing: Some(write_mixing(dir)),
         model: None,
         model_threads: None,
