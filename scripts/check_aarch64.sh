@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the crate for aarch64 Linux (Graviton, Ampere, Apple silicon under Linux) and, with --test,
-# runs the library's tests of the portable kernels under qemu-user emulation.
+# runs the library's tests (the ARM kernel flavours and the portable one among them) under qemu-user.
 #
 # Rustup cannot fetch another target's standard library here, so this takes Debian's own Rust
 # toolchain for that: `rustc-web` (a current rustc in Debian 12's security suite) and its standard

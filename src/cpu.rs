@@ -15,7 +15,9 @@ pub const CPU_ENV: &str = "INFINI_SIDECAR_CPU";
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum CpuError {
-    #[error("unknown kernel flavour {0:?}: use native, avx512vnni, avxvnni, avx2 or portable")]
+    #[error(
+        "unknown kernel flavour {0:?}: use native, avx512vnni, avxvnni, avx2, neondot, neon or portable"
+    )]
     Unknown(String),
     #[error("this CPU ({model}) cannot run the {flavour} kernels: it lacks {missing}")]
     Unsupported {
@@ -35,15 +37,22 @@ pub enum KernelFlavour {
     AvxVnni,
     /// `vpmaddubsw` + `vpmaddwd` (Haswell to Cascade Lake, Zen 1–3: most cloud x86 servers).
     Avx2,
-    /// Plain Rust over the same repacked weights; what ARM and older x86 run.
+    /// `sdot`, the dot-product extension (`asimddp`: Graviton 2 and later, Ampere Altra, Apple M1
+    /// and later).
+    NeonDot,
+    /// NEON's widening multiplies: every aarch64 CPU.
+    Neon,
+    /// Plain Rust over the same repacked weights; what other CPUs run.
     Portable,
 }
 
 impl KernelFlavour {
-    pub const ALL: [KernelFlavour; 4] = [
+    pub const ALL: [KernelFlavour; 6] = [
         KernelFlavour::Avx512Vnni,
         KernelFlavour::AvxVnni,
         KernelFlavour::Avx2,
+        KernelFlavour::NeonDot,
+        KernelFlavour::Neon,
         KernelFlavour::Portable,
     ];
 
@@ -52,6 +61,8 @@ impl KernelFlavour {
             KernelFlavour::Avx512Vnni => "avx512vnni",
             KernelFlavour::AvxVnni => "avxvnni",
             KernelFlavour::Avx2 => "avx2",
+            KernelFlavour::NeonDot => "neondot",
+            KernelFlavour::Neon => "neon",
             KernelFlavour::Portable => "portable",
         }
     }
@@ -62,6 +73,8 @@ impl KernelFlavour {
             KernelFlavour::Avx512Vnni => &["avx2", "fma", "f16c", "avx512vl", "avx512_vnni"],
             KernelFlavour::AvxVnni => &["avx2", "fma", "f16c", "avx_vnni"],
             KernelFlavour::Avx2 => &["avx2", "fma", "f16c"],
+            KernelFlavour::NeonDot => &["asimd", "asimddp"],
+            KernelFlavour::Neon => &["asimd"],
             KernelFlavour::Portable => &[],
         }
     }
@@ -163,7 +176,7 @@ pub struct CpuInfo {
 }
 
 /// The features worth naming beside a figure (the kernels' and llama.cpp's levels).
-const RELEVANT: [&str; 10] = [
+const RELEVANT: [&str; 11] = [
     "avx2",
     "fma",
     "f16c",
@@ -173,6 +186,7 @@ const RELEVANT: [&str; 10] = [
     "avx512_vnni",
     "avx_vnni",
     "amx_int8",
+    "asimd",
     "asimddp",
 ];
 
@@ -248,6 +262,7 @@ fn has_feature(feature: &str) -> bool {
     #[cfg(target_arch = "aarch64")]
     {
         match feature {
+            "asimd" => std::arch::is_aarch64_feature_detected!("neon"),
             "asimddp" => std::arch::is_aarch64_feature_detected!("dotprod"),
             _ => false,
         }
@@ -297,6 +312,14 @@ mod tests {
                 && is_x86_feature_detected!("avx512vnni")
                 && is_x86_feature_detected!("avx512vl");
             assert_eq!(KernelFlavour::Avx512Vnni.supported(), vnni512);
+            assert!(!KernelFlavour::Neon.supported() && !KernelFlavour::NeonDot.supported());
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            assert!(KernelFlavour::Neon.supported());
+            let dot = std::arch::is_aarch64_feature_detected!("dotprod");
+            assert_eq!(KernelFlavour::NeonDot.supported(), dot);
+            assert!(!KernelFlavour::Avx2.supported());
         }
         for f in KernelFlavour::ALL {
             match f.check() {

@@ -31,7 +31,8 @@ pub struct ServeConfig {
     /// CPU threads of the model's kernels (default: all cores).
     pub model_threads: Option<usize>,
     /// The flavour of the model's quantized kernels: `native` (default: the best this CPU runs),
-    /// `avx512vnni`, `avxvnni`, `avx2` or `portable`. `INFINI_SIDECAR_CPU` overrides it.
+    /// `avx512vnni`, `avxvnni`, `avx2`, `neondot`, `neon` or `portable`. `INFINI_SIDECAR_CPU`
+    /// overrides it.
     pub cpu: Option<String>,
     /// Where Prometheus scrapes `GET /metrics`; no endpoint when unset.
     pub metrics_bind: Option<SocketAddr>,

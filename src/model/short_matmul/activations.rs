@@ -15,15 +15,21 @@ pub(super) struct ActBlock {
     pub s: f32,
     /// `d·Σq` in f32: what Q4_K's minimum multiplies.
     pub ds: f32,
-    /// Σq over inputs 0..16 and 16..32 (for the offsets of stored quants; the x86 kernels take
-    /// them off the integer sums, the portable one subtracts the offset quant by quant).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    /// Σq over inputs 0..16 and 16..32 (for the offsets of stored quants; the x86 and ARM kernels
+    /// take them off the integer sums, the portable one subtracts the offset quant by quant).
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
     pub half_sums: [i32; 2],
     pub qs: [i8; QK],
 }
 
 impl ActBlock {
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
     pub fn sum(&self) -> i32 {
         self.half_sums[0] + self.half_sums[1]
     }
@@ -48,8 +54,11 @@ pub(super) fn quantize_rows(xs: &[f32], flavour: KernelFlavour) -> Vec<ActBlock>
     xs.chunks_exact(QK)
         .map(|x| {
             #[cfg(target_arch = "x86_64")]
-            if flavour != KernelFlavour::Portable {
-                // SAFETY: every flavour but the portable one was checked for AVX2, FMA and F16C.
+            if matches!(
+                flavour,
+                KernelFlavour::Avx512Vnni | KernelFlavour::AvxVnni | KernelFlavour::Avx2
+            ) {
+                // SAFETY: every x86 flavour was checked for AVX2, FMA and F16C.
                 return unsafe { quantize_block_avx2(x) };
             }
             let _ = flavour;

@@ -11,13 +11,16 @@
 //! cost little, which is what speculative verification needs, and one row (decoding) gains as much.
 //!
 //! The multiply-add comes in flavours ([`KernelFlavour`]): AVX-512 VNNI and AVX-VNNI (`vpdpbusd`),
-//! AVX2 (`vpmaddubsw` + `vpmaddwd`), and plain Rust for every other CPU. All compute the same
-//! integer sums and the same float steps, so they agree bit for bit. Every row runs the same
+//! AVX2 (`vpmaddubsw` + `vpmaddwd`), on aarch64 `sdot` and NEON's widening multiplies, and plain
+//! Rust for every other CPU. All compute the same integer sums and the same float steps, so they
+//! agree bit for bit. Every row runs the same
 //! instructions on its own accumulators whatever the number of rows in the pass, so a row's output
 //! does not depend on what shares the pass: a verified draft reproduces plain decoding bit for bit.
 
 mod activations;
 mod formats;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod portable;
 #[cfg(test)]
 mod tests;
@@ -40,7 +43,7 @@ const GROUPS_PER_TASK: usize = 4;
 const ROW_GROUP: usize = 4;
 
 /// Whether `acts` and `out` hold `G` rows against `kb` weight blocks: the only bounds the kernels'
-/// loops rely on, checked once per call.
+/// loops rely on, checked by their one caller before each call.
 fn holds_rows<const G: usize>(kb: usize, acts: &[ActBlock], out: &[f32]) -> bool {
     acts.len() >= G * kb && out.len() >= G * LANES
 }
@@ -228,32 +231,60 @@ impl ShortMatmul {
         for (index, rows_out) in out.chunks_mut(ROW_GROUP * LANES).enumerate() {
             let first = index * ROW_GROUP * kb;
             let rows = &acts[first..first + rows_out.len() / LANES * kb];
-            /// The kernel `$f` for the number of rows in hand (1 to [`ROW_GROUP`]).
+            /// The kernel `$f` for the number of rows in hand (1 to [`ROW_GROUP`]), once the rows
+            /// and the output are checked to hold them.
             macro_rules! by_rows {
-                ($f:ident) => {
-                    match rows_out.len() / LANES {
-                        1 => $f::<W, 1>(weights, rows, rows_out),
-                        2 => $f::<W, 2>(weights, rows, rows_out),
-                        3 => $f::<W, 3>(weights, rows, rows_out),
-                        _ => $f::<W, ROW_GROUP>(weights, rows, rows_out),
+                ($f:ident) => {{
+                    macro_rules! rows_of {
+                        ($g:expr) => {
+                            if holds_rows::<{ $g }>(kb, rows, rows_out) {
+                                $f::<W, { $g }>(weights, rows, rows_out)
+                            }
+                        };
                     }
-                };
+                    match rows_out.len() / LANES {
+                        1 => rows_of!(1),
+                        2 => rows_of!(2),
+                        3 => rows_of!(3),
+                        _ => rows_of!(ROW_GROUP),
+                    }
+                }};
             }
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `from_qtensor` checked the flavour against this CPU.
+            // SAFETY: `from_qtensor` checked the flavour against this CPU; `rows_of!` checks the
+            // rows and the output.
             unsafe {
                 use self::x86::{rows_avx2, rows_avx512_vnni, rows_avx_vnni};
                 match self.flavour {
                     KernelFlavour::Avx512Vnni => by_rows!(rows_avx512_vnni),
                     KernelFlavour::AvxVnni => by_rows!(rows_avx_vnni),
                     KernelFlavour::Avx2 => by_rows!(rows_avx2),
-                    KernelFlavour::Portable => {
+                    // The ARM flavours never pass `from_qtensor`'s check here.
+                    KernelFlavour::NeonDot | KernelFlavour::Neon | KernelFlavour::Portable => {
                         use self::portable::rows_portable;
                         by_rows!(rows_portable)
                     }
                 }
             }
-            #[cfg(not(target_arch = "x86_64"))]
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: `from_qtensor` checked the flavour against this CPU; `rows_of!` checks the
+            // rows and the output.
+            unsafe {
+                use self::neon::{rows_neon, rows_neon_dot};
+                match self.flavour {
+                    KernelFlavour::NeonDot => by_rows!(rows_neon_dot),
+                    KernelFlavour::Neon => by_rows!(rows_neon),
+                    // The x86 flavours never pass `from_qtensor`'s check here.
+                    KernelFlavour::Avx512Vnni
+                    | KernelFlavour::AvxVnni
+                    | KernelFlavour::Avx2
+                    | KernelFlavour::Portable => {
+                        use self::portable::rows_portable;
+                        by_rows!(rows_portable)
+                    }
+                }
+            }
+            #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
             {
                 use self::portable::rows_portable;
                 by_rows!(rows_portable)

@@ -1,20 +1,18 @@
-//! The kernel in plain Rust, over the same repacked weights: what ARM and x86 without AVX2 run. It
-//! computes what the x86 flavours compute, in the same order, with fused multiply-adds, so its
-//! results are theirs bit for bit.
+//! The kernel in plain Rust, over the same repacked weights: what x86 without AVX2 and CPUs other
+//! than x86 and aarch64 run. It computes what the SIMD flavours compute, in the same order, with
+//! fused multiply-adds, so its results are theirs bit for bit.
 
 use super::activations::ActBlock;
 use super::formats::{Interleaved, Packing, LANES};
 
-/// `G` rows (`acts[r·kb..]`) against one column group's blocks: `out[r·LANES + c]`.
+/// `G` rows (`acts[r·kb..]`) against one column group's blocks: `out[r·LANES + c]`. The caller
+/// has checked that `acts` holds `G·kb` blocks and `out` `G·LANES` floats (`holds_rows`).
 pub(super) fn rows_portable<W: Interleaved, const G: usize>(
     weights: &[W],
     acts: &[ActBlock],
     out: &mut [f32],
 ) {
     let kb = weights.len();
-    if !super::holds_rows::<G>(kb, acts, out) {
-        return;
-    }
     let mut lanes = [[0f32; LANES]; G];
     for (b, w) in weights.iter().enumerate() {
         let qs = w.qs();

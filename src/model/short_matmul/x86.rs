@@ -115,7 +115,8 @@ unsafe fn chunks<W: Interleaved>(w: &W, t: usize) -> [__m256i; 2] {
     }
 }
 
-/// `G` rows (`acts[r·kb..]`) against one column group's blocks: `out[r·LANES + c]`.
+/// `G` rows (`acts[r·kb..]`) against one column group's blocks: `out[r·LANES + c]`. The caller
+/// has checked that `acts` holds `G·kb` blocks and `out` `G·LANES` floats (`holds_rows`).
 #[inline(always)]
 unsafe fn rows_kernel<W: Interleaved, P: Products, const G: usize>(
     weights: &[W],
@@ -123,9 +124,7 @@ unsafe fn rows_kernel<W: Interleaved, P: Products, const G: usize>(
     out: &mut [f32],
 ) {
     let kb = weights.len();
-    if !super::holds_rows::<G>(kb, acts, out) {
-        return;
-    }
+    debug_assert!(super::holds_rows::<G>(kb, acts, out));
     let biased = W::OFFSET == 128;
     let offset = if biased { P::SIGNED_BIAS } else { W::OFFSET };
     let mut lanes = [_mm256_setzero_ps(); G];
