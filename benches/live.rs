@@ -173,6 +173,12 @@ fn main() {
         rpc.drafted as f64 / rpc.steps as f64,
         rpc.round_trip_p50 * 1e6
     );
+    let floor = common::loopback_floor(2000);
+    println!(
+        "the loopback floor, a plain TCP round trip of 32 bytes: {:.0} µs p50 with both sides blocked while they wait, {:.0} µs with both polling",
+        floor["blocking_p50_us"].as_f64().unwrap(),
+        floor["spinning_p50_us"].as_f64().unwrap()
+    );
 
     // Last, so that neither its samples nor its pages count in the soak: the reference index
     // without and with its ranks sampled as the live runs' are (`index::rank_samples`), the

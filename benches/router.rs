@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::measure;
+use common::{loopback_floor, measure};
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::server::config::{ClusterSection, Role, ServeConfig};
 use infini_sidecar::server::pb::sidecar_client::SidecarClient;
@@ -312,6 +312,8 @@ fn main() {
             start(config(single_dir.clone(), ClusterSection::default())).await;
         let single = profile(single_addr, &prompts).await;
         eprintln!("single: {single}");
+        let floor = loopback_floor(2000);
+        eprintln!("loopback floor: {floor}");
         let mut sets = serde_json::Map::new();
         for n in [1usize, 3, 8] {
             let mut stops = Vec::new();
@@ -346,6 +348,7 @@ fn main() {
             "cpu": infini_sidecar::cpu::CpuInfo::detect().summary(),
             "documents": DOCUMENTS,
             "tokens": tokens,
+            "loopback_floor": floor,
             "single": single,
             "shards": sets,
         })

@@ -20,10 +20,11 @@ pub fn longest_agreements<'a>(
     depth: usize,
 ) -> (Vec<Vec<u32>>, usize) {
     let n = pattern.len();
-    let mut best = (0usize, Vec::new());
     if n == 0 || depth == 0 {
         return (Vec::new(), 0);
     }
+    // The candidates that agree longest so far; their continuations are copied once, at the end.
+    let (mut longest, mut winners) = (0usize, Vec::new());
     for (doc, p) in candidates
         .filter(|&(doc, p)| p + 1 < doc.len())
         .take(MAX_CANDIDATES)
@@ -31,17 +32,20 @@ pub fn longest_agreements<'a>(
         let agree = (0..MAX_AGREEMENT.min(p + 1).min(n))
             .take_while(|&k| doc[p - k] == pattern[n - 1 - k])
             .count();
-        if agree == 0 {
+        if agree == 0 || agree < longest {
             continue;
         }
-        let following = doc[p + 1..doc.len().min(p + 1 + depth)].to_vec();
-        match agree.cmp(&best.0) {
-            std::cmp::Ordering::Greater => best = (agree, vec![following]),
-            std::cmp::Ordering::Equal => best.1.push(following),
-            std::cmp::Ordering::Less => {}
+        if agree > longest {
+            longest = agree;
+            winners.clear();
         }
+        winners.push((doc, p));
     }
-    (best.1, best.0)
+    let continuations = winners
+        .into_iter()
+        .map(|(doc, p)| doc[p + 1..doc.len().min(p + 1 + depth)].to_vec())
+        .collect();
+    (continuations, longest)
 }
 
 #[cfg(test)]

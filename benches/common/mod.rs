@@ -65,6 +65,75 @@ where
     })
 }
 
+/// The floor under every figure of a call on loopback: p50 (µs) of `n` round trips of 32 bytes over
+/// a plain TCP connection to an echo thread, with both sides blocked in `read` while they wait (as
+/// gRPC's threads park), and with both sides polling a non-blocking socket instead. On a VM whose
+/// idle vCPUs halt, the difference is the cost of waking a thread, which no server can avoid.
+pub fn loopback_floor(n: usize) -> serde_json::Value {
+    json!({
+        "round_trips": n,
+        "blocking_p50_us": echo_round_trip_p50(n, false),
+        "spinning_p50_us": echo_round_trip_p50(n, true),
+    })
+}
+
+fn echo_round_trip_p50(n: usize, spin: bool) -> f64 {
+    use std::io::{ErrorKind, Read, Write as _};
+    assert!(n > 0, "no round trips to time");
+    /// Writes all of `buf`, polling when the socket is non-blocking.
+    fn write_all(s: &mut std::net::TcpStream, buf: &[u8]) {
+        let mut sent = 0;
+        while sent < buf.len() {
+            match s.write(&buf[sent..]) {
+                Ok(k) => sent += k,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => std::hint::spin_loop(),
+                Err(e) => panic!("echo: {e}"),
+            }
+        }
+    }
+    /// Reads exactly `buf.len()` bytes, polling when the socket is non-blocking.
+    fn read_all(s: &mut std::net::TcpStream, buf: &mut [u8]) -> bool {
+        let mut got = 0;
+        while got < buf.len() {
+            match s.read(&mut buf[got..]) {
+                Ok(0) => return false,
+                Ok(k) => got += k,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => std::hint::spin_loop(),
+                Err(e) => panic!("echo: {e}"),
+            }
+        }
+        true
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let echo = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_nodelay(true).unwrap();
+        s.set_nonblocking(spin).unwrap();
+        let mut buf = [0u8; 32];
+        while read_all(&mut s, &mut buf) {
+            write_all(&mut s, &buf);
+        }
+    });
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    s.set_nonblocking(spin).unwrap();
+    let mut buf = [7u8; 32];
+    let mut micros = Vec::with_capacity(n);
+    for i in 0..n + n / 10 {
+        let t = Instant::now();
+        write_all(&mut s, &buf);
+        assert!(read_all(&mut s, &mut buf), "echo closed");
+        if i >= n / 10 {
+            micros.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    drop(s);
+    echo.join().unwrap();
+    micros.sort_by(f64::total_cmp);
+    micros[micros.len() / 2]
+}
+
 /// A sidecar served on loopback from a thread with a runtime of its own, as it would run in its own
 /// process.
 pub struct Served {

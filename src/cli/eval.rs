@@ -427,27 +427,7 @@ fn suffix_decoding(
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    #[derive(serde::Deserialize)]
-    struct Row {
-        configuration: String,
-        part: String,
-        tokens: usize,
-        speedup: f64,
-        accepted_per_step: f64,
-        spec_us_per_drafted_token: f64,
-    }
-    let rows: Vec<Row> = serde_json::from_slice(&out.stdout)?;
-    Ok(rows
-        .into_iter()
-        .map(|r| workload::Simulated {
-            configuration: r.configuration,
-            part: r.part,
-            tokens: r.tokens,
-            speedup: r.speedup,
-            accepted_per_step: r.accepted_per_step,
-            draft_us_per_drafted_token: r.spec_us_per_drafted_token,
-        })
-        .collect())
+    Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 /// Writes `text` to a new file of ours in the temporary folder.
@@ -460,7 +440,12 @@ fn tempfile_in_temp(name: &str, text: &str) -> Result<PathBuf> {
 fn run_workload(args: WorkloadArgs) -> Result<()> {
     let requests = workload::read(&args.workload)?;
     let model = load_model(&args.model)?;
-    let index = Index::open(&args.index, &OpenOptions::default())?;
+    // Searches start from sampled ranks, as `serve` opens its index under the default config.
+    let opened = OpenOptions {
+        sample_ranks: true,
+        ..OpenOptions::default()
+    };
+    let index = Index::open(&args.index, &opened)?;
     Pairing::same_tokenizer(&model, &index)?;
     let mut report = match &args.replay {
         Some(path) => workload::WorkloadReport {
@@ -470,6 +455,7 @@ fn run_workload(args: WorkloadArgs) -> Result<()> {
         },
         None => workload::run(&model, &index, &requests)?,
     };
+    report.cpu = infini_sidecar::cpu::CpuInfo::detect().summary();
     report.simulated = workload::simulate(
         &index,
         &requests,
@@ -487,7 +473,8 @@ fn run_workload(args: WorkloadArgs) -> Result<()> {
     let mut written = Vec::new();
     match (&args.out_dir, &args.replay) {
         (Some(dir), Some(_)) => {
-            written = write_results(dir, "simulated", &report.simulated, &md)?;
+            let simulated = serde_json::json!({"cpu": report.cpu, "simulated": report.simulated});
+            written = write_results(dir, "simulated", &simulated, &md)?;
         }
         (Some(dir), None) => {
             report.replay.clear();

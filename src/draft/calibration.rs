@@ -141,6 +141,22 @@ impl Calibration {
         }
     }
 
+    /// The highest score a chain of `depth` tokens from `origin` can have after [`Self::calibrate`]:
+    /// every token certain. Path probabilities are multiplied in the same order as there, so the
+    /// bound holds in floating point too.
+    pub fn chain_bound(&self, origin: Origin, depth: usize, min_path_prob: f64) -> f64 {
+        let step = self.factor(origin).min(1.0);
+        let (mut path, mut score) = (1.0f64, 0.0);
+        for _ in 0..depth {
+            path *= step;
+            if !(path >= min_path_prob && path > 0.0) {
+                break;
+            }
+            score += path;
+        }
+        score
+    }
+
     /// Notes that `origin` had nothing to draft: its record drifts back towards the prior.
     pub fn idle(&mut self, origin: Origin) {
         let back = 1.0 - IDLE_DECAY;
@@ -264,6 +280,48 @@ mod tests {
         let d = c.calibrate(Origin::Live, chain(&[1, 2, 3, 4, 5, 6], &[1.0; 6]), 0.2);
         // .7, .49, .34, .24 pass; .17 does not.
         assert_eq!(d.tree.token_ids, vec![1, 2, 3, 4]);
+    }
+
+    /// The bound is what a chain of certain tokens scores after calibration, and nothing less
+    /// certain scores more: for a fresh record, a shrunk one and one above 1 (capped at 1).
+    #[test]
+    fn no_chain_scores_above_its_bound() {
+        let check = |c: &Calibration| {
+            for depth in 0..8 {
+                for bar in [0.0, 0.2, 0.5] {
+                    let bound = c.chain_bound(Origin::Live, depth, bar);
+                    let certain = chain(&[1; 8][..depth], &[1.0; 8][..depth]);
+                    let scored = |t| c.calibrate(Origin::Live, t, bar).tree.score;
+                    assert_eq!(scored(certain), bound, "depth {depth} bar {bar}");
+                    let unsure: Vec<f64> = (1..=depth).map(|k| 0.97f64.powi(k as i32)).collect();
+                    assert!(scored(chain(&[1; 8][..depth], &unsure)) <= bound);
+                }
+            }
+        };
+        // Settles one draft of `probs` on tokens 5, 6, followed by `taken`.
+        let settle = |c: &mut Calibration, probs: &[f64], taken: [u32; 3]| {
+            let d = c.calibrate(Origin::Live, chain(&[5, 6], probs), 0.0);
+            c.drafted(Origin::Live, d);
+            for t in taken {
+                c.appended(t);
+            }
+            c.release();
+        };
+        let mut c = Calibration::default();
+        check(&c);
+        settle(&mut c, &[1.0, 1.0], [9, 9, 9]);
+        assert!(c.factor(Origin::Live) < PRIOR.factor());
+        check(&c);
+        // Unlikely drafts accepted whole, until the record is above 1.
+        for _ in 0..50 {
+            if c.factor(Origin::Live) > 1.0 {
+                break;
+            }
+            settle(&mut c, &[0.5, 0.25], [5, 6, 9]);
+        }
+        assert!(c.factor(Origin::Live) > 1.0);
+        assert_eq!(c.chain_bound(Origin::Live, 3, 0.0), 3.0);
+        check(&c);
     }
 
     /// Drafts of both sources handed out as one union: each is followed and settled on its own.

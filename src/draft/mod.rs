@@ -91,7 +91,8 @@ impl Default for DraftOptions {
 }
 
 impl DraftOptions {
-    fn depth_for(&self, match_len: usize) -> usize {
+    /// How deep a draft reads after a match of `match_len` tokens.
+    pub fn depth_for(&self, match_len: usize) -> usize {
         if self.match_len_factor <= 0.0 {
             return self.max_tokens;
         }
@@ -100,7 +101,8 @@ impl DraftOptions {
 
     fn draft_from(&self, continuations: &[Vec<u32>], match_len: usize) -> DraftTree {
         let depth = self.depth_for(match_len);
-        let mut trie = Trie::new();
+        let nodes = continuations.iter().map(|c| c.len().min(depth)).sum();
+        let mut trie = Trie::with_capacity(nodes);
         for c in continuations {
             trie.insert(&c[..c.len().min(depth)], 1.0);
         }
@@ -325,14 +327,32 @@ impl Sequence {
         self.calibration.release();
         self.last_origin = None;
         let mut offers = Vec::new();
-        for origin in Origin::ALL {
+        // The static index is read last: its reads are the dearest (pages of a large mapped
+        // file), and a chain from it is not read at all when even a certain one of its depth
+        // would score below the best offer in hand. Such a step leaves its record as it is,
+        // where a read that came back empty would have let it drift back. Offers keep
+        // `Origin::ALL`'s order, which decides ties.
+        let (index_first, others) = Origin::ALL.split_at(1);
+        for &origin in others.iter().chain(index_first) {
             if !opts.source.includes(origin) || !self.has(origin) {
                 continue;
             }
             // A source whose record keeps even a certain token under the bar is not consulted
             // (its reads cost more than a drafted token is worth), only nudged back towards trust.
-            let hopeless = self.calibration.factor(origin) < opts.min_path_prob;
-            let tree = match hopeless {
+            let mut nothing_to_read = self.calibration.factor(origin) < opts.min_path_prob;
+            if origin == Origin::Index && !opts.tree {
+                let depth = opts.depth_for(self.followed.matched_tokens());
+                let bound = self
+                    .calibration
+                    .chain_bound(origin, depth, opts.min_path_prob);
+                let outscored = |(_, d): &(Origin, Calibrated)| d.tree.score > bound;
+                if bound > 0.0 && offers.iter().any(outscored) {
+                    continue;
+                }
+                // A chain that can score nothing is empty for certain: idle, as if read.
+                nothing_to_read |= bound <= 0.0;
+            }
+            let tree = match nothing_to_read {
                 true => DraftTree::default(),
                 false => self.raw_draft(origin, reference, opts)?,
             };
@@ -340,7 +360,9 @@ impl Sequence {
             if draft.tree.is_empty() {
                 self.calibration.idle(origin);
             }
-            offers.push((origin, draft));
+            let at = offers
+                .partition_point(|(o, _): &(Origin, Calibrated)| (*o as usize) < (origin as usize));
+            offers.insert(at, (origin, draft));
         }
         if opts.tree && offers.len() > 1 {
             let union = offers

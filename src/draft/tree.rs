@@ -18,6 +18,17 @@ pub struct DraftTree {
 }
 
 impl DraftTree {
+    /// An empty draft with room for `nodes` nodes: drafts are built at every step.
+    fn with_capacity(nodes: usize, match_len: usize) -> Self {
+        Self {
+            token_ids: Vec::with_capacity(nodes),
+            parents: Vec::with_capacity(nodes),
+            probs: Vec::with_capacity(nodes),
+            score: 0.0,
+            match_len,
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.token_ids.is_empty()
     }
@@ -106,11 +117,8 @@ impl DraftTree {
         &self,
         mut prob: impl FnMut(usize, f64) -> Option<f64>,
     ) -> (DraftTree, Vec<usize>) {
-        let mut out = DraftTree {
-            match_len: self.match_len,
-            ..DraftTree::default()
-        };
-        let mut kept = Vec::new();
+        let mut out = DraftTree::with_capacity(self.len(), self.match_len);
+        let mut kept = Vec::with_capacity(self.len());
         let mut new_index = vec![-1i32; self.len()];
         for i in 0..self.len() {
             let parent = match self.parents[i] {
@@ -170,13 +178,25 @@ impl DraftTree {
     }
 }
 
-/// Candidate continuations merged into a prefix tree with counts.
-#[derive(Debug, Default)]
+/// Candidate continuations merged into a prefix tree with counts. A node's children are a list
+/// threaded through the nodes (first child, next sibling), so building a trie allocates one vector
+/// however many nodes it has: a draft builds one per source at every step.
+#[derive(Debug)]
 pub struct Trie {
-    /// (token, weight) per node; node 0 is the root (the context).
-    nodes: Vec<(u32, f64)>,
-    children: Vec<Vec<usize>>,
+    /// Node 0 is the root (the context).
+    nodes: Vec<TrieNode>,
 }
+
+#[derive(Debug)]
+struct TrieNode {
+    token: u32,
+    weight: f64,
+    first_child: u32,
+    next_sibling: u32,
+}
+
+/// No child, or no next sibling.
+const NONE: u32 = u32::MAX;
 
 /// A node waiting to be taken into the draft, by path probability.
 struct Frontier {
@@ -207,35 +227,60 @@ impl Ord for Frontier {
     }
 }
 
+impl Default for Trie {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Trie {
     pub fn new() -> Self {
-        Self {
-            nodes: vec![(0, 0.0)],
-            children: vec![Vec::new()],
-        }
+        Self::with_capacity(0)
+    }
+
+    /// An empty trie with room for `nodes` nodes besides its root.
+    pub fn with_capacity(nodes: usize) -> Self {
+        let mut trie = Self {
+            nodes: Vec::with_capacity(nodes + 1),
+        };
+        trie.nodes.push(TrieNode {
+            token: 0,
+            weight: 0.0,
+            first_child: NONE,
+            next_sibling: NONE,
+        });
+        trie
     }
 
     /// Adds one continuation with its weight (an occurrence count, or a match's strength).
     pub fn insert(&mut self, tokens: &[u32], weight: f64) {
         let mut at = 0;
-        self.nodes[0].1 += weight;
+        self.nodes[0].weight += weight;
         for &t in tokens {
-            let next = self.children[at]
-                .iter()
-                .copied()
-                .find(|&c| self.nodes[c].0 == t);
-            at = match next {
-                Some(c) => c,
-                None => {
-                    self.nodes.push((t, 0.0));
-                    self.children.push(Vec::new());
-                    let c = self.nodes.len() - 1;
-                    self.children[at].push(c);
-                    c
-                }
-            };
-            self.nodes[at].1 += weight;
+            let found = self.children(at).find(|&c| self.nodes[c].token == t);
+            at = found.unwrap_or_else(|| {
+                let c = self.nodes.len();
+                debug_assert!(c < NONE as usize, "a trie of 2^32 nodes");
+                let next_sibling = std::mem::replace(&mut self.nodes[at].first_child, c as u32);
+                self.nodes.push(TrieNode {
+                    token: t,
+                    weight: 0.0,
+                    first_child: NONE,
+                    next_sibling,
+                });
+                c
+            });
+            self.nodes[at].weight += weight;
         }
+    }
+
+    /// `node`'s children, newest first.
+    fn children(&self, node: usize) -> impl Iterator<Item = usize> + '_ {
+        let first = self.nodes[node].first_child;
+        std::iter::successors((first != NONE).then_some(first as usize), |&c| {
+            let next = self.nodes[c].next_sibling;
+            (next != NONE).then_some(next as usize)
+        })
     }
 
     /// The best draft of at most `budget` nodes and `max_depth` levels: nodes are taken by path
@@ -250,10 +295,7 @@ impl Trie {
         chain: bool,
         match_len: usize,
     ) -> DraftTree {
-        let mut tree = DraftTree {
-            match_len,
-            ..DraftTree::default()
-        };
+        let mut tree = DraftTree::with_capacity(budget.min(self.nodes.len()), match_len);
         let mut heap = BinaryHeap::new();
         self.push_children(&mut heap, 0, 1.0, -1, 0, min_prob, chain);
         while let Some(f) = heap.pop() {
@@ -263,7 +305,7 @@ impl Trie {
             if f.depth >= max_depth {
                 continue;
             }
-            tree.token_ids.push(self.nodes[f.node].0);
+            tree.token_ids.push(self.nodes[f.node].token);
             tree.parents.push(f.draft_parent);
             tree.probs.push(f.prob);
             tree.score += f.prob;
@@ -284,26 +326,32 @@ impl Trie {
         min_prob: f64,
         chain: bool,
     ) {
-        let total = self.nodes[node].1;
+        let total = self.nodes[node].weight;
         if total <= 0.0 {
             return;
         }
-        let mut kids: Vec<(f64, usize)> = self.children[node]
-            .iter()
-            .map(|&c| (self.nodes[c].1 / total, c))
-            .filter(|&(p, _)| p >= min_prob)
-            .collect();
-        kids.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        if chain {
-            kids.truncate(1);
-        }
-        for (p, c) in kids {
+        let kids = self
+            .children(node)
+            .map(|c| (self.nodes[c].weight / total, c))
+            .filter(|&(p, _)| p >= min_prob);
+        let mut push = |(p, c): (f64, usize)| {
             heap.push(Frontier {
                 prob: prob * p,
                 node: c,
                 draft_parent,
                 depth,
-            });
+            })
+        };
+        // The heap orders the rest (likelier first, ties to the earlier-inserted node); a chain
+        // keeps the child it would take first.
+        if chain {
+            let first =
+                |a: &(f64, usize), b: &(f64, usize)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+            if let Some(kid) = kids.min_by(first) {
+                push(kid);
+            }
+        } else {
+            kids.for_each(push);
         }
     }
 }

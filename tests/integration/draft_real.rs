@@ -6,7 +6,8 @@ use crate::common;
 
 use common::server::build_index;
 use infini_sidecar::corpus::Content;
-use infini_sidecar::draft::{DraftOptions, DraftSource, DraftTree, Sequence};
+use infini_sidecar::draft::calibration::Calibration;
+use infini_sidecar::draft::{DraftOptions, DraftSource, DraftTree, Origin, Sequence};
 use infini_sidecar::index::suffix::SuffixMatch;
 use infini_sidecar::index::{Index, OpenOptions};
 
@@ -121,4 +122,56 @@ fn drafts_are_valid_trees_of_vocabulary_ids() {
         }
     }
     assert!(nonempty > 500, "only {nonempty} non-empty drafts");
+}
+
+/// An all-sources chain is the best of the sources' own chains (ties to the index), although the
+/// index is not read where its chain could not win: at every third position of real test text and
+/// of the same text repeated (where prompt lookup's chains are long and certain), each on a fresh
+/// sequence so that every source starts from the same record.
+#[test]
+fn an_all_sources_chain_is_the_best_single_source_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = Index::open(&build_index(dir.path()), &OpenOptions::default()).unwrap();
+    // No path bar, so that chains run long and a short index match is often outscored.
+    let opts = DraftOptions {
+        min_path_prob: 0.0,
+        ..DraftOptions::default()
+    };
+    let draft = |tokens: &[u32], source| {
+        let opts = DraftOptions { source, ..opts };
+        let mut seq = Sequence::new(&index, tokens.to_vec()).unwrap();
+        seq.draft(&index, &opts).unwrap()
+    };
+    // A fresh record: every source's factor is the prior's.
+    let fresh = Calibration::default();
+    let (mut checked, mut skipped, mut index_won) = (0, 0, 0);
+    for doc in texts("test", 4) {
+        let doc = &doc[..doc.len().min(160)];
+        let repeated = [doc, doc].concat();
+        for end in (2..repeated.len()).step_by(3) {
+            let tokens = &repeated[..end];
+            let all = draft(tokens, DraftSource::All);
+            let from_index = draft(tokens, DraftSource::Index);
+            let from_prompt = draft(tokens, DraftSource::Prompt);
+            let best = match from_prompt.score > from_index.score {
+                true => &from_prompt,
+                false => &from_index,
+            };
+            assert_eq!(all.token_ids, best.token_ids, "at {end}");
+            assert_eq!(all.score, best.score, "at {end}");
+            checked += 1;
+            // Where the prompt's chain outscores the best the index's could: not read.
+            let matched = SuffixMatch::of(&index, tokens).unwrap().suffix_len();
+            let bound =
+                fresh.chain_bound(Origin::Index, opts.depth_for(matched), opts.min_path_prob);
+            skipped += usize::from(bound > 0.0 && from_prompt.score > bound);
+            index_won +=
+                usize::from(!from_index.is_empty() && from_index.score >= from_prompt.score);
+        }
+    }
+    // The index is skipped at some steps and wins at others.
+    assert!(
+        checked > 200 && skipped > 10 && index_won > 10,
+        "{checked} {skipped} {index_won}"
+    );
 }
