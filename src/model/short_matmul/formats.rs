@@ -211,6 +211,19 @@ pub(super) trait Interleaved: Sync + Send + Sized {
         a.ds
     }
 
+    /// The activations' Σq over half `h`'s inputs (all 32 without half scales): what `OFFSET`
+    /// multiplies in the integer sums of the x86 and ARM kernels.
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
+    fn offset_sum(a: &super::activations::ActBlock, h: usize) -> i32 {
+        match Self::HALF_SCALES {
+            true => a.half_sums[h],
+            false => a.sum(),
+        }
+    }
+
     /// Scales of half `h` as eight f32 lanes (F16C where they are stored as f16).
     #[cfg(target_arch = "x86_64")]
     unsafe fn scale_lanes(&self, h: usize) -> std::arch::x86_64::__m256;

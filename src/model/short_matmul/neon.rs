@@ -137,11 +137,7 @@ unsafe fn rows_kernel<W: Interleaved, P: Products, const G: usize>(
             let a = row(g);
             let da = vdupq_n_f32(a.d);
             for (h, sum) in sum.iter().enumerate().take(halves) {
-                let taken = if W::HALF_SCALES {
-                    a.half_sums[h]
-                } else {
-                    a.sum()
-                };
+                let taken = W::offset_sum(a, h);
                 let correction = vdupq_n_s32(offset * taken);
                 for (quad, lane) in lane.iter_mut().enumerate() {
                     let sum = vsubq_s32(sum[quad], correction);

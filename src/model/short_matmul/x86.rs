@@ -159,11 +159,7 @@ unsafe fn rows_kernel<W: Interleaved, P: Products, const G: usize>(
             let da = _mm256_set1_ps(a.d);
             let halves = if W::HALF_SCALES { 2 } else { 1 };
             for (h, &sum) in sum.iter().enumerate().take(halves) {
-                let taken = if W::HALF_SCALES {
-                    a.half_sums[h]
-                } else {
-                    a.sum()
-                };
+                let taken = W::offset_sum(a, h);
                 let sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(offset * taken));
                 let scale = _mm256_mul_ps(w.scale_lanes(h), da);
                 *lane = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, *lane);
