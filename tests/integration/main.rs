@@ -31,3 +31,4 @@ mod server_load;
 mod server_model;
 mod spec_real;
 mod trace;
+mod workload_real;

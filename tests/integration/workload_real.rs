@@ -1,0 +1,109 @@
+//! `eval workload`'s replay on the real SmolLM2 and the real mini-Pile index, on a workload of three
+//! requests: a short poem in namespace `a`, the same request in namespace `b`, then in `a` again. Oracles: plain greedy decoding (every drafted run must
+//! reproduce it), the repeat's own output (verbatim what `a` learned before, so the live index must
+//! draft most of it), and the namespaces (what `b` learned cannot serve `a`'s repeat, nor `a`'s
+//! first request serve `b`).
+
+use crate::common;
+
+use common::server::build_index;
+use infini_sidecar::eval::workload::{self, WorkloadRequest};
+use infini_sidecar::index::{Index, OpenOptions};
+use infini_sidecar::model::Model;
+
+const NEW_TOKENS: usize = 32;
+
+/// A request whose answer the model writes (not copied from its prompt), under a namespace.
+fn request(id: &str, namespace: &str) -> WorkloadRequest {
+    WorkloadRequest {
+        id: id.into(),
+        messages: Vec::new(),
+        prompt: Some("Write a short poem about a lighthouse keeper and the sea.".into()),
+        max_new_tokens: NEW_TOKENS,
+        namespace: Some(namespace.into()),
+        reference: None,
+    }
+}
+
+#[test]
+fn a_replayed_workload_learns_per_namespace_and_stays_exact() {
+    let model = Model::load(&common::smollm2_gguf(), &Default::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let index = Index::open(&build_index(dir.path()), &OpenOptions::default()).unwrap();
+    let requests = [
+        request("first", "a"),
+        request("other-namespace", "b"),
+        request("repeat", "a"),
+    ];
+    let report = workload::run(&model, &index, &requests).unwrap();
+
+    // Every configuration of every request reproduces plain greedy decoding.
+    for r in &report.requests {
+        for run in &r.configurations {
+            assert!(run.matches_plain, "{} under {}", r.id, run.name);
+        }
+    }
+    assert!(report.summary.iter().all(|s| s.mismatches == 0));
+    // The same prompt gives the same greedy answer each time: the repeat's answer is what
+    // namespace `a` learned from the first request.
+    let outputs: Vec<&Vec<u32>> = report.replay.iter().map(|(_, out)| out).collect();
+    assert_eq!(outputs[0], outputs[2]);
+    assert_eq!(outputs[0], outputs[1]);
+    let tokens = outputs[0].len();
+    assert!(tokens >= 8, "a summary of {tokens} tokens");
+
+    let live_accepted = |request: usize, config: &str| {
+        let run = (report.requests[request].configurations.iter())
+            .find(|c| c.name == config)
+            .unwrap();
+        run.by_source.get("live").map_or(0, |t| t.accepted)
+    };
+    // The repeat drafts its answer from what `a` learned: all but the first few tokens.
+    let repeat = live_accepted(2, "live");
+    assert!(
+        repeat + 4 >= tokens,
+        "the repeat accepted {repeat} of {tokens} tokens from the live index"
+    );
+    // Namespace `b` had learned nothing of the answer: its live drafts can come only from its
+    // own one-line prompt, so far fewer are accepted than in `a`'s repeat.
+    let other = live_accepted(1, "live");
+    assert!(
+        other * 2 < repeat,
+        "namespace b accepted {other} live tokens against the repeat's {repeat}"
+    );
+    // Prompt lookup alone never drafts from the live index.
+    for r in &report.requests {
+        let prompt_only = r
+            .configurations
+            .iter()
+            .find(|c| c.name == "prompt")
+            .unwrap();
+        assert!(prompt_only.by_source.keys().all(|&s| s == "prompt"));
+    }
+    // Every configuration's live index learned every prompt and answer.
+    let learned: usize = report.replay.iter().map(|(p, o)| p.len() + o.len()).sum();
+    for (name, live_tokens) in &report.live_tokens {
+        let live_tokens = *live_tokens as usize;
+        assert!(
+            (learned..=learned + requests.len()).contains(&live_tokens),
+            "{name}: {live_tokens} live tokens for {learned} learned"
+        );
+    }
+
+    // The cost-model replay of the same outputs: the warm part (the repeat) drafts its answer
+    // in a pass or two, each costing 1 + 0.2 per row, far below a step a token.
+    let simulated = workload::simulate(
+        &index,
+        &requests,
+        &report.replay,
+        &report.references,
+        &workload::draft_options(),
+    )
+    .unwrap();
+    let warm_live = simulated
+        .iter()
+        .find(|s| s.configuration == "ours: live" && s.part == "warm")
+        .unwrap();
+    assert_eq!(warm_live.tokens, tokens);
+    assert!(warm_live.speedup > 2.0, "{warm_live:?}");
+}
