@@ -320,9 +320,22 @@ async fn kill_9_while_documents_stream_in_never_leaves_a_live_index_that_does_no
             let got = agents_draft(&mut client, &first[..20]).await;
             assert_eq!(got, first[20..28].to_vec(), "round {round}");
         }
-        // Stream documents for a while (varying per round), then kill -9 mid-stream.
+        // Stream documents for a while (varying per round), then kill -9 mid-stream. The first
+        // round streams on until a run holds `first` (a kill may lose the tails, and how soon the
+        // compactor writes the first run depends on the machine's load).
         let until = Instant::now() + Duration::from_millis(600 + 350 * round);
-        while Instant::now() < until {
+        let first_in_a_run = || {
+            std::fs::read(data.join("agents").join("runs.json"))
+                .ok()
+                .and_then(|list| serde_json::from_slice::<serde_json::Value>(&list).ok())
+                .is_some_and(|list| list["runs"].as_array().is_some_and(|r| !r.is_empty()))
+        };
+        let started = Instant::now();
+        while Instant::now() < until || (round == 0 && !first_in_a_run()) {
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "no run written"
+            );
             let docs = (0..3).map(|_| {
                 seed += 1;
                 random_document(seed, 120)

@@ -48,6 +48,56 @@ fn holds_rows<const G: usize>(kb: usize, acts: &[ActBlock], out: &[f32]) -> bool
     acts.len() >= G * kb && out.len() >= G * LANES
 }
 
+/// One product's output, `rows × width` floats row by row, written by many tasks at once: each
+/// writes only its own column groups of every row, so no two write the same float.
+struct Columns<'a> {
+    rows: usize,
+    width: usize,
+    out: *mut f32,
+    /// The buffer `out` points into, borrowed while tasks write.
+    buffer: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: tasks share a `Columns` only to write disjoint column groups (`write`'s contract), into
+// a buffer it borrows for as long as it lives.
+unsafe impl Sync for Columns<'_> {}
+
+impl<'a> Columns<'a> {
+    /// `buffer` as rows of `width` floats (`width` > 0: a matrix has output columns).
+    fn new(buffer: &'a mut [f32], width: usize) -> Self {
+        Self {
+            rows: buffer.len() / width.max(1),
+            width,
+            out: buffer.as_mut_ptr(),
+            buffer: std::marker::PhantomData,
+        }
+    }
+
+    /// Writes column group `group` of every row: `lanes[r·LANES..]` holds row `r`'s eight outputs.
+    ///
+    /// # Safety
+    /// No other thread writes the same group while this runs.
+    unsafe fn write(&self, group: usize, lanes: &[f32]) {
+        assert!(
+            (group + 1) * LANES <= self.width && lanes.len() == self.rows * LANES,
+            "column group {group} of {} rows outside a {}-wide output",
+            lanes.len() / LANES,
+            self.width
+        );
+        for (r, row) in lanes.chunks_exact(LANES).enumerate() {
+            // SAFETY: the group lies within the row and the row within the buffer (`rows` whole
+            // rows, checked above); no other thread writes these floats (the caller's promise).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    row.as_ptr(),
+                    self.out.add(r * self.width + group * LANES),
+                    LANES,
+                )
+            };
+        }
+    }
+}
+
 /// The repacked weights of one matrix: column group `g`'s blocks at `g·kb..(g+1)·kb`.
 enum Groups {
     Q4_1(Vec<Q4_1Group>),
@@ -162,8 +212,8 @@ impl ShortMatmul {
         let m = xs.len() / k.max(1);
         let flavour = parts.first().map_or(KernelFlavour::Portable, |p| p.flavour);
         let acts = quantize_rows(&xs, flavour);
-        // Tasks over every part's column groups, each writing its own slice of one buffer laid out
-        // part by part, column group by column group, row by row.
+        // Tasks over every part's column groups; each computes its groups one at a time and
+        // writes them into their columns of every row of the part's output.
         let tasks: Vec<(usize, usize)> = parts
             .iter()
             .enumerate()
@@ -172,55 +222,45 @@ impl ShortMatmul {
                 (0..groups.div_ceil(GROUPS_PER_TASK)).map(move |t| (p, t * GROUPS_PER_TASK))
             })
             .collect();
-        let mut by_group = vec![0f32; parts.iter().map(|p| p.n * m).sum()];
-        let mut slices = Vec::with_capacity(tasks.len());
-        let mut rest = by_group.as_mut_slice();
-        for &(p, first) in &tasks {
-            let groups = (parts[p].n / LANES - first).min(GROUPS_PER_TASK);
-            let (slice, tail) = rest.split_at_mut(groups * LANES * m);
-            slices.push(slice);
-            rest = tail;
-        }
-        tasks
-            .par_iter()
-            .zip(slices.into_par_iter())
-            .for_each(|(&(p, first), out)| parts[p].column_groups(first, &acts, m, out));
-        let mut outs = Vec::with_capacity(parts.len());
-        let mut offset = 0;
-        for part in parts {
-            let n = part.n;
-            let mut out = vec![0f32; m * n];
-            for (g, group) in by_group[offset..offset + n * m]
-                .chunks(LANES * m)
-                .enumerate()
-            {
-                for (row, lanes) in group.chunks(LANES).enumerate() {
-                    out[row * n + g * LANES..][..LANES].copy_from_slice(lanes);
+        let mut outs: Vec<Vec<f32>> = parts.iter().map(|p| vec![0f32; m * p.n]).collect();
+        let columns: Vec<Columns> = (outs.iter_mut().zip(parts))
+            .map(|(out, part)| Columns::new(out, part.n))
+            .collect();
+        tasks.par_iter().for_each_init(
+            || vec![0f32; LANES * m],
+            |lanes, &(p, first)| {
+                let part = parts[p];
+                for group in first..(first + GROUPS_PER_TASK).min(part.n / LANES) {
+                    part.column_group(group, &acts, lanes);
+                    // SAFETY: each task owns groups `first..first + GROUPS_PER_TASK` of part `p`.
+                    unsafe { columns[p].write(group, lanes) };
                 }
-            }
-            offset += n * m;
-            let mut shape = dims.clone();
-            if let Some(last) = shape.last_mut() {
-                *last = n;
-            }
-            outs.push(Tensor::from_vec(out, shape, x.device())?);
-        }
-        Ok(outs)
+            },
+        );
+        parts
+            .iter()
+            .zip(outs)
+            .map(|(part, out)| {
+                let mut shape = dims.clone();
+                if let Some(last) = shape.last_mut() {
+                    *last = part.n;
+                }
+                Tensor::from_vec(out, shape, x.device())
+            })
+            .collect()
     }
 
-    /// Column groups `first..` (as many as `out` holds, `LANES·m` floats each) against all `m`
-    /// rows: `out[(g·m + r)·LANES + c]` is row r's output in column `c` of group `first + g`.
-    fn column_groups(&self, first: usize, acts: &[ActBlock], m: usize, out: &mut [f32]) {
+    /// Column group `group` against every row: `out[r·LANES + c]` is row r's output in column
+    /// `c` of the group.
+    fn column_group(&self, group: usize, acts: &[ActBlock], out: &mut [f32]) {
         let kb = self.k / QK;
-        for (g, group_out) in out.chunks_mut(LANES * m).enumerate() {
-            let at = (first + g) * kb;
-            match &self.groups {
-                Groups::Q4_1(w) => self.rows(&w[at..at + kb], acts, group_out),
-                Groups::Q4K(w) => self.rows(&w[at..at + kb], acts, group_out),
-                Groups::Q5_0(w) => self.rows(&w[at..at + kb], acts, group_out),
-                Groups::Q6K(w) => self.rows(&w[at..at + kb], acts, group_out),
-                Groups::Q8_0(w) => self.rows(&w[at..at + kb], acts, group_out),
-            }
+        let at = group * kb;
+        match &self.groups {
+            Groups::Q4_1(w) => self.rows(&w[at..at + kb], acts, out),
+            Groups::Q4K(w) => self.rows(&w[at..at + kb], acts, out),
+            Groups::Q5_0(w) => self.rows(&w[at..at + kb], acts, out),
+            Groups::Q6K(w) => self.rows(&w[at..at + kb], acts, out),
+            Groups::Q8_0(w) => self.rows(&w[at..at + kb], acts, out),
         }
     }
 

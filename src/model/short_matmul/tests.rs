@@ -143,6 +143,39 @@ fn rows_are_independent_and_match_the_oracle() {
     }
 }
 
+/// Products sharing one input come out as separate ones, bit for bit, for matrices of different
+/// widths (12 column groups: three whole tasks; 5: a whole task and one of a single group) and
+/// for no rows at all.
+#[test]
+fn shared_products_of_different_widths_equal_separate_ones() {
+    let dev = Device::Cpu;
+    let k = 256;
+    let matrix = |n: usize, dtype| {
+        let w = Tensor::from_vec(pseudo(n * k, 7919, 997, 0.2), (n, k), &dev).unwrap();
+        QTensor::quantize(&w, dtype).unwrap()
+    };
+    for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+        let (wide, narrow) = (matrix(96, dtype), matrix(40, dtype));
+        for flavour in KernelFlavour::supported_here() {
+            let parts =
+                [&wide, &narrow].map(|q| ShortMatmul::from_qtensor(q, flavour).unwrap().unwrap());
+            for rows in [0usize, 1, 5] {
+                let x = Tensor::from_vec(pseudo(rows * k, 104729, 1009, 3.0), (1, rows, k), &dev)
+                    .unwrap();
+                let shared = ShortMatmul::forward_shared(&[&parts[0], &parts[1]], &x).unwrap();
+                for (part, together) in parts.iter().zip(shared) {
+                    assert_eq!(together.dims(), [1, rows, part.n]);
+                    assert!(
+                        flat(together) == flat(part.forward(&x).unwrap()),
+                        "{dtype:?} {flavour}, {rows} rows, {} wide",
+                        part.n
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// The vector quantizer gives the scalar one's blocks bit for bit, halves and zeros included.
 #[cfg(target_arch = "x86_64")]
 #[test]
