@@ -18,7 +18,6 @@
 use std::arch::x86_64::*;
 
 use super::Row;
-use crate::model::exp_lanes::exp;
 
 /// Floats in a vector, and keys scored side by side.
 const LANES: usize = 8;
@@ -119,6 +118,38 @@ unsafe fn sum_one(a: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(low, high))
 }
 
+/// Below this, `e^x` is under f32's smallest normal: such lanes (−∞ among them) give 0.
+const UNDERFLOW: f32 = -87.336_55;
+
+/// `e^x` lane by lane, for the softmax's shifted scores (`x ≤ 0`), within a few ulp.
+///
+/// `e^x = 2^n · e^r` with `n = round(x·log₂e)` and `|r| ≤ ln2/2`, `r` taken off in two parts of
+/// ln 2 so that it stays exact; `e^r ≈ 1 + r + r²·P(r)` with Cephes' `expf` minimax coefficients.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp(x: __m256) -> __m256 {
+    let set = _mm256_set1_ps;
+    let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, set(UNDERFLOW));
+    // `max` returns its second operand when either is NaN: a NaN score stays NaN, as `expf`'s.
+    let x = _mm256_max_ps(set(UNDERFLOW), x);
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        x,
+        set(std::f32::consts::LOG2_E),
+    ));
+    let r = _mm256_fnmadd_ps(n, set(0.693_359_4), x);
+    let r = _mm256_fnmadd_ps(n, set(-2.121_944_4e-4), r);
+    let mut p = set(1.987_569_1e-4);
+    for c in [1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+        p = _mm256_fmadd_ps(p, r, set(c));
+    }
+    let e_r = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, set(1.0)));
+    let two_n = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_cvtps_epi32(n),
+        _mm256_set1_epi32(127),
+    ));
+    _mm256_andnot_ps(underflow, _mm256_mul_ps(e_r, _mm256_castsi256_ps(two_n)))
+}
+
 /// Replaces scores by `exp(score − max)` and returns their sum: eight at a time, the last few
 /// padded with −∞ (which give 0), the lanes' running sums added in [`sum_one`]'s tree.
 #[target_feature(enable = "avx2,fma")]
@@ -149,7 +180,57 @@ unsafe fn exponentiate(scores: &mut [f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::exp_lanes::tests::{avx2, lanes, ulp};
+
+    fn lanes(v: __m256) -> [f32; LANES] {
+        let mut out = [0f32; LANES];
+        // SAFETY: `out` holds eight floats.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
+        out
+    }
+
+    /// The spacing of f32s at `x`'s magnitude.
+    fn ulp(x: f64) -> f64 {
+        2f64.powi(x.abs().log2().floor() as i32 - 23)
+    }
+
+    fn avx2() -> bool {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+
+    #[test]
+    fn exp_is_within_a_few_ulp_of_f64s_over_the_softmax_range() {
+        if !avx2() {
+            return;
+        }
+        let mut worst = 0f64;
+        for i in 0..=200_000 {
+            let x = -90.0 + 90.0 * i as f32 / 200_000.0;
+            // SAFETY: the CPU has AVX2 and FMA, checked above.
+            let got = lanes(unsafe { exp(_mm256_set1_ps(x)) })[0] as f64;
+            let want = (x as f64).exp();
+            if x < UNDERFLOW {
+                assert_eq!(got, 0.0, "e^{x}");
+                continue;
+            }
+            worst = worst.max((got - want).abs() / ulp(want));
+        }
+        assert!(worst < 4.0, "worst error {worst} ulp");
+        // SAFETY: as above.
+        let ends = lanes(unsafe {
+            exp(_mm256_setr_ps(
+                0.0,
+                f32::NEG_INFINITY,
+                -1e30,
+                f32::NAN,
+                0.0,
+                0.0,
+                0.0,
+                0.0,
+            ))
+        });
+        assert_eq!(ends[..3], [1.0, 0.0, 0.0]);
+        assert!(ends[3].is_nan(), "a NaN score stays NaN");
+    }
 
     #[test]
     fn eight_keys_summed_together_equal_each_summed_alone() {
