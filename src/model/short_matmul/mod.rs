@@ -74,16 +74,14 @@ impl<'a> Columns<'a> {
     }
 
     /// Writes column group `group` of every row: `lanes[r·LANES..]` holds row `r`'s eight outputs.
+    /// False, writing nothing, for a group or rows outside the output.
     ///
     /// # Safety
     /// No other thread writes the same group while this runs.
-    unsafe fn write(&self, group: usize, lanes: &[f32]) {
-        assert!(
-            (group + 1) * LANES <= self.width && lanes.len() == self.rows * LANES,
-            "column group {group} of {} rows outside a {}-wide output",
-            lanes.len() / LANES,
-            self.width
-        );
+    unsafe fn write(&self, group: usize, lanes: &[f32]) -> bool {
+        if (group + 1) * LANES > self.width || lanes.len() != self.rows * LANES {
+            return false;
+        }
         for (r, row) in lanes.chunks_exact(LANES).enumerate() {
             // SAFETY: the group lies within the row and the row within the buffer (`rows` whole
             // rows, checked above); no other thread writes these floats (the caller's promise).
@@ -95,6 +93,7 @@ impl<'a> Columns<'a> {
                 )
             };
         }
+        true
     }
 }
 
@@ -226,6 +225,7 @@ impl ShortMatmul {
         let columns: Vec<Columns> = (outs.iter_mut().zip(parts))
             .map(|(out, part)| Columns::new(out, part.n))
             .collect();
+        let misfit = std::sync::atomic::AtomicBool::new(false);
         tasks.par_iter().for_each_init(
             || vec![0f32; LANES * m],
             |lanes, &(p, first)| {
@@ -233,10 +233,15 @@ impl ShortMatmul {
                 for group in first..(first + GROUPS_PER_TASK).min(part.n / LANES) {
                     part.column_group(group, &acts, lanes);
                     // SAFETY: each task owns groups `first..first + GROUPS_PER_TASK` of part `p`.
-                    unsafe { columns[p].write(group, lanes) };
+                    if !unsafe { columns[p].write(group, lanes) } {
+                        misfit.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
                 }
             },
         );
+        if misfit.into_inner() {
+            candle_core::bail!("quantized matmul: a column group outside its output");
+        }
         parts
             .iter()
             .zip(outs)
