@@ -264,6 +264,45 @@ mod tests {
         MixingParams::load(&path)
     }
 
+    /// The f64s of a mixing file read back bit for bit: λ and the recorded perplexities here, the
+    /// gate's in `gate.rs` (serde_json's default parser may land one ulp off: 42.186143907990164, a
+    /// real fit's neural perplexity, came back as 42.18614390799016 without `float_roundtrip`).
+    #[test]
+    fn floats_round_trip_bit_for_bit() {
+        let mut params = split_only((0.4, 0.05));
+        params.fitted_on.neural_perplexity = 42.186143907990164;
+        params.fitted_on.split_perplexity = 17.993652753315917;
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for i in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // λ in [2⁻¹⁰, 1), mantissas at random.
+            let value = |bits: u64| f64::from_bits((bits >> 12) | ((1013 + bits % 10) << 52));
+            let lambdas = DomainLambdas {
+                lambda_sparse: value(x),
+                lambda_dense: value(x.rotate_left(29)),
+                tokens: i,
+            };
+            params.by_domain.insert(format!("d{i}"), lambdas);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mixing.json");
+        params.save(&path).unwrap();
+        let loaded = MixingParams::load(&path).unwrap();
+        let bits = |p: &MixingParams| {
+            let lambdas = p.by_domain.values();
+            (lambdas.flat_map(|l| [l.lambda_sparse, l.lambda_dense]))
+                .chain([p.lambda_sparse, p.lambda_dense])
+                .chain([p.fitted_on.neural_perplexity, p.fitted_on.split_perplexity])
+                .map(f64::to_bits)
+                .collect::<Vec<_>>()
+        };
+        let (got, want) = (bits(&loaded), bits(&params));
+        let off = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+        assert_eq!(off, 0, "{off} of {} floats read back otherwise", want.len());
+    }
+
     /// A file from before the adaptive λ keeps its old default (the domain's λ1/λ2) and has no
     /// guard; a default the file cannot serve, or broken hypotheses, are refused at load.
     #[test]

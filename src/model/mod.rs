@@ -4,6 +4,9 @@
 
 mod cache;
 pub mod config;
+#[cfg(target_arch = "x86_64")]
+mod exp_lanes;
+mod gated;
 mod generate;
 mod scoring;
 mod short_attention;

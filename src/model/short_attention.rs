@@ -76,6 +76,7 @@ pub fn attend(input: &AttentionInput) -> candle_core::Result<Tensor> {
     let (kb, kv_heads, len, kd) = input.keys.dims4()?;
     let paths_fit = input.paths.len() == n;
     if kb != batch
+        || input.values.dims() != input.keys.dims()
         || kd != d
         || len != input.pos + n
         || kv_heads == 0
@@ -83,9 +84,10 @@ pub fn attend(input: &AttentionInput) -> candle_core::Result<Tensor> {
         || !paths_fit
     {
         candle_core::bail!(
-            "attention: queries {:?} do not fit keys {:?} at position {}",
+            "attention: queries {:?} do not fit keys {:?} and values {:?} at position {}",
             q.dims(),
             input.keys.dims(),
+            input.values.dims(),
             input.pos
         );
     }
@@ -104,32 +106,33 @@ pub fn attend(input: &AttentionInput) -> candle_core::Result<Tensor> {
         .map(|bh| {
             let (b, h) = (bh / heads, bh % heads);
             let kvh = h / group;
-            let mut scores = Vec::with_capacity(len);
+            let rows: Vec<Row> = (input.paths.0.iter().enumerate())
+                .map(|(i, path)| {
+                    // The row's logical keys: cached positions `first..pos`, then its path,
+                    // clipped from the front by the window.
+                    let end = input.pos + path.len();
+                    let first = input.window.map_or(0, |w| end.saturating_sub(w));
+                    let cached = first.min(input.pos)..input.pos;
+                    let path = &path[first.saturating_sub(input.pos)..];
+                    Row {
+                        query: queries.rows(b, h, i, i + 1),
+                        keys: Vectors {
+                            cached: keys.rows(b, kvh, cached.start, cached.end),
+                            pass: keys.rows(b, kvh, input.pos, len),
+                            path,
+                        },
+                        values: Vectors {
+                            cached: values.rows(b, kvh, cached.start, cached.end),
+                            pass: values.rows(b, kvh, input.pos, len),
+                            path,
+                        },
+                        d,
+                        scale,
+                    }
+                })
+                .collect();
             let mut out = vec![0f32; n * d];
-            for ((i, path), row_out) in input.paths.0.iter().enumerate().zip(out.chunks_mut(d)) {
-                // The row's logical keys: cached positions `first..pos`, then its path, clipped
-                // from the front by the window.
-                let end = input.pos + path.len();
-                let first = input.window.map_or(0, |w| end.saturating_sub(w));
-                let cached = first.min(input.pos)..input.pos;
-                let path = &path[first.saturating_sub(input.pos)..];
-                let row = Row {
-                    query: queries.rows(b, h, i, i + 1),
-                    keys: Vectors {
-                        cached: keys.rows(b, kvh, cached.start, cached.end),
-                        pass: keys.rows(b, kvh, input.pos, len),
-                        path,
-                    },
-                    values: Vectors {
-                        cached: values.rows(b, kvh, cached.start, cached.end),
-                        pass: values.rows(b, kvh, input.pos, len),
-                        path,
-                    },
-                    d,
-                    scale,
-                };
-                row.attend(&mut scores, row_out);
-            }
+            attend_rows(&rows, &mut out);
             out
         })
         .collect();
@@ -175,22 +178,35 @@ struct Row<'a> {
     scale: f32,
 }
 
-impl Row<'_> {
-    /// Softmax of the scaled dot products, then the values summed under the unnormalised weights
-    /// and divided by their total once.
-    fn attend(&self, scores: &mut Vec<f32>, out: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                // SAFETY (each arm): the CPU has AVX2 and FMA, checked just above.
-                match self.d {
-                    64 => return unsafe { x86::attend_row::<8>(self, scores, out) },
-                    128 => return unsafe { x86::attend_row::<16>(self, scores, out) },
-                    256 => return unsafe { x86::attend_row::<32>(self, scores, out) },
-                    _ => {}
-                }
+/// Attends every row into its `d` floats of `out`, the rows one after another. The vector flavour
+/// takes the cached keys in blocks for all the rows at once (see [`x86::attend_rows`]).
+fn attend_rows(rows: &[Row], out: &mut [f32]) {
+    let Some(d) = rows.first().map(|r| r.d) else {
+        return;
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            // SAFETY (each arm): the CPU has AVX2 and FMA, checked just above.
+            match d {
+                64 => return unsafe { x86::attend_rows::<8>(rows, out) },
+                128 => return unsafe { x86::attend_rows::<16>(rows, out) },
+                256 => return unsafe { x86::attend_rows::<32>(rows, out) },
+                _ => {}
             }
         }
+    }
+    let mut scores = Vec::new();
+    for (row, row_out) in rows.iter().zip(out.chunks_mut(d)) {
+        row.attend(&mut scores, row_out);
+    }
+}
+
+impl Row<'_> {
+    /// Softmax of the scaled dot products, then the values summed under the unnormalised weights
+    /// and divided by their total once: in plain Rust, for CPUs without AVX2 or head sizes the
+    /// vector flavour does not take.
+    fn attend(&self, scores: &mut Vec<f32>, out: &mut [f32]) {
         scores.clear();
         for k in self.keys.iter(self.d) {
             let dot: f32 = self.query.iter().zip(k).map(|(q, k)| q * k).sum();
@@ -362,10 +378,12 @@ mod tests {
     fn rows_match_the_definition_and_their_one_row_steps() {
         let pos = 300;
         let chain = RowPaths::chain(7);
+        // Rows whose windows start a whole block of the cache (32 keys at d = 64) or more apart.
+        let long_chain = RowPaths::chain(40);
         let tree = RowPaths::tree(&[0, 0, 1, 1, 0, 4, 2]).unwrap();
-        for d in [64, 128, 48] {
+        for d in [64, 128, 256, 48] {
             for window in [None, Some(100), Some(303), Some(3)] {
-                for paths in [&chain, &tree] {
+                for paths in [&chain, &long_chain, &tree] {
                     let n = paths.len();
                     let q = tensor(HEADS, n, d, 1);
                     let k = tensor(KV_HEADS, pos + n, d, 2);

@@ -7,6 +7,7 @@ use candle_core::{Device, Tensor};
 
 use super::cache::KvCache;
 use super::config::{Activation, ModelConfig, RopeLayout};
+use super::gated::gated;
 use super::short_attention::{self, AttentionInput, RowPaths};
 use super::weights::{LayerWeights, Linear, MatmulPath, Weights};
 use super::{ModelError, MAX_EXACT_ROWS, SHORT_PASS_ROWS};
@@ -355,11 +356,8 @@ impl Transformer {
         let x = (x + attn)?;
         let h = rms_norm(&x, &w.ffn_norm, c.rms_norm_eps)?;
         let gate_up = Linear::forward_shared(&[&w.gate, &w.up], &h, matmul)?;
-        let gate = match c.activation {
-            Activation::Silu => candle_nn::ops::silu(&gate_up[0])?,
-            Activation::GeluTanh => gate_up[0].gelu()?,
-        };
-        let mut ffn = w.down.forward(&(gate * &gate_up[1])?, matmul)?;
+        let gate = gated(c.activation, &gate_up[0], &gate_up[1])?;
+        let mut ffn = w.down.forward(&gate, matmul)?;
         if let Some(nw) = &w.post_ffn_norm {
             ffn = rms_norm(&ffn, nw, c.rms_norm_eps)?;
         }

@@ -114,8 +114,9 @@ fn dequantized_copy(path: &Path, dir: &Path) -> PathBuf {
 
 #[test]
 fn smollm2_logits_at_every_position_match_candle_token_by_token() {
-    // With f32 weights both forwards are exact up to summation order: one pass over 48 tokens
-    // gives, at every position, the logits candle-transformers gives fed one token at a time.
+    // With f32 weights both forwards are exact up to summation order (and our gate's exponential,
+    // a few ulp): one pass over 48 tokens gives, at every position, the logits candle-transformers
+    // gives fed one token at a time.
     let dir = tempfile::tempdir().unwrap();
     let f32_model = dequantized_copy(&common::smollm2_gguf(), dir.path());
     let model = load(&common::smollm2_gguf());
@@ -377,7 +378,8 @@ fn gemma3_matches_candle_and_needs_u32_ids() {
         text[..model.decode(&ids[1..]).unwrap().len()]
     );
     // candle-transformers' quantized_gemma3 uses SiLU in the feed-forward block; with that one switch
-    // flipped, our forward gives its logits at every position (f32 weights: exact up to summation order).
+    // flipped, our forward gives its logits at every position (f32 weights: exact up to summation
+    // order and our gate's exponential).
     let dir = tempfile::tempdir().unwrap();
     let f32_model = dequantized_copy(&gemma3_gguf(), dir.path());
     let mut silu = infini_sidecar::model::load_transformer(&f32_model, DeviceChoice::Cpu).unwrap();
