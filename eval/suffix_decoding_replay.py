@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Replays a workload's greedy outputs through SuffixDecoding (arctic-inference's suffix tree), the
 peer our live drafter is measured against, with the cost model of `eval workload`'s simulation:
-a verify step costs 1 + 0.2 x rows drafted and emits the accepted tokens + 1.
+a verify step costs 1 + c x rows drafted (c: --row-cost, default 0.2) and emits the accepted
+tokens + 1.
 
 Input: replay.json from `infini-sidecar eval workload --out-dir DIR` ([[prompt ids, output ids], ...]
 in request order). Output (stdout): JSON, one row per configuration and part (all, cold = first fifth,
@@ -21,10 +22,8 @@ import time
 
 from arctic_inference.suffix_decoding import SuffixDecodingCache
 
-ROW_COST = 0.2
 
-
-def replay(requests, use_global, tree, max_spec, factor, min_prob):
+def replay(requests, use_global, tree, max_spec, factor, min_prob, row_cost):
     cache = SuffixDecodingCache(max_tree_depth=64, max_cached_requests=-1 if use_global else 0)
     rows = []
     for rid, (prompt, truth) in enumerate(requests):
@@ -60,7 +59,7 @@ def replay(requests, use_global, tree, max_spec, factor, min_prob):
                 node = nxt
             emit = min(accepted + 1, len(truth) - len(out))
             new = list(truth[len(out):len(out) + emit])
-            cost += 1 + ROW_COST * len(draft_ids)
+            cost += 1 + row_cost * len(draft_ids)
             steps += 1
             accepted_total += accepted
             drafted += len(draft_ids)
@@ -106,6 +105,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("replay", help="replay.json of eval workload")
     ap.add_argument("--max-spec", type=int, nargs="+", default=[15, 32])
+    ap.add_argument("--row-cost", type=float, default=0.2, help="a drafted row's share of a step")
     args = ap.parse_args()
     with open(args.replay) as f:
         requests = json.load(f)
@@ -117,7 +117,7 @@ def main():
                     f"suffix-decoding {'global+prompt' if use_global else 'prompt only'}, "
                     f"{'tree' if tree else 'chain'}, max_spec {max_spec}"
                 )
-                rows = replay(requests, use_global, tree, max_spec, 1.0, 0.1)
+                rows = replay(requests, use_global, tree, max_spec, 1.0, 0.1, args.row_cost)
                 results += summarize(name, rows)
     print(json.dumps(results, indent=1))
 

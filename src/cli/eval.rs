@@ -82,21 +82,13 @@ struct PairingArgs {
     inputs: Vec<PathBuf>,
 }
 
+/// How drafts are made: `eval spec`'s and `eval workload`'s settings.
 #[derive(Args)]
-pub struct SpecArgs {
-    #[command(flatten)]
-    pairing: PairingArgs,
-    #[arg(long, default_value_t = 4)]
-    prompts_per_domain: usize,
-    /// Tokens of each document given as the prompt.
-    #[arg(long, default_value_t = 128)]
-    prompt_tokens: usize,
-    /// Tokens generated after each prompt.
-    #[arg(long, default_value_t = 64)]
-    new_tokens: usize,
-    /// Longest draft (at most 31: one pass verifies the pending token and the draft).
-    #[arg(long, default_value_t = DraftOptions::default().max_tokens)]
-    max_draft: usize,
+pub struct DraftArgs {
+    /// Longest draft (at most 31: one pass verifies the pending token and the draft; 0 drafts
+    /// nothing). Default: 8 for `eval spec`, 31 for `eval workload`.
+    #[arg(long)]
+    max_draft: Option<usize>,
     #[arg(long, default_value_t = DraftOptions::default().min_token_prob)]
     min_token_prob: f64,
     /// Draft a node only if its path's calibrated acceptance probability reaches this.
@@ -111,6 +103,61 @@ pub struct SpecArgs {
     /// Most nodes of a draft tree.
     #[arg(long, default_value_t = DraftOptions::default().tree_budget)]
     tree_budget: usize,
+}
+
+impl DraftArgs {
+    /// These settings over `base` (whose longest draft is the default).
+    fn options(&self, base: DraftOptions) -> Result<DraftOptions> {
+        let max_tokens = self.max_draft.unwrap_or(base.max_tokens);
+        if max_tokens >= spec::MAX_VERIFY_ROWS {
+            bail!(
+                "--max-draft {max_tokens}: at most {}",
+                spec::MAX_VERIFY_ROWS - 1
+            );
+        }
+        for (flag, p) in [
+            ("--min-token-prob", self.min_token_prob),
+            ("--min-path-prob", self.min_path_prob),
+        ] {
+            if !(0.0..=1.0).contains(&p) {
+                bail!("{flag} {p}: a probability, in [0, 1]");
+            }
+        }
+        if !(self.match_len_factor >= 0.0 && self.match_len_factor.is_finite()) {
+            bail!(
+                "--match-len-factor {}: a number at least 0",
+                self.match_len_factor
+            );
+        }
+        if self.tree && self.tree_budget == 0 {
+            bail!("--tree with --tree-budget 0 would draft nothing");
+        }
+        Ok(DraftOptions {
+            max_tokens,
+            min_token_prob: self.min_token_prob,
+            min_path_prob: self.min_path_prob,
+            match_len_factor: self.match_len_factor,
+            tree: self.tree,
+            tree_budget: self.tree_budget,
+            ..base
+        })
+    }
+}
+
+#[derive(Args)]
+pub struct SpecArgs {
+    #[command(flatten)]
+    pairing: PairingArgs,
+    #[arg(long, default_value_t = 4)]
+    prompts_per_domain: usize,
+    /// Tokens of each document given as the prompt.
+    #[arg(long, default_value_t = 128)]
+    prompt_tokens: usize,
+    /// Tokens generated after each prompt.
+    #[arg(long, default_value_t = 64)]
+    new_tokens: usize,
+    #[command(flatten)]
+    draft: DraftArgs,
     /// Folder for spec.json and spec.md (default: print the Markdown).
     #[arg(long)]
     out_dir: Option<PathBuf>,
@@ -237,9 +284,7 @@ fn run_ppl(args: PplArgs) -> Result<()> {
 }
 
 fn run_spec(args: SpecArgs) -> Result<()> {
-    if args.max_draft + 1 > spec::MAX_VERIFY_ROWS {
-        bail!("--max-draft must be at most {}", spec::MAX_VERIFY_ROWS - 1);
-    }
+    let draft = args.draft.options(DraftOptions::default())?;
     let (model, index) = open_pairing(&args.pairing)?;
     Pairing::new(&model, &index)?;
     let reference = byte_reference::for_model(Arc::new(index), model.tokenizer());
@@ -253,15 +298,7 @@ fn run_spec(args: SpecArgs) -> Result<()> {
         prompts_per_domain: args.prompts_per_domain,
         prompt_tokens: args.prompt_tokens,
         new_tokens: args.new_tokens,
-        draft: DraftOptions {
-            max_tokens: args.max_draft,
-            min_token_prob: args.min_token_prob,
-            min_path_prob: args.min_path_prob,
-            match_len_factor: args.match_len_factor,
-            tree: args.tree,
-            tree_budget: args.tree_budget,
-            ..DraftOptions::default()
-        },
+        draft,
     };
     let rows = eval_spec::run(&model, &*reference, &docs, &opts)?;
     let md = eval_spec::markdown(&rows);
@@ -398,6 +435,12 @@ pub struct WorkloadArgs {
     /// through SuffixDecoding too (eval/suffix_decoding_replay.py), for the table's comparison.
     #[arg(long)]
     suffix_decoding_python: Option<PathBuf>,
+    #[command(flatten)]
+    draft: DraftArgs,
+    /// The cost model's price of a drafted row, as a share of a decoding step: what a verification
+    /// pass costs a row on the machine that will decode (`cargo bench --bench model`).
+    #[arg(long, default_value_t = workload::DEFAULT_ROW_COST)]
+    row_cost: f64,
     /// The replay.json of an earlier run of this workload: its outputs are replayed through the
     /// drafters (the simulated replays alone, written as simulated.json and simulated.md), without
     /// decoding again (the model is read for its tokenizer). Seconds instead of half an hour: for
@@ -410,6 +453,7 @@ pub struct WorkloadArgs {
 fn suffix_decoding(
     python: &std::path::Path,
     replay_json: &str,
+    row_cost: f64,
 ) -> Result<Vec<workload::Simulated>> {
     let file = tempfile_in_temp("replay.json", replay_json)?;
     let script =
@@ -417,6 +461,8 @@ fn suffix_decoding(
     let out = std::process::Command::new(python)
         .arg(&script)
         .arg(&file)
+        .arg("--row-cost")
+        .arg(row_cost.to_string())
         .output()
         .with_context(|| format!("running {}", python.display()))?;
     let _ = std::fs::remove_file(&file);
@@ -438,6 +484,10 @@ fn tempfile_in_temp(name: &str, text: &str) -> Result<PathBuf> {
 }
 
 fn run_workload(args: WorkloadArgs) -> Result<()> {
+    let draft = args.draft.options(workload::draft_options())?;
+    if !(args.row_cost >= 0.0 && args.row_cost.is_finite()) {
+        bail!("--row-cost {}: a number at least 0", args.row_cost);
+    }
     let requests = workload::read(&args.workload)?;
     let model = load_model(&args.model)?;
     // Searches start from sampled ranks, as `serve` opens its index under the default config.
@@ -453,27 +503,35 @@ fn run_workload(args: WorkloadArgs) -> Result<()> {
             references: workload::references_of(&model, &requests)?,
             ..workload::WorkloadReport::default()
         },
-        None => workload::run(&model, &index, &requests)?,
+        None => workload::run(&model, &index, &requests, &draft)?,
     };
     report.cpu = infini_sidecar::cpu::CpuInfo::detect().summary();
+    report.draft = draft;
+    report.row_cost = args.row_cost;
     report.simulated = workload::simulate(
         &index,
         &requests,
         &report.replay,
         &report.references,
-        &workload::draft_options(),
+        &draft,
+        args.row_cost,
     )?;
     let replay_json = serde_json::to_string(&report.replay)?;
     if let Some(python) = &args.suffix_decoding_python {
         report
             .simulated
-            .extend(suffix_decoding(python, &replay_json)?);
+            .extend(suffix_decoding(python, &replay_json, args.row_cost)?);
     }
     let md = workload::markdown(&report);
     let mut written = Vec::new();
     match (&args.out_dir, &args.replay) {
         (Some(dir), Some(_)) => {
-            let simulated = serde_json::json!({"cpu": report.cpu, "simulated": report.simulated});
+            let simulated = serde_json::json!({
+                "cpu": report.cpu,
+                "draft": report.draft,
+                "row_cost": report.row_cost,
+                "simulated": report.simulated,
+            });
             written = write_results(dir, "simulated", &simulated, &md)?;
         }
         (Some(dir), None) => {

@@ -182,6 +182,11 @@ pub struct WorkloadReport {
     pub references: Vec<Vec<u32>>,
     /// The cost-model replays: ours, and SuffixDecoding's when it was run.
     pub simulated: Vec<Simulated>,
+    /// The draft settings of the real decoding and of our replays.
+    pub draft: DraftOptions,
+    /// The cost model's price of a drafted row, as a share of a decoding step (set by the caller
+    /// with the replays).
+    pub row_cost: f64,
 }
 
 /// The replay's drafts, real and simulated: the defaults, as long as a verification pass allows.
@@ -193,7 +198,12 @@ pub fn draft_options() -> DraftOptions {
 }
 
 /// Replays `requests` in order: plain greedy first, then each configuration.
-pub fn run(model: &Model, index: &Index, requests: &[WorkloadRequest]) -> Result<WorkloadReport> {
+pub fn run(
+    model: &Model,
+    index: &Index,
+    requests: &[WorkloadRequest],
+    draft: &DraftOptions,
+) -> Result<WorkloadReport> {
     let tokenizer = model.tokenizer();
     let stop = tokenizer
         .encode("<|im_end|>")
@@ -205,7 +215,6 @@ pub fn run(model: &Model, index: &Index, requests: &[WorkloadRequest]) -> Result
         eos_token_id: index.eos_token_id(),
         vocab_size: index.vocab_size(),
     };
-    let draft = draft_options();
     let lives = CONFIGURATIONS
         .iter()
         .map(|_| LiveIndex::open(LiveConfig::default(), vocab).map(Arc::new))
@@ -252,7 +261,7 @@ pub fn run(model: &Model, index: &Index, requests: &[WorkloadRequest]) -> Result
             };
             let opts = spec(Some(DraftOptions {
                 source: config.source,
-                ..draft
+                ..*draft
             }));
             let run = decode(model.transformer(), index, &prompt, &opts, extras)
                 .map_err(EvalError::from_decode)?;
@@ -284,8 +293,8 @@ pub fn run(model: &Model, index: &Index, requests: &[WorkloadRequest]) -> Result
         peak_rss_bytes: crate::progress::peak_rss_bytes(),
         replay,
         references,
-        simulated: Vec::new(),
-        cpu: String::new(),
+        draft: *draft,
+        ..WorkloadReport::default()
     })
 }
 
@@ -413,9 +422,11 @@ fn summarize(results: &[RequestResult]) -> Vec<PartSummary> {
 }
 
 /// The cost model of the simulated replays (ours and SuffixDecoding's, eval/suffix_decoding_replay.py):
-/// a verification step costs one decoding step plus this much per drafted row (what our short passes
-/// cost on a CPU, eval/MODEL.md), and emits the accepted tokens plus one.
-pub const ROW_COST: f64 = 0.2;
+/// a verification step costs one decoding step plus a price per drafted row, and emits the accepted
+/// tokens plus one. By default the price is this, about what our short passes cost a row on a CPU
+/// (eval/MODEL.md); `eval workload --row-cost` takes the one measured on the machine at hand (`cargo
+/// bench --bench model`: the k-row pass's time over the one-row pass's, less one, over k − 1).
+pub const DEFAULT_ROW_COST: f64 = 0.2;
 
 /// A configuration's simulated replay: each request's plain greedy output drafted for step by step
 /// with the cost model above, no model run; a live index of its own learns as it goes, compacting
@@ -456,6 +467,7 @@ pub fn simulate(
     replay: &[(Vec<u32>, Vec<u32>)],
     references: &[Vec<u32>],
     draft: &DraftOptions,
+    row_cost: f64,
 ) -> Result<Vec<Simulated>> {
     let vocab = Vocabulary {
         width: index.width(),
@@ -510,7 +522,7 @@ pub fn simulate(
                 seq.append(index, &truth[done..done + emit])?;
                 seconds += started.elapsed().as_secs_f64();
                 live.compact();
-                cost += 1.0 + ROW_COST * rows.len() as f64;
+                cost += 1.0 + row_cost * rows.len() as f64;
                 steps += 1;
                 accepted += agree;
                 drafted += rows.len();
@@ -582,8 +594,9 @@ pub fn markdown(report: &WorkloadReport) -> String {
     }
     if !report.simulated.is_empty() {
         md.push_str(&format!(
-            "{}Simulated replays of the same outputs (a step costs 1 + {ROW_COST} × rows drafted and emits the accepted tokens + 1). µs per drafted token, of the draft calls alone and of all the drafter's work (taking in the prompt, drafting, appending):\n\n| drafter | part | tokens | speed-up | accepted/step | µs/drafted token: drafts | µs/drafted token: all work |\n|---|---|---|---|---|---|---|\n",
-            if report.summary.is_empty() { "" } else { "\n" }
+            "{}Simulated replays of the same outputs (a step costs 1 + {} × rows drafted and emits the accepted tokens + 1). µs per drafted token, of the draft calls alone and of all the drafter's work (taking in the prompt, drafting, appending):\n\n| drafter | part | tokens | speed-up | accepted/step | µs/drafted token: drafts | µs/drafted token: all work |\n|---|---|---|---|---|---|---|\n",
+            if report.summary.is_empty() { "" } else { "\n" },
+            report.row_cost
         ));
         for s in &report.simulated {
             md.push_str(&format!(

@@ -35,7 +35,8 @@ fn a_replayed_workload_learns_per_namespace_and_stays_exact() {
         request("other-namespace", "b"),
         request("repeat", "a"),
     ];
-    let report = workload::run(&model, &index, &requests).unwrap();
+    let draft = workload::draft_options();
+    let report = workload::run(&model, &index, &requests, &draft).unwrap();
 
     // Every configuration of every request reproduces plain greedy decoding.
     for r in &report.requests {
@@ -92,18 +93,39 @@ fn a_replayed_workload_learns_per_namespace_and_stays_exact() {
 
     // The cost-model replay of the same outputs: the warm part (the repeat) drafts its answer
     // in a pass or two, each costing 1 + 0.2 per row, far below a step a token.
-    let simulated = workload::simulate(
-        &index,
-        &requests,
-        &report.replay,
-        &report.references,
-        &workload::draft_options(),
-    )
-    .unwrap();
-    let warm_live = simulated
-        .iter()
-        .find(|s| s.configuration == "ours: live" && s.part == "warm")
-        .unwrap();
-    assert_eq!(warm_live.tokens, tokens);
-    assert!(warm_live.speedup > 2.0, "{warm_live:?}");
+    let simulate = |row_cost: f64| {
+        workload::simulate(
+            &index,
+            &requests,
+            &report.replay,
+            &report.references,
+            &draft,
+            row_cost,
+        )
+        .unwrap()
+    };
+    let warm_live = |simulated: &[workload::Simulated]| {
+        (simulated.iter())
+            .find(|s| s.configuration == "ours: live" && s.part == "warm")
+            .cloned()
+            .unwrap()
+    };
+    let simulated = simulate(workload::DEFAULT_ROW_COST);
+    let warm = warm_live(&simulated);
+    assert_eq!(warm.tokens, tokens);
+    assert!(warm.speedup > 2.0, "{warm:?}");
+    // The row cost prices the drafted rows and nothing else: free rows leave a speed-up of the
+    // tokens a step (the accepted ones and the target's own), and dearer rows a lower one.
+    for (free, priced) in simulate(0.0).iter().zip(&simulated) {
+        assert_eq!(
+            (&free.configuration, &free.part),
+            (&priced.configuration, &priced.part)
+        );
+        assert_eq!(free.accepted_per_step, priced.accepted_per_step);
+        assert!(
+            (free.speedup - (free.accepted_per_step + 1.0)).abs() < 1e-9,
+            "{free:?}"
+        );
+    }
+    assert!(warm_live(&simulate(0.4)).speedup < warm.speedup);
 }
