@@ -115,24 +115,10 @@ impl DraftArgs {
                 spec::MAX_VERIFY_ROWS - 1
             );
         }
-        for (flag, p) in [
-            ("--min-token-prob", self.min_token_prob),
-            ("--min-path-prob", self.min_path_prob),
-        ] {
-            if !(0.0..=1.0).contains(&p) {
-                bail!("{flag} {p}: a probability, in [0, 1]");
-            }
-        }
-        if !(self.match_len_factor >= 0.0 && self.match_len_factor.is_finite()) {
-            bail!(
-                "--match-len-factor {}: a number at least 0",
-                self.match_len_factor
-            );
-        }
         if self.tree && self.tree_budget == 0 {
             bail!("--tree with --tree-budget 0 would draft nothing");
         }
-        Ok(DraftOptions {
+        let options = DraftOptions {
             max_tokens,
             min_token_prob: self.min_token_prob,
             min_path_prob: self.min_path_prob,
@@ -140,7 +126,9 @@ impl DraftArgs {
             tree: self.tree,
             tree_budget: self.tree_budget,
             ..base
-        })
+        };
+        options.check().map_err(anyhow::Error::msg)?;
+        Ok(options)
     }
 }
 

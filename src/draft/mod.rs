@@ -91,6 +91,27 @@ impl Default for DraftOptions {
 }
 
 impl DraftOptions {
+    /// Whether the thresholds are in range, for every caller that takes them from outside (a
+    /// request, a command line): the probabilities in [0, 1], the match length factor a finite
+    /// number at least 0. The error names the first setting out of range.
+    pub fn check(&self) -> Result<(), String> {
+        for (name, p) in [
+            ("min_token_prob", self.min_token_prob),
+            ("min_path_prob", self.min_path_prob),
+        ] {
+            if !(0.0..=1.0).contains(&p) {
+                return Err(format!("{name} {p}: a probability, in [0, 1]"));
+            }
+        }
+        if !(self.match_len_factor >= 0.0 && self.match_len_factor.is_finite()) {
+            return Err(format!(
+                "match_len_factor {}: a number at least 0",
+                self.match_len_factor
+            ));
+        }
+        Ok(())
+    }
+
     /// How deep a draft reads after a match of `match_len` tokens.
     pub fn depth_for(&self, match_len: usize) -> usize {
         if self.match_len_factor <= 0.0 {
@@ -447,5 +468,73 @@ impl Sequence {
 
     fn calibrate(&self, origin: Origin, tree: DraftTree, opts: &DraftOptions) -> Calibrated {
         self.calibration.calibrate(origin, tree, opts.min_path_prob)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DraftOptions;
+
+    /// The defaults pass; each threshold out of range (NaN and infinities among them) is refused
+    /// by name.
+    #[test]
+    fn check_refuses_each_threshold_out_of_range() {
+        assert_eq!(DraftOptions::default().check(), Ok(()));
+        let d = DraftOptions::default();
+        let bad = [
+            (
+                "min_token_prob",
+                DraftOptions {
+                    min_token_prob: 1.5,
+                    ..d
+                },
+            ),
+            (
+                "min_token_prob",
+                DraftOptions {
+                    min_token_prob: f64::NAN,
+                    ..d
+                },
+            ),
+            (
+                "min_path_prob",
+                DraftOptions {
+                    min_path_prob: -0.1,
+                    ..d
+                },
+            ),
+            (
+                "match_len_factor",
+                DraftOptions {
+                    match_len_factor: -1.0,
+                    ..d
+                },
+            ),
+            (
+                "match_len_factor",
+                DraftOptions {
+                    match_len_factor: f64::INFINITY,
+                    ..d
+                },
+            ),
+            (
+                "match_len_factor",
+                DraftOptions {
+                    match_len_factor: f64::NAN,
+                    ..d
+                },
+            ),
+        ];
+        for (name, options) in bad {
+            let err = options.check().unwrap_err();
+            assert!(err.starts_with(name), "{err}");
+        }
+        let edges = DraftOptions {
+            min_token_prob: 0.0,
+            min_path_prob: 1.0,
+            match_len_factor: 0.0,
+            ..DraftOptions::default()
+        };
+        assert_eq!(edges.check(), Ok(()));
     }
 }

@@ -19,18 +19,6 @@ pub(super) fn options(o: Option<pb::DraftOptions>) -> Result<DraftOptions, Statu
             "max_tokens must be at most {MAX_DRAFT_TOKENS} and tree_budget at most {MAX_TREE_BUDGET}"
         )));
     }
-    let min_token_prob = o.min_token_prob.unwrap_or(defaults.min_token_prob);
-    let min_path_prob = o.min_path_prob.unwrap_or(defaults.min_path_prob);
-    let match_len_factor = o.match_len_factor.unwrap_or(defaults.match_len_factor);
-    let probability = 0.0..=1.0;
-    if !probability.contains(&min_token_prob)
-        || !probability.contains(&min_path_prob)
-        || !(0.0..=f64::MAX).contains(&match_len_factor)
-    {
-        return Err(Status::invalid_argument(
-            "min_token_prob and min_path_prob must be in [0, 1] and match_len_factor at least 0",
-        ));
-    }
     let source = match pb::DraftSource::try_from(o.source) {
         Ok(pb::DraftSource::All) => DraftSource::All,
         Ok(pb::DraftSource::Index) => DraftSource::Index,
@@ -44,7 +32,7 @@ pub(super) fn options(o: Option<pb::DraftOptions>) -> Result<DraftOptions, Statu
             )))
         }
     };
-    Ok(DraftOptions {
+    let options = DraftOptions {
         max_tokens: if o.max_tokens == 0 {
             defaults.max_tokens
         } else {
@@ -52,12 +40,14 @@ pub(super) fn options(o: Option<pb::DraftOptions>) -> Result<DraftOptions, Statu
         },
         tree_budget: o.tree_budget as usize,
         tree: o.tree_budget > 0,
-        min_token_prob,
-        min_path_prob,
-        match_len_factor,
+        min_token_prob: o.min_token_prob.unwrap_or(defaults.min_token_prob),
+        min_path_prob: o.min_path_prob.unwrap_or(defaults.min_path_prob),
+        match_len_factor: o.match_len_factor.unwrap_or(defaults.match_len_factor),
         source,
         ..defaults
-    })
+    };
+    options.check().map_err(Status::invalid_argument)?;
+    Ok(options)
 }
 
 pub(super) fn response(tree: DraftTree) -> pb::DraftResponse {
