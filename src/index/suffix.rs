@@ -30,6 +30,18 @@ pub trait Occurrences {
     fn matches_of(&self, ids: &[u32]) -> Self::Matches;
     /// Grows `m` by a token to the right, in place (the match is not kept on its own).
     fn grow_matches(&self, m: &mut Self::Matches, token: u32);
+    /// Given `m`, the matches of `seq`'s suffix of `len` tokens: how many more tokens, at most
+    /// `max_extra`, the longest occurring suffix has, exactly, when the index can tell from `m`
+    /// alone; `None`: search. The ids must have been checked against the vocabulary.
+    fn extension_by_scan(
+        &self,
+        _m: &Self::Matches,
+        _seq: &[u32],
+        _len: usize,
+        _max_extra: usize,
+    ) -> Option<usize> {
+        None
+    }
 }
 
 impl Occurrences for Index {
@@ -43,7 +55,49 @@ impl Occurrences for Index {
     fn grow_matches(&self, m: &mut Matches, token: u32) {
         self.grow(m, token)
     }
+    /// Reads the tokens before each of a few occurrences: every occurrence of a longer suffix
+    /// ends in one of them, so the longest left agreement is the longest match. A search costs a
+    /// dozen cache misses one after another; these reads do not wait on each other.
+    fn extension_by_scan(
+        &self,
+        m: &Matches,
+        seq: &[u32],
+        len: usize,
+        max_extra: usize,
+    ) -> Option<usize> {
+        // A match may end at a shard's end, where no suffix starts: the empty suffix's matches
+        // do not hold every place a longer suffix ends.
+        if len == 0 || len > seq.len() || m.count() > SCAN_LIMIT {
+            return None;
+        }
+        let before = &seq[..seq.len() - len];
+        let (width, w) = (self.width(), self.width().bytes());
+        let mut longest = 0;
+        for (shard, range) in self.shards.iter().zip(&m.ranges) {
+            let tokens = shard.token_bytes();
+            for rank in range.lo..range.hi {
+                let at = shard.ptr(rank) as usize;
+                // A corrupt pointer, past the text, has no tokens before it.
+                if at > tokens.len() {
+                    continue;
+                }
+                let agree = (before.iter().rev().take(max_extra).enumerate())
+                    .take_while(|&(j, &t)| {
+                        at >= (j + 1) * w && width.read(tokens, at - (j + 1) * w) == t
+                    })
+                    .count();
+                longest = longest.max(agree);
+                if longest == max_extra {
+                    return Some(longest);
+                }
+            }
+        }
+        Some(longest)
+    }
 }
+
+/// Occurrences few enough that reading what precedes each beats a search for a longer suffix.
+const SCAN_LIMIT: u64 = 32;
 
 /// The longest suffix of a sequence that occurs in the reference data, with its matches.
 pub struct SuffixMatch<M = Matches> {
@@ -158,6 +212,9 @@ pub(crate) fn longest_between<I: Occurrences + ?Sized>(
     let (mut good, mut good_m) = (good, good_m);
     let mut bad = max_len.min(n) + 1;
     while bad - good > 1 {
+        if let Some(extra) = index.extension_by_scan(&good_m, seq, good, bad - 1 - good) {
+            return settled(index, seq, good, good_m, extra);
+        }
         let mid = good + (bad - good) / 2;
         let m = index.matches_of(&seq[n - mid..]);
         if m.count() > 0 {
@@ -180,7 +237,7 @@ pub(crate) fn longest_suffix<I: Occurrences + ?Sized>(
 
 /// The longest suffix of `seq` of at most `max_len` tokens that occurs, above a suffix of `good`
 /// tokens known to occur (`good_m`, its matches): the excess over `good` doubles, then a binary
-/// search, O(log(L − good)) lookups, so a match no longer than `good` costs one.
+/// search, O(log(L − good)) lookups, so a match no longer than `good` costs at most one.
 fn longest_above<I: Occurrences + ?Sized>(
     index: &I,
     seq: &[u32],
@@ -196,6 +253,9 @@ fn longest_above<I: Occurrences + ?Sized>(
     let (mut good, mut good_m) = (good, good_m);
     let mut excess = 1;
     while good < max_len {
+        if let Some(extra) = index.extension_by_scan(&good_m, seq, good, max_len - good) {
+            return settled(index, seq, good, good_m, extra);
+        }
         let len = (good + excess).min(max_len);
         let m = index.matches_of(&seq[n - len..]);
         if m.count() == 0 {
@@ -205,6 +265,24 @@ fn longest_above<I: Occurrences + ?Sized>(
         excess *= 2;
     }
     (good, good_m)
+}
+
+/// The match `extra` tokens longer than `good`'s, found by [`Occurrences::extension_by_scan`]:
+/// searched only when it is longer.
+fn settled<I: Occurrences + ?Sized>(
+    index: &I,
+    seq: &[u32],
+    good: usize,
+    good_m: I::Matches,
+    extra: usize,
+) -> (usize, I::Matches) {
+    match extra {
+        0 => (good, good_m),
+        _ => {
+            let len = good + extra;
+            (len, index.matches_of(&seq[seq.len() - len..]))
+        }
+    }
 }
 
 impl SuffixMatch {
@@ -313,8 +391,10 @@ impl Index {
                 || key == self.width().separator() as NextKey
                 || key == self.eos_token_id() as NextKey
         };
+        // The pointer read once: each token after it is then one read of the text.
+        let after = shard.ptr(rank) as usize + qlen;
         (0..depth)
-            .map(|j| shard.next_key(rank, qlen + j * width))
+            .map(|j| shard.key_at(after + j * width))
             .take_while(|&key| !stop(key))
             .map(|key| key as u32)
             .collect()

@@ -1,12 +1,14 @@
 //! Compaction, in a background thread (or when the owner asks: `LiveIndex::compact`): a tail
 //! past the freeze size becomes a level-0 run; when `fanout` runs of one level are the newest, they
 //! merge into one of the next level (so each token is rebuilt O(log_fanout(budget / freeze)) times
-//! and a lookup visits that many runs per level); runs stop merging at an eighth of the budget; and
-//! while the live index holds more than its budget, every tail is frozen early and the oldest run
-//! of any namespace is dropped. Searches go on throughout: a run is built beside what it replaces
-//! and swapped in under the namespace's lock, and the run list is written before that lock is
-//! taken (only compaction changes runs, so what it writes stays true). A namespace whose
-//! compaction fails is logged and skipped; the others and eviction go on.
+//! and a lookup visits that many runs per level); runs stop merging at a quarter of the budget,
+//! and the newest runs of one level merge early when no further run of their size would fit, so
+//! the biggest runs fill up to that size; and while the live index holds more than its budget,
+//! every tail is frozen early and the oldest run of any namespace is dropped. Searches go on
+//! throughout: a run is built beside what it replaces and swapped in under the namespace's lock,
+//! and the run list is written before that lock is taken (only compaction changes runs, so what
+//! it writes stays true). A namespace whose compaction fails is logged and skipped; the others
+//! and eviction go on.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -16,7 +18,10 @@ use super::run::{folder_name, Run, RunMeta};
 use super::{Inner, Result};
 
 /// Biggest run compaction makes, as a share of the budget: eviction drops at most this much at once.
-const MAX_RUN_SHARE: u64 = 8;
+/// A lookup searches every run, and at an eighth the biggest runs stopped at the fan-out's power
+/// below it (a tenth of the budget or less: 15–17 runs for a full index, against 5–6 now; the
+/// lookups' cost is in eval/RESULTS.md).
+const MAX_RUN_SHARE: u64 = 4;
 /// Builds of one frozen tail tried before its documents are given up (a full disk, say).
 const MAX_FREEZE_ATTEMPTS: u32 = 3;
 
@@ -103,23 +108,33 @@ fn freeze(inner: &Inner, ns: &Namespace, flush: bool) -> Result<()> {
 }
 
 /// Merges the newest `fanout` runs when they are all of one level and the merge stays under the
-/// biggest run size. Returns whether it merged.
+/// biggest run size; or the newest two or more of one level (fewer than `fanout`) when they fit
+/// under it and one more of their size would not (also when all `fanout` would not fit, as runs
+/// left by the eighth-of-the-budget rule before 2026-11-28 may). Returns whether it merged.
 fn merge(inner: &Inner, ns: &Namespace) -> Result<bool> {
     let fanout = inner.config.merge_fanout;
     let (parts, meta) = {
         let state = ns.read();
         let n = state.runs.len();
-        if n < fanout {
+        if n < 2 {
             return Ok(false);
         }
-        let parts: Vec<Arc<Run>> = state.runs[n - fanout..].to_vec();
-        let level = parts[0].meta.level;
-        let tokens: u64 = parts.iter().map(|r| r.meta.tokens).sum();
-        if parts.iter().any(|r| r.meta.level != level)
-            || tokens > inner.config.budget_tokens / MAX_RUN_SHARE
-        {
+        let level = state.runs[n - 1].meta.level;
+        let same = (state.runs.iter().rev())
+            .take(fanout)
+            .take_while(|r| r.meta.level == level)
+            .count();
+        let cap = inner.config.budget_tokens / MAX_RUN_SHARE;
+        let newest = |k: usize| -> u64 { state.runs[n - k..].iter().map(|r| r.meta.tokens).sum() };
+        // The most of them that fit under the biggest run size.
+        let Some(k) = (2..=same).rev().find(|&k| newest(k) <= cap) else {
+            return Ok(false);
+        };
+        let full = newest(k) + newest(k) / k as u64 > cap;
+        if k < fanout && !full {
             return Ok(false);
         }
+        let parts: Vec<Arc<Run>> = state.runs[n - k..].to_vec();
         drop(state);
         let mut meta = new_meta(inner, &mut ns.write().next_run, level + 1);
         meta.oldest = parts.iter().map(|r| r.meta.oldest).min().unwrap_or(0);
@@ -127,13 +142,13 @@ fn merge(inner: &Inner, ns: &Namespace) -> Result<bool> {
     };
     let docs = parts.iter().flat_map(|r| r.index().documents());
     let run = Arc::new(Run::build(&ns.dir, meta, &inner.vocab, docs)?);
-    // Only compaction changes the runs, so the parts are still the newest `fanout`.
+    // Only compaction changes the runs, so the parts are still the newest ones.
     let (mut runs, next_run) = {
         let state = ns.read();
         (state.runs.clone(), state.next_run)
     };
     let n = runs.len();
-    runs.splice(n - fanout.., [run]);
+    runs.splice(n - parts.len().., [run]);
     ns.write_list(&runs, next_run)?;
     ns.write().runs = runs;
     for part in parts {

@@ -808,6 +808,37 @@ mod tests {
         ));
     }
 
+    /// Runs of 224 tokens merge four at a time (896), and two of those into one of 1,792 at once,
+    /// since a third would not fit under a quarter of the budget (2,000): 6,048 tokens are held in
+    /// six runs, where waiting for four of that level would leave nine. Past the budget, eviction
+    /// drops one run at a time, never more than a quarter of the budget.
+    #[test]
+    fn merges_fill_runs_up_to_a_quarter_of_the_budget_and_eviction_drops_no_more() {
+        let mut rng = Rng(11);
+        let cfg = LiveConfig {
+            budget_tokens: 8_000,
+            merge_fanout: 4,
+            ..config(None)
+        };
+        let live = LiveIndex::open(cfg.clone(), VOCAB).unwrap();
+        let docs = documents(&mut rng, 700);
+        let mut added = 0;
+        for chunk in docs.chunks(7) {
+            live.add_documents("a", chunk).unwrap();
+            live.compact_now(false);
+            added += chunk.iter().map(|d| d.len() as u64).sum::<u64>();
+            let stats = live.stats();
+            if added == 6_048 {
+                assert_eq!((stats.tokens, stats.runs), (added, 6), "{stats:?}");
+            }
+            if added > cfg.budget_tokens {
+                assert!(stats.tokens <= cfg.budget_tokens, "{stats:?}");
+                assert!(stats.tokens > cfg.budget_tokens * 3 / 4, "{stats:?}");
+            }
+        }
+        assert!(added > 2 * cfg.budget_tokens);
+    }
+
     #[test]
     fn past_the_budget_the_oldest_documents_go_first() {
         let mut rng = Rng(5);
