@@ -17,34 +17,43 @@ use super::namespace::Namespace;
 use super::run::{folder_name, Run, RunMeta};
 use super::{Inner, Result};
 
-/// Biggest run compaction makes, as a share of the budget: eviction drops at most this much at once.
-/// A lookup searches every run, and at an eighth the biggest runs stopped at the fan-out's power
-/// below it (a tenth of the budget or less: 15–17 runs for a full index, against 5–6 now; the
-/// lookups' cost is in eval/RESULTS.md).
+/// Biggest run a merge makes, as a share of the budget: eviction drops at most this much at once
+/// (or a run frozen from one tail, at most 4 × `freeze_tokens`). A lookup searches every run; at an
+/// eighth the biggest runs stopped at the fan-out's power below it, a tenth of the budget or less
+/// (`cargo bench --bench live`, 10 M tokens: 15–17 runs then, 5–6 now, plus up to `fanout − 1`
+/// per lower level in general; eval/RESULTS.md).
 const MAX_RUN_SHARE: u64 = 4;
 /// Builds of one frozen tail tried before its documents are given up (a full disk, say).
 const MAX_FREEZE_ATTEMPTS: u32 = 3;
 
-/// One round over every namespace: freeze, merge, evict. With `flush`, every tail is frozen
-/// whatever its size (a clean shutdown, or a live index over its budget).
+/// One round over every namespace: freeze, evict, merge. With `flush`, every tail is frozen
+/// whatever its size (a clean shutdown, or a live index over its budget). Eviction comes before
+/// merging, so that a namespace's oldest run goes alone, not first merged with newer runs that
+/// would then go with it.
 pub(super) fn round(inner: &Inner, flush: bool) {
     let _alone = inner.compacting.lock().unwrap_or_else(|e| e.into_inner());
     let flush = flush || over_budget(inner);
-    for ns in inner.namespaces() {
+    let namespaces = inner.namespaces();
+    for ns in &namespaces {
         if inner.stop.load(Ordering::Relaxed) && !flush {
             return;
         }
-        if let Err(e) = compact(inner, &ns, flush) {
+        if let Err(e) = freeze(inner, ns, flush) {
             tracing::error!(namespace = %ns.name, error = %e, "live compaction failed; its tails stay searchable and it is tried again");
         }
     }
     if let Err(e) = evict(inner) {
         tracing::error!(error = %e, "live eviction failed");
     }
+    for ns in &namespaces {
+        if let Err(e) = merge_all(inner, ns) {
+            tracing::error!(namespace = %ns.name, error = %e, "live merge failed; its runs stay searchable and it is tried again");
+        }
+    }
 }
 
-fn compact(inner: &Inner, ns: &Namespace, flush: bool) -> Result<()> {
-    freeze(inner, ns, flush)?;
+/// Merges until nothing is left to merge, or the index is closing.
+fn merge_all(inner: &Inner, ns: &Namespace) -> Result<()> {
     while !inner.stop.load(Ordering::Relaxed) {
         if !merge(inner, ns)? {
             break;
@@ -107,10 +116,11 @@ fn freeze(inner: &Inner, ns: &Namespace, flush: bool) -> Result<()> {
     Ok(())
 }
 
-/// Merges the newest `fanout` runs when they are all of one level and the merge stays under the
-/// biggest run size; or the newest two or more of one level (fewer than `fanout`) when they fit
-/// under it and one more of their size would not (also when all `fanout` would not fit, as runs
-/// left by the eighth-of-the-budget rule before 2026-11-28 may). Returns whether it merged.
+/// Merges the newest runs of one level: the most of them, up to `fanout`, that fit under the
+/// biggest run size, when they are `fanout`, or when one more of their average size would not fit
+/// (so the biggest runs fill up to that size instead of waiting for `fanout` that never fit).
+/// Only the newest group is looked at: older groups left by the eighth-of-the-budget rule before
+/// 2026-11-28 stay as they are until evicted. Returns whether it merged.
 fn merge(inner: &Inner, ns: &Namespace) -> Result<bool> {
     let fanout = inner.config.merge_fanout;
     let (parts, meta) = {

@@ -811,18 +811,19 @@ mod tests {
     /// Runs of 224 tokens merge four at a time (896), and two of those into one of 1,792 at once,
     /// since a third would not fit under a quarter of the budget (2,000): 6,048 tokens are held in
     /// six runs, where waiting for four of that level would leave nine. Past the budget, eviction
-    /// drops one run at a time, never more than a quarter of the budget.
+    /// drops one run at a time (never more than a quarter of the budget), the oldest first.
     #[test]
     fn merges_fill_runs_up_to_a_quarter_of_the_budget_and_eviction_drops_no_more() {
         let mut rng = Rng(11);
         let cfg = LiveConfig {
             budget_tokens: 8_000,
             merge_fanout: 4,
+            background: false,
             ..config(None)
         };
         let live = LiveIndex::open(cfg.clone(), VOCAB).unwrap();
         let docs = documents(&mut rng, 700);
-        let mut added = 0;
+        let (mut added, mut counted) = (0, false);
         for chunk in docs.chunks(7) {
             live.add_documents("a", chunk).unwrap();
             live.compact_now(false);
@@ -830,13 +831,44 @@ mod tests {
             let stats = live.stats();
             if added == 6_048 {
                 assert_eq!((stats.tokens, stats.runs), (added, 6), "{stats:?}");
+                counted = true;
             }
             if added > cfg.budget_tokens {
                 assert!(stats.tokens <= cfg.budget_tokens, "{stats:?}");
                 assert!(stats.tokens > cfg.budget_tokens * 3 / 4, "{stats:?}");
             }
         }
-        assert!(added > 2 * cfg.budget_tokens);
+        assert!(counted && added > 2 * cfg.budget_tokens);
+        let newest = docs.last().unwrap();
+        assert_eq!(live.continuations("a", &newest[..10], 64, 4).1, 10);
+        assert!(live.continuations("a", &docs[0][..10], 64, 4).1 < 5);
+    }
+
+    /// Namespace a's second run arrives over the budget. Merged first with a's first run (the
+    /// oldest of all), it would be evicted with it; evicted first, the first run goes alone.
+    #[test]
+    fn eviction_drops_the_oldest_run_before_merging_could_fold_newer_ones_into_it() {
+        let mut rng = Rng(17);
+        let cfg = LiveConfig {
+            budget_tokens: 2_000,
+            background: false,
+            ..config(None)
+        };
+        let live = LiveIndex::open(cfg.clone(), VOCAB).unwrap();
+        let docs = documents(&mut rng, 63);
+        let add = |ns: &str, chunk: &[Vec<u32>]| {
+            live.add_documents(ns, chunk).unwrap();
+            live.compact_now(false);
+        };
+        add("a", &docs[..7]);
+        for chunk in docs[7..56].chunks(7) {
+            add("b", chunk);
+        }
+        assert_eq!(live.stats().tokens, 1_792);
+        add("a", &docs[56..]);
+        assert_eq!(live.stats().tokens, 1_792, "{:?}", live.stats());
+        assert_eq!(live.continuations("a", &docs[62][..10], 64, 4).1, 10);
+        assert!(live.continuations("a", &docs[0][..10], 64, 4).1 < 5);
     }
 
     #[test]
