@@ -489,12 +489,12 @@ fn run_workload(args: WorkloadArgs) -> Result<()> {
         Some(path) => workload::WorkloadReport {
             replay: workload::read_replay(path, &requests)?,
             references: workload::references_of(&model, &requests)?,
+            draft,
             ..workload::WorkloadReport::default()
         },
         None => workload::run(&model, &index, &requests, &draft)?,
     };
     report.cpu = infini_sidecar::cpu::CpuInfo::detect().summary();
-    report.draft = draft;
     report.row_cost = args.row_cost;
     report.simulated = workload::simulate(
         &index,

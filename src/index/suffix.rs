@@ -71,19 +71,18 @@ impl Occurrences for Index {
             return None;
         }
         let before = &seq[..seq.len() - len];
-        let (width, w) = (self.width(), self.width().bytes());
+        let w = self.width().bytes();
         let mut longest = 0;
         for (shard, range) in self.shards.iter().zip(&m.ranges) {
-            let tokens = shard.token_bytes();
             for rank in range.lo..range.hi {
                 let at = shard.ptr(rank) as usize;
                 // A corrupt pointer, past the text, has no tokens before it.
-                if at > tokens.len() {
+                if at > shard.token_bytes().len() {
                     continue;
                 }
                 let agree = (before.iter().rev().take(max_extra).enumerate())
                     .take_while(|&(j, &t)| {
-                        at >= (j + 1) * w && width.read(tokens, at - (j + 1) * w) == t
+                        at >= (j + 1) * w && shard.key_at(at - (j + 1) * w) == t as NextKey
                     })
                     .count();
                 longest = longest.max(agree);

@@ -140,7 +140,8 @@ fn merge(inner: &Inner, ns: &Namespace) -> Result<bool> {
         let Some(k) = (2..=same).rev().find(|&k| newest(k) <= cap) else {
             return Ok(false);
         };
-        let full = newest(k) + newest(k) / k as u64 > cap;
+        let tokens = newest(k);
+        let full = tokens + tokens / k as u64 > cap;
         if k < fanout && !full {
             return Ok(false);
         }
