@@ -76,8 +76,9 @@ def real_tokens(model_path, tokenizer, out):
     json.dump(ids[:WINDOW], open(out, "w"))
 
 
-# Our flavours, each beside the llama.cpp build of its feature level (none for the portable one).
-LEVELS = [("native", "native"), ("avx2", "avx2"), ("portable", None)]
+# Our flavours, each beside the llama.cpp build of its feature level (none for AVX-VNNI alone, nor for
+# the portable one). A flavour this CPU lacks is skipped.
+LEVELS = [("native", "native"), ("avxvnni", None), ("avx2", "avx2"), ("portable", None)]
 MEASURES = ["decode_ms_per_token", "pass_ms_1_rows", "pass_ms_8_rows", "window_tokens_per_s"]
 
 
