@@ -104,7 +104,14 @@ fn main() {
         return;
     };
     let name = path.file_name().unwrap().to_string_lossy().into_owned();
-    let mut ours = load_transformer(&path, DeviceChoice::Cpu).unwrap();
+    // A flavour this CPU lacks (`INFINI_SIDECAR_CPU`) is refused here: say why, not where.
+    let mut ours = match load_transformer(&path, DeviceChoice::Cpu) {
+        Ok(model) => model,
+        Err(e) => {
+            eprintln!("{}: {e}", path.display());
+            std::process::exit(2);
+        }
+    };
     let ids = tokens(ours.config().vocab_size, args.get(1).map(PathBuf::from));
     let ids = &ids[..WINDOW];
     let gemma = ours.config().architecture == infini_sidecar::model::Architecture::Gemma3;
