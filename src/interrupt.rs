@@ -1,7 +1,8 @@
 //! Stopping long work cleanly. Two things can stop it: Ctrl-C or SIGTERM for the whole process (a
-//! flag that long jobs check between steps), and, in the server, a [`StopSignal`] for one request,
-//! raised when its deadline passes or its client goes away. Library loops call [`interrupted`] every
-//! so often and return their `Interrupted` error; they need not know which of the two it was.
+//! flag that long jobs check between steps; the server drains instead, on [`shutdown_signal`]),
+//! and, in the server, a [`StopSignal`] for one request, raised when its deadline passes or its
+//! client goes away. Library loops call [`interrupted`] every so often and return their
+//! `Interrupted` error; they need not know which of the two it was.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,6 +19,57 @@ pub fn install_handler() {
         }
         eprintln!("interrupting: finishing the current step, then cleaning up (again to exit now)");
     });
+}
+
+/// The server's shutdown: resolves at the first Ctrl-C or SIGTERM (the server then drains instead of
+/// interrupting every request); a second one exits at once.
+pub async fn shutdown_signal(mut signals: Termination) {
+    signals.next().await;
+    tokio::spawn(async move {
+        signals.next().await;
+        eprintln!("second signal: exiting now");
+        std::process::exit(130);
+    });
+}
+
+/// Ctrl-C and SIGTERM, caught from the moment [`Termination::listen`] returns: a listener made at
+/// its first poll would leave the process to die of a signal that came before.
+pub struct Termination {
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Termination {
+    /// Starts catching both signals; call it inside the runtime, before anything slow opens.
+    #[cfg(unix)]
+    pub fn listen() -> std::io::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+
+    /// The next signal of either kind.
+    #[cfg(unix)]
+    pub async fn next(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {},
+            _ = self.terminate.recv() => {},
+        }
+    }
+
+    #[cfg(not(unix))]
+    pub fn listen() -> std::io::Result<Self> {
+        Ok(Self {})
+    }
+
+    #[cfg(not(unix))]
+    pub async fn next(&mut self) {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 thread_local! {

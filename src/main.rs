@@ -429,63 +429,18 @@ fn run_serve(path: &Path) -> Result<()> {
     let served = runtime.block_on(async {
         // Listened for before anything opens, so a signal during start-up drains the server as soon
         // as it serves instead of meeting SIGTERM's default action (exit at once, no clean close).
-        let signals = Termination::listen().context("listening for Ctrl-C and SIGTERM")?;
+        let signals =
+            interrupt::Termination::listen().context("listening for Ctrl-C and SIGTERM")?;
         let listener = tokio::net::TcpListener::bind(config.bind)
             .await
             .with_context(|| format!("binding {}", config.bind))?;
-        Ok::<_, anyhow::Error>(server::serve(config, listener, shutdown_signal(signals)).await?)
+        Ok::<_, anyhow::Error>(
+            server::serve(config, listener, interrupt::shutdown_signal(signals)).await?,
+        )
     });
     // Work the drain deadline cut off may still be finishing on the blocking pool: do not wait.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     served
-}
-
-/// Resolves at the first Ctrl-C or SIGTERM (the server then drains); a second one exits at once.
-async fn shutdown_signal(mut signals: Termination) {
-    signals.next().await;
-    tokio::spawn(async move {
-        signals.next().await;
-        eprintln!("second signal: exiting now");
-        std::process::exit(130);
-    });
-}
-
-/// Ctrl-C and SIGTERM, caught from the moment [`Termination::listen`] returns: a listener made at
-/// its first poll would leave the process to die of a signal that came before.
-struct Termination {
-    #[cfg(unix)]
-    interrupt: tokio::signal::unix::Signal,
-    #[cfg(unix)]
-    terminate: tokio::signal::unix::Signal,
-}
-
-impl Termination {
-    #[cfg(unix)]
-    fn listen() -> std::io::Result<Self> {
-        use tokio::signal::unix::{signal, SignalKind};
-        Ok(Self {
-            interrupt: signal(SignalKind::interrupt())?,
-            terminate: signal(SignalKind::terminate())?,
-        })
-    }
-
-    #[cfg(unix)]
-    async fn next(&mut self) {
-        tokio::select! {
-            _ = self.interrupt.recv() => {},
-            _ = self.terminate.recv() => {},
-        }
-    }
-
-    #[cfg(not(unix))]
-    fn listen() -> std::io::Result<Self> {
-        Ok(Self {})
-    }
-
-    #[cfg(not(unix))]
-    async fn next(&mut self) {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
 
 fn open_writer(path: &str) -> Result<Box<dyn Write>> {
