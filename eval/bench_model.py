@@ -14,10 +14,14 @@ state) and `avx2` (AVX2, FMA and F16C only, the AVX-512 and VNNI options off).
 Measures: tokens per second scoring one 1024-token window (all-position logits), milliseconds per
 token of single-token decode with the cache after a 32-token prompt, and one pass of 1 and 8 rows
 after that decode, rolled back (draft verification).
+
+On a VM whose speed drifts, `--rounds N` runs each side N times in turns and reports each figure's
+median; `--models` and `--levels` narrow a run (e.g. `--models SmolLM2 --levels native --rounds 7`).
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -90,51 +94,73 @@ def cpu_line():
     return f"{name} ({' '.join(f for f in relevant if f in flags)})"
 
 
+def bench_ours(rows, model, threads, level, round_):
+    """One run of our model bench under `level`; False where this CPU lacks the flavour."""
+    name, path, tokens = model
+    env = dict(os.environ, CANDLE_NUM_THREADS=threads, RAYON_NUM_THREADS=threads, INFINI_SIDECAR_CPU=level)
+    run = subprocess.run(["cargo", "bench", "-q", "--bench", "model", "--", path, tokens, "--ours-only"],
+                         cwd=ROOT, env=env, text=True, capture_output=True)
+    if run.returncode != 0:
+        print(f"[bench] ours under {level}: {run.stderr.strip()[-300:]}", file=sys.stderr)
+        return False
+    for line in run.stdout.splitlines():
+        if line.startswith("{"):
+            r = json.loads(line)
+            rows.append({"model": name, "threads": int(threads), "level": level, "round": round_,
+                         "flavour": r["kernel_flavour"], "runtime": "ours", "measure": r["measure"],
+                         "value": r["value"]})
+    return True
+
+
+def bench_llama(rows, model, threads, build, round_):
+    """One run of llama.cpp's build `build = (level, its build's name, its Python)`."""
+    name, path, tokens = model
+    level, llama_level, python = build
+    run = subprocess.run([python, "-c", LLAMA_CPP, path, tokens, threads], capture_output=True, text=True)
+    if run.returncode != 0:
+        print(f"[bench] llama.cpp failed ({run.returncode}): {run.stderr[-500:]}", file=sys.stderr)
+    for line in run.stdout.splitlines():
+        r = json.loads(line)
+        rows.append({"model": name, "threads": int(threads), "level": level, "round": round_,
+                     "flavour": f"llama.cpp {llama_level}", "runtime": "llama.cpp", "measure": r["measure"],
+                     "value": r["value"]})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-native", help="a Python with llama-cpp-python built natively (AMX off)")
     ap.add_argument("--llama-avx2", help="a Python with llama-cpp-python built for AVX2 only")
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--models", help="only the models whose names contain one of these (comma-separated)")
+    ap.add_argument("--levels", help="only these flavours (comma-separated: native, avxvnni, avx2, portable)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="runs of each side, taken in turns; the tables give each figure's median")
     ap.add_argument("--out", default=f"{ROOT}/eval/results/model-flavours.json")
     args = ap.parse_args()
     llama = {"native": args.llama_native, "avx2": args.llama_avx2}
     subprocess.run(["cargo", "build", "--release", "--bin", "infini-sidecar"], cwd=ROOT, check=True)
     rows = []
+    models = {name: files for name, files in MODELS.items()
+              if not args.models or any(m.lower() in name.lower() for m in args.models.split(","))}
+    levels = [lv for lv in LEVELS if not args.levels or lv[0] in args.levels.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (path, tokenizer) in MODELS.items():
+        for name, (path, tokenizer) in models.items():
             tokens = os.path.join(tmp, "tokens.json")
             real_tokens(path, tokenizer, tokens)
             for threads in args.threads.split(","):
-                for level, llama_level in LEVELS:
-                    env = dict(os.environ, CANDLE_NUM_THREADS=threads, RAYON_NUM_THREADS=threads,
-                               INFINI_SIDECAR_CPU=level)
-                    run = subprocess.run(["cargo", "bench", "-q", "--bench", "model", "--", path, tokens,
-                                          "--ours-only"], cwd=ROOT, env=env, text=True, capture_output=True)
-                    if run.returncode != 0:  # a flavour this CPU lacks
-                        print(f"[bench] ours under {level}: {run.stderr.strip()[-300:]}", file=sys.stderr)
-                        continue
-                    for line in run.stdout.splitlines():
-                        if line.startswith("{"):
-                            r = json.loads(line)
-                            rows.append({"model": name, "threads": int(threads), "level": level,
-                                         "flavour": r["kernel_flavour"], "runtime": "ours",
-                                         "measure": r["measure"], "value": r["value"]})
-                    python = llama.get(llama_level) if llama_level else None
-                    if python:
-                        run = subprocess.run([python, "-c", LLAMA_CPP, path, tokens, threads],
-                                             capture_output=True, text=True)
-                        if run.returncode != 0:
-                            print(f"[bench] llama.cpp failed ({run.returncode}): {run.stderr[-500:]}",
-                                  file=sys.stderr)
-                        for line in run.stdout.splitlines():
-                            r = json.loads(line)
-                            rows.append({"model": name, "threads": int(threads), "level": level,
-                                         "flavour": f"llama.cpp {llama_level}", "runtime": "llama.cpp",
-                                         "measure": r["measure"], "value": r["value"]})
+                for level, llama_level in levels:
+                    # Ours and llama.cpp take turns, round after round, so a drift of this VM's
+                    # speed (10-20% on one-thread decode) falls on both alike.
+                    for round_ in range(args.rounds):
+                        if not bench_ours(rows, (name, path, tokens), threads, level, round_):
+                            break
+                        python = llama.get(llama_level) if llama_level else None
+                        if python:
+                            bench_llama(rows, (name, path, tokens), threads, (level, llama_level, python), round_)
                     print(f"[bench] {name}, {threads} threads, {level} done", file=sys.stderr)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     meta = {"cpu": cpu_line(), "date": time.strftime("%Y-%m-%d"), "window": WINDOW,
-            "decode_steps": DECODE_STEPS}
+            "decode_steps": DECODE_STEPS, "rounds": args.rounds}
     json.dump({"meta": meta, "rows": rows}, open(args.out, "w"), indent=1)
     print(f"CPU: {meta['cpu']}\n")
     for level, _ in LEVELS:
@@ -144,10 +170,13 @@ def main():
         print(f"### {level}: ours ({', '.join(sorted(flavours))}) | llama.cpp {level}\n")
         print("| model | threads | " + " | ".join(f"{m} ours | llama.cpp" for m in MEASURES) + " | 8 rows / 1 ours | llama.cpp |")
         print("|---|---|" + "---|---|" * (len(MEASURES) + 1))
-        for model in MODELS:
+        for model in models:
             for threads in sorted({r["threads"] for r in rows}):
-                val = {(r["runtime"], r["measure"]): r["value"] for r in rows
-                       if (r["model"], r["threads"], r["level"]) == (model, threads, level)}
+                runs = {}
+                for r in rows:
+                    if (r["model"], r["threads"], r["level"]) == (model, threads, level):
+                        runs.setdefault((r["runtime"], r["measure"]), []).append(r["value"])
+                val = {k: statistics.median(v) for k, v in runs.items()}
                 cell = lambda k: f"{val[k]:.1f}" if k in val else "–"
                 ratio = lambda rt: (f"{val[(rt, 'pass_ms_8_rows')] / val[(rt, 'pass_ms_1_rows')]:.2f}"
                                     if (rt, "pass_ms_8_rows") in val else "–")
