@@ -94,36 +94,20 @@ def cpu_line():
     return f"{name} ({' '.join(f for f in relevant if f in flags)})"
 
 
-def bench_ours(rows, model, threads, level, round_):
-    """One run of our model bench under `level`; False where this CPU lacks the flavour."""
-    name, path, tokens = model
-    env = dict(os.environ, CANDLE_NUM_THREADS=threads, RAYON_NUM_THREADS=threads, INFINI_SIDECAR_CPU=level)
-    run = subprocess.run(["cargo", "bench", "-q", "--bench", "model", "--", path, tokens, "--ours-only"],
-                         cwd=ROOT, env=env, text=True, capture_output=True)
+def bench_side(rows, cell, runtime, flavour, command, **how):
+    """One run of one side (`runtime`: ours or llama.cpp), its JSON lines kept as rows under `cell`
+    (model, threads, level, round); False if it failed (for ours: a flavour this CPU lacks).
+    `flavour` names the kernels, or None to take the `kernel_flavour` each line reports."""
+    run = subprocess.run(command, text=True, capture_output=True, **how)
     if run.returncode != 0:
-        print(f"[bench] ours under {level}: {run.stderr.strip()[-300:]}", file=sys.stderr)
-        return False
+        print(f"[bench] {runtime} under {cell['level']} failed ({run.returncode}): {run.stderr.strip()[-500:]}",
+              file=sys.stderr)
     for line in run.stdout.splitlines():
         if line.startswith("{"):
             r = json.loads(line)
-            rows.append({"model": name, "threads": int(threads), "level": level, "round": round_,
-                         "flavour": r["kernel_flavour"], "runtime": "ours", "measure": r["measure"],
-                         "value": r["value"]})
-    return True
-
-
-def bench_llama(rows, model, threads, build, round_):
-    """One run of llama.cpp's build `build = (level, its build's name, its Python)`."""
-    name, path, tokens = model
-    level, llama_level, python = build
-    run = subprocess.run([python, "-c", LLAMA_CPP, path, tokens, threads], capture_output=True, text=True)
-    if run.returncode != 0:
-        print(f"[bench] llama.cpp failed ({run.returncode}): {run.stderr[-500:]}", file=sys.stderr)
-    for line in run.stdout.splitlines():
-        r = json.loads(line)
-        rows.append({"model": name, "threads": int(threads), "level": level, "round": round_,
-                     "flavour": f"llama.cpp {llama_level}", "runtime": "llama.cpp", "measure": r["measure"],
-                     "value": r["value"]})
+            rows.append(dict(cell, runtime=runtime, flavour=flavour or r["kernel_flavour"],
+                             measure=r["measure"], value=r["value"]))
+    return run.returncode == 0
 
 
 def main():
@@ -149,14 +133,19 @@ def main():
             real_tokens(path, tokenizer, tokens)
             for threads in args.threads.split(","):
                 for level, llama_level in levels:
+                    env = dict(os.environ, CANDLE_NUM_THREADS=threads, RAYON_NUM_THREADS=threads,
+                               INFINI_SIDECAR_CPU=level)
+                    ours = ["cargo", "bench", "-q", "--bench", "model", "--", path, tokens, "--ours-only"]
+                    python = llama.get(llama_level) if llama_level else None
                     # Ours and llama.cpp take turns, round after round, so a drift of this VM's
                     # speed (10-20% on one-thread decode) falls on both alike.
                     for round_ in range(args.rounds):
-                        if not bench_ours(rows, (name, path, tokens), threads, level, round_):
+                        cell = {"model": name, "threads": int(threads), "level": level, "round": round_}
+                        if not bench_side(rows, cell, "ours", None, ours, cwd=ROOT, env=env):
                             break
-                        python = llama.get(llama_level) if llama_level else None
                         if python:
-                            bench_llama(rows, (name, path, tokens), threads, (level, llama_level, python), round_)
+                            bench_side(rows, cell, "llama.cpp", f"llama.cpp {llama_level}",
+                                       [python, "-c", LLAMA_CPP, path, tokens, threads])
                     print(f"[bench] {name}, {threads} threads, {level} done", file=sys.stderr)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     meta = {"cpu": cpu_line(), "date": time.strftime("%Y-%m-%d"), "window": WINDOW,
