@@ -281,6 +281,7 @@ async fn rpc_replay(mut config: ServeConfig, index: &Index, tokens: u64) -> RpcR
         }
         let request = pb::AddDocumentsRequest {
             namespace: "bench".into(),
+            request_id: String::new(),
             documents,
         };
         // Compaction far behind: the sidecar refuses, and the caller tries again shortly.

@@ -8,8 +8,9 @@ eval/results/model-flavours.json and prints one Markdown table per flavour.
     python3 eval/bench_model.py --llama-native "$(ensure_llama_cpp native)" --llama-avx2 "$(ensure_llama_cpp avx2)"
 
 `ensure_llama_cpp` (scripts/env.sh) builds llama-cpp-python once per level and caches it outside the
-clone: `native` (GGML_NATIVE, AMX off: ggml's AMX kernels crash where the kernel grants no tile
-state) and `avx2` (AVX2, FMA and F16C only, the AVX-512 and VNNI options off).
+clone: `native` (every feature /proc/cpuinfo lists, spelled out with GGML_NATIVE off; AMX off:
+ggml's AMX kernels crash where the kernel grants no tile state) and `avx2` (AVX2, FMA and F16C only,
+the AVX-512 and VNNI options off); each build is checked with a decode before it is kept.
 
 Measures: tokens per second scoring one 1024-token window (all-position logits), milliseconds per
 token of single-token decode with the cache after a 32-token prompt, and one pass of 1 and 8 rows

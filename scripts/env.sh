@@ -71,34 +71,93 @@ cpu_fingerprint() {
 
 # llama.cpp (llama-cpp-python built from source), the peer of `eval/bench_model.py` and the engine of
 # the client package's llama.cpp integration, at one feature level per virtual environment: `native`
-# (everything the CPU has except AMX, whose ggml kernels crash where the kernel grants no tile state)
-# or `avx2` (AVX2, FMA and F16C only: the level of most cloud CPUs, to set beside our AVX2 flavour).
-# llamafile's sgemm is off: with it a pass of several rows computes other sums than single-row passes,
-# so verifying a draft could pick another token than plain decoding would. pip's wheel cache is
-# bypassed, as it would hand one level's wheel to the other. Prints the environment's Python.
+# (every x86 feature this CPU's /proc/cpuinfo lists, which is what the OS enables; elsewhere the
+# architecture's baseline) or `avx2` (AVX2, FMA, F16C and SSE4.2 only: the level of most cloud CPUs,
+# to set beside our AVX2 flavour). Each feature is spelled out with GGML_NATIVE off: -march=native
+# lets the compiler use what the CPU reports but a VM may not grant (on a Xeon with AMX and
+# AVX512-VNNI such a build died of SIGILL in its first decode). AMX is always off: ggml's AMX kernels
+# crash where the kernel grants no tile state. llamafile's sgemm is off: with it a pass of several
+# rows computes other sums than single-row passes, so verifying a draft could pick another token than
+# plain decoding would. pip's wheel cache is bypassed, as it would hand one level's wheel to the
+# other. A build is kept only once it decoded the SmolLM2 GGUF (in a process of its own, so an
+# illegal instruction is caught); a native build that dies of a signal is replaced by the avx2
+# level's, said on stderr. Prints the environment's Python.
 LLAMA_CPP_VERSION=0.3.36
+# The build recipe's version, in the environments' names, so a changed recipe builds afresh instead of
+# reusing an old cache (2: the features from /proc/cpuinfo, no GGML_NATIVE; the decode check).
+LLAMA_CPP_RECIPE=2
 llama_cpp_venv() {
   case "$1" in
-    native) echo "$CACHE/venv-llama-cpp-$LLAMA_CPP_VERSION-native-$(cpu_fingerprint)" ;;
-    *) echo "$CACHE/venv-llama-cpp-$LLAMA_CPP_VERSION-$1" ;;
+    native) echo "$CACHE/venv-llama-cpp-$LLAMA_CPP_VERSION-r$LLAMA_CPP_RECIPE-native-$(cpu_fingerprint)" ;;
+    *) echo "$CACHE/venv-llama-cpp-$LLAMA_CPP_VERSION-r$LLAMA_CPP_RECIPE-$1" ;;
   esac
 }
+# The x86 CPU features of the avx2 level, as /proc/cpuinfo names them.
+LLAMA_CPP_AVX2_FEATURES="sse4_2 avx avx2 fma f16c"
+# ggml's cmake options for a CPU with FEATURES (a /proc/cpuinfo flags line): every option on or off
+# explicitly, since with GGML_NATIVE off ggml turns SSE4.2, AVX, AVX2, BMI2, FMA and F16C on unless
+# told. GGML_AVX512 compiles for AVX512 F, CD, VL, DQ and BW, and the AVX512 extensions need them.
+llama_cpp_cpu_options() {
+  local features=" $1 " args="-DGGML_NATIVE=OFF" option feature on
+  local avx512="avx512f avx512cd avx512vl avx512dq avx512bw"
+  for option in "SSE42:sse4_2" "AVX:avx" "AVX2:avx2" "FMA:fma" "F16C:f16c" "BMI2:bmi2" \
+    "AVX_VNNI:avx_vnni" "AVX512:$avx512" "AVX512_VBMI:$avx512 avx512vbmi" \
+    "AVX512_VNNI:$avx512 avx512_vnni" "AVX512_BF16:$avx512 avx512_bf16"; do
+    on=ON
+    for feature in ${option#*:}; do
+      [[ "$features" == *" $feature "* ]] || on=OFF
+    done
+    args+=" -DGGML_${option%%:*}=$on"
+  done
+  echo "$args -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+}
+# Builds llama-cpp-python with cmake OPTIONS into a fresh environment VENV.
+llama_cpp_build() {
+  rm -rf "$1"
+  python3 -m venv "$1"
+  CMAKE_ARGS="$2 -DGGML_LLAMAFILE=OFF -DLLAVA_BUILD=OFF" "$1/bin/python" -m pip install -q \
+    --no-cache-dir --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_CPP_VERSION" >&2
+}
+# Decodes a few tokens of the SmolLM2 GGUF with the llama.cpp of VENV; the Python's exit status (over
+# 128: it died of a signal, such as SIGILL for an instruction the CPU does not grant).
+llama_cpp_decodes() {
+  "$1/bin/python" - "$SMOLLM2_GGUF" >/dev/null <<'PY'
+import sys
+from llama_cpp import Llama
+llm = Llama(sys.argv[1], n_ctx=64, n_threads=1, verbose=False)
+llm.eval(llm.tokenize(b"The kernel uses a"))
+llm.eval([llm.token_bos()])
+PY
+}
 ensure_llama_cpp() {
-  local level="$1" flags
+  local level="$1" options venv status=0
   case "$level" in
-    native) flags="-DGGML_NATIVE=ON" ;;
-    avx2) flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
--DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_BF16=OFF \
--DGGML_AVX_VNNI=OFF -DGGML_BMI2=OFF" ;;
+    native) options="$(llama_cpp_cpu_options "$(grep -m1 '^flags' /proc/cpuinfo)")" ;;
+    avx2) options="$(llama_cpp_cpu_options "$LLAMA_CPP_AVX2_FEATURES")" ;;
     *) echo "ensure_llama_cpp: level native or avx2, not '$level'" >&2; return 2 ;;
   esac
-  local venv
   venv="$(llama_cpp_venv "$level")"
-  if ! "$venv/bin/python" -c 'import llama_cpp' 2>/dev/null; then
-    python3 -m venv "$venv"
-    CMAKE_ARGS="$flags -DGGML_LLAMAFILE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
--DLLAVA_BUILD=OFF" "$venv/bin/python" -m pip install -q --no-cache-dir --no-binary llama-cpp-python \
-      "llama-cpp-python==$LLAMA_CPP_VERSION" >&2
+  # The mark of a build that decoded; without it the build is (re)made and checked.
+  if [ ! -e "$venv/decodes" ]; then
+    if [ ! -f "$SMOLLM2_GGUF" ]; then
+      echo "ensure_llama_cpp: $SMOLLM2_GGUF (scripts/fetch_assets.py) is needed to check the build" >&2
+      return 1
+    fi
+    llama_cpp_build "$venv" "$options" || return
+    llama_cpp_decodes "$venv" || status=$?
+    if [ "$status" -gt 128 ] && [ "$level" = native ]; then
+      echo "ensure_llama_cpp: llama.cpp built with $options died of signal $((status - 128)) in a" \
+        "decode; building the avx2 level ($LLAMA_CPP_AVX2_FEATURES) in its place" >&2
+      options="$(llama_cpp_cpu_options "$LLAMA_CPP_AVX2_FEATURES")"
+      llama_cpp_build "$venv" "$options" || return
+      status=0
+      llama_cpp_decodes "$venv" || status=$?
+    fi
+    if [ "$status" != 0 ]; then
+      echo "ensure_llama_cpp: llama.cpp built with $options fails to decode (status $status)" >&2
+      return 1
+    fi
+    touch "$venv/decodes"
   fi
   echo "$venv/bin/python"
 }

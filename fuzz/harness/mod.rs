@@ -7,6 +7,7 @@
 
 pub mod compressed_file;
 pub mod index_files;
+pub mod live;
 pub mod protocol;
 pub mod rpc;
 pub mod tiny;

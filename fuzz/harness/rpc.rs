@@ -540,6 +540,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                 "Shard/LiveAppend",
                 &spb::LiveAppendRequest {
                     namespace: "fuzz".into(),
+                    request_id: String::new(),
                     pieces: vec![spb::LivePiece {
                         doc: 1 << 63 | 7,
                         tokens: vec![259, 97, 256, 261],
@@ -703,6 +704,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                 "AddDocuments",
                 &pb::AddDocumentsRequest {
                     namespace: "agent-1".into(),
+                    request_id: String::new(),
                     documents: vec![
                         pb::LiveDocument {
                             content: Some(pb::live_document::Content::Tokens(pb::TokenIds {

@@ -144,6 +144,8 @@ pub struct Sequence {
     calibration: Calibration,
     /// The source of the last draft handed out (`None` for a union of several, or no draft).
     last_origin: Option<Origin>,
+    /// Why the sequence stopped learning into its namespace, if it did.
+    warning: Option<String>,
 }
 
 /// The live namespace a sequence drafts from, and the live document its tokens go to when it
@@ -151,8 +153,15 @@ pub struct Sequence {
 struct LiveLink {
     live: Arc<dyn LiveStore>,
     namespace: String,
-    /// The document and how many of the sequence's tokens it holds.
-    learning: Option<(u64, usize)>,
+    learning: Option<Learning>,
+}
+
+/// The live document a learning sequence's tokens go to: it holds the sequence's tokens from
+/// `start` to `held`.
+struct Learning {
+    doc: u64,
+    start: usize,
+    held: usize,
 }
 
 /// What a sequence may draft from beyond the reference index and its own tokens.
@@ -186,6 +195,7 @@ impl Sequence {
             reference: None,
             calibration: Calibration::default(),
             last_origin: None,
+            warning: None,
         })
     }
 
@@ -204,7 +214,8 @@ impl Sequence {
 
     /// Drafts also from `namespace` of the live index; with `learn`, the sequence's tokens (those
     /// it has and those appended later) are added to it as a document, for every sequence of the
-    /// namespace to draft from at once.
+    /// namespace to draft from at once. Learning is best effort: refused (the namespace limit, a
+    /// full disk), the sequence does without it and says why in [`Sequence::warning`].
     pub fn with_live(
         mut self,
         live: Arc<dyn LiveStore>,
@@ -212,20 +223,23 @@ impl Sequence {
         learn: bool,
     ) -> Result<Self, LiveError> {
         crate::live::namespace::check_name(namespace)?;
-        let learning = match learn {
-            true => {
-                let doc = live.new_document();
-                live.append(namespace, doc, &self.tokens)?;
-                Some((doc, self.tokens.len()))
-            }
-            false => None,
-        };
+        let learning = learn.then(|| Learning {
+            doc: live.new_document(),
+            start: 0,
+            held: 0,
+        });
         self.live = Some(LiveLink {
             live,
             namespace: namespace.to_string(),
             learning,
         });
+        self.learn();
         Ok(self)
+    }
+
+    /// Why the sequence does less than it was started for (it stopped learning), if it does.
+    pub fn warning(&self) -> Option<&str> {
+        self.warning.as_deref()
     }
 
     /// Drafts also from `tokens`, for this sequence only. Ids must have been checked.
@@ -291,34 +305,50 @@ impl Sequence {
         self.tokens.truncate(len);
         if let Some(LiveLink {
             live,
-            learning: Some((doc, held)),
-            ..
+            namespace,
+            learning: Some(learning),
         }) = &mut self.live
         {
-            if *held > len {
-                // The live document cannot take tokens back: the sequence goes on in a new one,
-                // which starts with the kept tokens a match can reach.
-                *doc = live.new_document();
-                *held = len.saturating_sub(crate::live::namespace::MAX_MATCH);
+            if learning.held > len {
+                // Taken back from the live document while it is in memory; once it is built into
+                // a run it cannot be, and the sequence goes on in a new document from the cut.
+                // Either way what the sequence teaches is at most what it appended, never its
+                // kept tokens again at each cut.
+                let back = learning.held - len;
+                if len < learning.start || !live.retract(namespace, learning.doc, back) {
+                    *learning = Learning {
+                        doc: live.new_document(),
+                        start: len,
+                        held: len,
+                    };
+                }
+                learning.held = len;
             }
         }
         Ok(())
     }
 
     /// Sends the tokens the live document lacks. Learning is best effort: a failure (the namespace
-    /// limit, a full disk) stops it for this sequence and never fails decoding.
+    /// limit, a full disk) stops it for this sequence, with a warning, and never fails decoding.
     fn learn(&mut self) {
         let Some(link) = &mut self.live else {
             return;
         };
-        let Some((doc, held)) = &mut link.learning else {
+        let Some(learning) = &mut link.learning else {
             return;
         };
-        let new = &self.tokens[*held..];
-        match link.live.append(&link.namespace, *doc, new) {
-            Ok(()) => *held = self.tokens.len(),
+        let new = &self.tokens[learning.held..];
+        if new.is_empty() {
+            return;
+        }
+        match link.live.append(&link.namespace, learning.doc, new) {
+            Ok(()) => learning.held = self.tokens.len(),
             Err(e) => {
                 tracing::warn!(namespace = %link.namespace, error = %e, "a sequence stopped learning into the live index");
+                self.warning = Some(format!(
+                    "stopped learning into namespace {:?}: {e}",
+                    link.namespace
+                ));
                 link.learning = None;
             }
         }

@@ -17,6 +17,7 @@ use serde::Serialize;
 use super::documents::EvalDocument;
 use super::{EvalError, Result};
 use crate::index::docs::SearchOptions;
+use crate::index::query::MAX_QUERY_TOKENS;
 use crate::index::suffix::SuffixMatch;
 use crate::index::{Index, IndexError};
 
@@ -91,6 +92,16 @@ pub struct ContaminationReport {
     /// Per domain, then "all".
     pub summaries: Vec<Summary>,
     pub items: Vec<ItemReport>,
+    /// Items not matched, with why (longer than a query may be), each also logged.
+    pub skipped: Vec<Skipped>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Skipped {
+    pub item: usize,
+    pub domain: String,
+    pub tokens: usize,
+    pub why: String,
 }
 
 /// The report of `items` (tokenized as the index is) against `index`, items in parallel.
@@ -100,6 +111,25 @@ pub fn report(
     opts: &ContaminationOptions,
 ) -> Result<ContaminationReport> {
     crate::index::decontam::check_settings(opts.ngram, opts.threshold)?;
+    let (items, skipped): (Vec<&EvalDocument>, Vec<&EvalDocument>) = items
+        .iter()
+        .partition(|d| d.tokens.len() <= MAX_QUERY_TOKENS);
+    let skipped: Vec<Skipped> = skipped
+        .into_iter()
+        .map(|d| {
+            let why = format!(
+                "{} tokens, more than a query may have ({MAX_QUERY_TOKENS})",
+                d.tokens.len()
+            );
+            tracing::warn!(item = d.index, path = %d.path, "{why}: item skipped");
+            Skipped {
+                item: d.index,
+                domain: d.domain.clone(),
+                tokens: d.tokens.len(),
+                why,
+            }
+        })
+        .collect();
     let bar = crate::progress::token_bar(
         items.iter().map(|d| d.tokens.len() as u64).sum(),
         "matching",
@@ -131,6 +161,7 @@ pub fn report(
         options: *opts,
         summaries,
         items: reports,
+        skipped,
     })
 }
 
@@ -239,6 +270,12 @@ pub fn markdown(report: &ContaminationReport, worst: usize) -> String {
             100.0 * s.ngram_share,
             100.0 * s.mean_share,
             s.longest_match
+        ));
+    }
+    for k in &report.skipped {
+        out.push_str(&format!(
+            "\nItem {} ({}) was skipped: {}.\n",
+            k.item, k.domain, k.why
         ));
     }
     let mut items: Vec<&ItemReport> = report.items.iter().collect();

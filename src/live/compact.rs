@@ -8,10 +8,14 @@
 //! throughout: a run is built beside what it replaces and swapped in under the namespace's lock,
 //! and the run list is written before that lock is taken (only compaction changes runs, so what
 //! it writes stays true). A namespace whose compaction fails is logged and skipped; the others
-//! and eviction go on.
+//! and eviction go on. A frozen tail whose build fails (a full disk) is never dropped: it stays in
+//! memory, searchable, and is tried again later each time, while appends are refused
+//! (`Inner::write_failure`). Eviction takes from the namespace that holds the most, so one tenant
+//! cannot push out another's documents; empty namespaces are reclaimed.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::namespace::Namespace;
 use super::run::{folder_name, Run, RunMeta};
@@ -23,23 +27,30 @@ use super::{Inner, Result};
 /// (`cargo bench --bench live`, 10 M tokens: 15–17 runs then, 5–6 now, plus up to `fanout − 1`
 /// per lower level in general; eval/RESULTS.md).
 const MAX_RUN_SHARE: u64 = 4;
-/// Builds of one frozen tail tried before its documents are given up (a full disk, say).
-const MAX_FREEZE_ATTEMPTS: u32 = 3;
+/// Longest wait before a failed build of a frozen tail is tried again (the first is 250 ms,
+/// doubling).
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(30);
 
-/// One round over every namespace: freeze, evict, merge. With `flush`, every tail is frozen
-/// whatever its size (a clean shutdown, or a live index over its budget). Eviction comes before
-/// merging, so that a namespace's oldest run goes alone, not first merged with newer runs that
-/// would then go with it.
+/// One round over every namespace: freeze, evict, merge, reclaim. With `flush`, every tail is
+/// frozen whatever its size (a clean shutdown, or a live index over its budget); when the tails
+/// hold more than their share of the budget, the biggest are frozen until they hold half of it.
+/// Eviction comes before merging, so that a namespace's oldest run goes alone, not first merged
+/// with newer runs that would then go with it.
 pub(super) fn round(inner: &Inner, flush: bool) {
     let _alone = inner.compacting.lock().unwrap_or_else(|e| e.into_inner());
     let flush = flush || over_budget(inner);
     let namespaces = inner.namespaces();
+    let early = match flush {
+        true => Vec::new(),
+        false => early_freezes(inner, &namespaces),
+    };
     for ns in &namespaces {
         if inner.stop.load(Ordering::Relaxed) && !flush {
             return;
         }
-        if let Err(e) = freeze(inner, ns, flush) {
-            tracing::error!(namespace = %ns.name, error = %e, "live compaction failed; its tails stay searchable and it is tried again");
+        let now = flush || early.iter().any(|e| Arc::ptr_eq(e, ns));
+        if let Err(e) = freeze(inner, ns, now) {
+            tracing::error!(namespace = %ns.name, error = %e, "building a frozen live tail failed; it stays in memory and searchable, and is tried again");
         }
     }
     if let Err(e) = evict(inner) {
@@ -50,6 +61,39 @@ pub(super) fn round(inner: &Inner, flush: bool) {
             tracing::error!(namespace = %ns.name, error = %e, "live merge failed; its runs stay searchable and it is tried again");
         }
     }
+    for ns in &namespaces {
+        if let Err(e) = inner.reclaim(ns) {
+            tracing::warn!(namespace = %ns.name, error = %e, "could not reclaim an empty live namespace");
+        }
+    }
+}
+
+/// The namespaces whose tails to freeze before they are full, biggest first: when the tails hold
+/// more than their share of the budget, until what is left holds half of it; when an append was
+/// refused for room, all of them (that append may need all the room there is).
+fn early_freezes(inner: &Inner, namespaces: &[Arc<Namespace>]) -> Vec<Arc<Namespace>> {
+    let cap = inner.pending_cap();
+    let mut pending = inner.pending.load(Ordering::Relaxed);
+    let target = match inner.room_wanted.swap(false, Ordering::Relaxed) {
+        true => 0,
+        false if pending > cap => cap / 2,
+        false => return Vec::new(),
+    };
+    let mut by_size: Vec<(u64, &Arc<Namespace>)> = namespaces
+        .iter()
+        .map(|ns| (ns.read().tail.tokens() as u64, ns))
+        .filter(|(t, _)| *t > 0)
+        .collect();
+    by_size.sort_by_key(|(t, _)| std::cmp::Reverse(*t));
+    let mut chosen = Vec::new();
+    for (tokens, ns) in by_size {
+        if pending <= target {
+            break;
+        }
+        pending = pending.saturating_sub(tokens);
+        chosen.push(Arc::clone(ns));
+    }
+    chosen
 }
 
 /// Merges until nothing is left to merge, or the index is closing.
@@ -62,58 +106,78 @@ fn merge_all(inner: &Inner, ns: &Namespace) -> Result<()> {
     Ok(())
 }
 
+/// Whether the index holds more than its budget, tails weighed at what they cost in memory.
 fn over_budget(inner: &Inner) -> bool {
-    let total: u64 = inner.namespaces().iter().map(|ns| ns.read().tokens()).sum();
-    total > inner.config.budget_tokens
+    let runs: u64 = inner
+        .namespaces()
+        .iter()
+        .map(|ns| ns.read().run_tokens())
+        .sum();
+    runs + super::TAIL_WEIGHT * inner.pending.load(Ordering::Relaxed) > inner.config.budget_tokens
 }
 
-/// Builds the tail into a run once it reaches the freeze size (any size with `flush`). The frozen
-/// tail stays searchable until its run replaces it; a build that fails leaves it so and is tried
-/// again next round, up to [`MAX_FREEZE_ATTEMPTS`].
-fn freeze(inner: &Inner, ns: &Namespace, flush: bool) -> Result<()> {
+/// Builds the tail into a run once it reaches the freeze size (any size with `now`). The frozen
+/// tail stays searchable until its run replaces it; a build that fails leaves it so, and it is
+/// tried again after a wait that doubles with each failure (at a clean shutdown at once).
+fn freeze(inner: &Inner, ns: &Namespace, now: bool) -> Result<()> {
     let due = {
         let state = ns.read();
-        state.frozen.is_some()
-            || (!state.tail.is_empty()
-                && (flush || state.tail.tokens() as u64 >= inner.config.freeze_tokens))
+        let waiting = state.retry_at.is_some_and(|t| Instant::now() < t)
+            && !inner.stop.load(Ordering::Relaxed);
+        (state.frozen.is_some() && !waiting)
+            || (state.frozen.is_none()
+                && !state.tail.is_empty()
+                && (now || state.tail.tokens() as u64 >= inner.config.freeze_tokens))
     };
     if !due {
         return Ok(());
     }
-    let (frozen, meta, attempt) = {
+    let (frozen, meta) = {
         let mut state = ns.write();
         if state.frozen.is_none() {
             state.frozen = Some(Arc::new(std::mem::take(&mut state.tail)));
-            state.freeze_attempts = 0;
         }
-        state.freeze_attempts += 1;
         let frozen = state.frozen.clone().unwrap_or_default();
-        (
-            frozen,
-            new_meta(inner, &mut state.next_run, 0),
-            state.freeze_attempts,
-        )
+        (frozen, new_meta(inner, &mut state.next_run, 0))
     };
-    let docs = frozen.documents().map(<[u32]>::to_vec);
-    let run = match Run::build(&ns.dir, meta, &inner.vocab, docs) {
-        Ok(run) => Arc::new(run),
-        Err(e) if attempt >= MAX_FREEZE_ATTEMPTS => {
-            ns.write().frozen = None;
-            tracing::error!(namespace = %ns.name, tokens = frozen.tokens(), error = %e, "gave up building a frozen live tail; its documents are dropped");
-            return Err(e);
-        }
-        Err(e) => return Err(e),
-    };
-    let (mut runs, next_run) = {
-        let state = ns.read();
-        (state.runs.clone(), state.next_run)
-    };
-    runs.push(run.clone());
-    ns.write_list(&runs, next_run)?;
+    let built = Run::build(
+        &ns.dir,
+        meta,
+        &inner.vocab,
+        frozen.documents().map(<[u32]>::to_vec),
+    )
+    .and_then(|run| {
+        let run = Arc::new(run);
+        let (mut runs, next_run) = {
+            let state = ns.read();
+            (state.runs.clone(), state.next_run)
+        };
+        runs.push(Arc::clone(&run));
+        ns.write_list(&runs, next_run)?;
+        Ok(run)
+    });
     let mut state = ns.write();
-    state.frozen = None;
-    state.runs.push(run);
-    Ok(())
+    match built {
+        Ok(run) => {
+            state.frozen = None;
+            state.runs.push(run);
+            (state.failures, state.retry_at) = (0, None);
+            inner
+                .pending
+                .fetch_sub(frozen.tokens() as u64, Ordering::Relaxed);
+            inner.wrote();
+            Ok(())
+        }
+        Err(e) => {
+            state.failures += 1;
+            let wait = Duration::from_millis(250)
+                .saturating_mul(1 << state.failures.min(8))
+                .min(MAX_RETRY_WAIT);
+            state.retry_at = Some(Instant::now() + wait);
+            inner.failed_to_write(&e);
+            Err(e)
+        }
+    }
 }
 
 /// Merges the newest runs of one level: the most of them, up to `fanout`, that fit under the
@@ -152,7 +216,10 @@ fn merge(inner: &Inner, ns: &Namespace) -> Result<bool> {
         (parts, meta)
     };
     let docs = parts.iter().flat_map(|r| r.index().documents());
-    let run = Arc::new(Run::build(&ns.dir, meta, &inner.vocab, docs)?);
+    let run = Arc::new(written(
+        inner,
+        Run::build(&ns.dir, meta, &inner.vocab, docs),
+    )?);
     // Only compaction changes the runs, so the parts are still the newest ones.
     let (mut runs, next_run) = {
         let state = ns.read();
@@ -160,7 +227,7 @@ fn merge(inner: &Inner, ns: &Namespace) -> Result<bool> {
     };
     let n = runs.len();
     runs.splice(n - parts.len().., [run]);
-    ns.write_list(&runs, next_run)?;
+    written(inner, ns.write_list(&runs, next_run))?;
     ns.write().runs = runs;
     for part in parts {
         remove_run(ns, &part.meta);
@@ -168,31 +235,44 @@ fn merge(inner: &Inner, ns: &Namespace) -> Result<bool> {
     Ok(true)
 }
 
-/// Drops the oldest runs while the live index is over its budget (the round froze every tail
-/// first when it was over, so what is held is in runs).
+/// Records a disk write's outcome for the appends (`Inner::write_failure`).
+fn written<T>(inner: &Inner, outcome: Result<T>) -> Result<T> {
+    match &outcome {
+        Ok(_) => inner.wrote(),
+        Err(e) => inner.failed_to_write(e),
+    }
+    outcome
+}
+
+/// Drops runs while the live index is over its budget (the round froze every tail first when it
+/// was over, so what is held is in runs): the oldest run of the namespace that holds the most
+/// tokens, so that what one tenant writes pushes out its own oldest documents, not another's.
 fn evict(inner: &Inner) -> Result<()> {
     while over_budget(inner) {
-        let oldest = inner
+        let largest = inner
             .namespaces()
             .into_iter()
             .filter_map(|ns| {
-                let first = ns.read().runs.first().map(|r| r.meta.oldest);
-                first.map(|oldest| (oldest, ns))
+                let state = ns.read();
+                let held = (!state.runs.is_empty()).then(|| state.tokens());
+                drop(state);
+                held.map(|held| (held, ns))
             })
-            .min_by_key(|(oldest, _)| *oldest);
-        let Some((_, ns)) = oldest else {
+            .max_by_key(|(held, ns)| (*held, std::cmp::Reverse(ns.name.clone())));
+        let Some((_, ns)) = largest else {
             return Ok(());
         };
         let (runs, next_run) = {
             let state = ns.read();
             (state.runs[1..].to_vec(), state.next_run)
         };
-        ns.write_list(&runs, next_run)?;
+        written(inner, ns.write_list(&runs, next_run))?;
         let run = {
             let mut state = ns.write();
             state.runs.remove(0)
         };
-        tracing::info!(namespace = %ns.name, run = %run.meta.name, tokens = run.meta.tokens, "evicted the oldest live run");
+        inner.stats.evicted_runs.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(namespace = %ns.name, run = %run.meta.name, tokens = run.meta.tokens, "evicted the oldest live run of the namespace that holds the most");
         remove_run(&ns, &run.meta);
     }
     Ok(())

@@ -2,19 +2,23 @@
 //! in its folder (`runs.json`), which is the only thing that says what a namespace holds: a run is
 //! built and renamed into place before the list names it, and deleted only after the list stops
 //! naming it, so a kill at any moment leaves a list whose runs are all whole. Folders of runs the
-//! list does not name are ours and removed at open.
+//! list does not name are ours and removed at open (the folder carries the namespace's marker,
+//! `folder`, so nothing in it is anyone else's). A run that fails its checks at open is set aside
+//! alone (renamed, never deleted) and the namespace serves the others.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use super::folder::{self, NAMESPACE_MARKER, SET_ASIDE_PREFIX};
 use super::run::{is_run_folder, Run, RunMeta};
 use super::tail::Tail;
 use super::{LiveError, Result, Vocabulary};
 
-const LIST_FILE: &str = "runs.json";
+pub(super) const LIST_FILE: &str = "runs.json";
 const LIST_VERSION: u32 = 1;
 
 /// Longest suffix of a sequence matched in the live data.
@@ -37,14 +41,31 @@ pub struct State {
     /// Oldest first.
     pub runs: Vec<Arc<Run>>,
     pub next_run: u64,
-    /// Builds tried of the frozen tail.
-    pub freeze_attempts: u32,
+    /// Failed builds of the frozen tail in a row; it is kept and tried again, later each time.
+    pub failures: u32,
+    /// When the frozen tail's build may be tried again after a failure.
+    pub retry_at: Option<Instant>,
+    /// Reclaimed (empty, and taken out of the index): an append that finds it so looks again.
+    pub retired: bool,
 }
 
 impl State {
     pub fn tokens(&self) -> u64 {
+        self.pending() + self.run_tokens()
+    }
+
+    /// Tokens in memory: the tail and the tail being frozen.
+    pub fn pending(&self) -> u64 {
         let frozen = self.frozen.as_ref().map_or(0, |t| t.tokens());
-        (self.tail.tokens() + frozen) as u64 + self.runs.iter().map(|r| r.meta.tokens).sum::<u64>()
+        (self.tail.tokens() + frozen) as u64
+    }
+
+    pub fn run_tokens(&self) -> u64 {
+        self.runs.iter().map(|r| r.meta.tokens).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tail.is_empty() && self.frozen.is_none() && self.runs.is_empty()
     }
 }
 
@@ -85,6 +106,7 @@ impl Namespace {
             )),
             _ => LiveError::io(&dir, e),
         })?;
+        folder::mark_namespace(&dir)?;
         let ns = Self {
             name: name.to_string(),
             dir,
@@ -95,8 +117,8 @@ impl Namespace {
     }
 
     /// A namespace as its folder's list leaves it, without the folders of runs the list does not
-    /// name (a kill left them).
-    pub fn open(root: &Path, name: &str, vocab: &Vocabulary) -> Result<Self> {
+    /// name (a kill left them); runs that fail their checks are set aside. Returns how many were.
+    pub fn open(root: &Path, name: &str, vocab: &Vocabulary) -> Result<(Self, usize)> {
         let dir = root.join(name);
         let path = dir.join(LIST_FILE);
         let list: RunList = match std::fs::read_to_string(&path) {
@@ -128,21 +150,48 @@ impl Namespace {
             )));
         }
         remove_unlisted_runs(&dir, &list.runs)?;
-        let runs = list
-            .runs
-            .into_iter()
-            .map(|meta| Run::open(&dir, meta, vocab).map(Arc::new))
-            .collect::<Result<Vec<_>>>()?;
-        let state = State {
-            runs,
-            next_run: list.next_run,
-            ..State::default()
-        };
-        Ok(Self {
+        let listed = list.runs.len();
+        let mut runs = Vec::with_capacity(listed);
+        for meta in list.runs {
+            match Run::open(&dir, meta.clone(), vocab, true) {
+                Ok(run) => runs.push(Arc::new(run)),
+                Err(e) => set_aside_run(&dir, name, &meta, &e)?,
+            }
+        }
+        let ns = Self {
             name: name.to_string(),
             dir,
-            state: RwLock::new(state),
-        })
+            state: RwLock::new(State {
+                next_run: list.next_run,
+                ..State::default()
+            }),
+        };
+        let set_aside = listed - runs.len();
+        if set_aside > 0 {
+            ns.write_list(&runs, list.next_run)?;
+        }
+        ns.write().runs = runs;
+        Ok((ns, set_aside))
+    }
+
+    /// Removes the folder of a namespace that holds nothing, if it holds only what an empty
+    /// namespace has (its marker and list); returns whether it did. A folder with runs set aside
+    /// is left as it is.
+    pub fn remove_folder(&self) -> Result<bool> {
+        let ours = |e: &String| e == NAMESPACE_MARKER || e.starts_with(LIST_FILE);
+        let entries = folder::entries(&self.dir)?;
+        if !entries.iter().all(ours) {
+            return Ok(false);
+        }
+        // The marker last: a kill before it leaves a namespace that opens empty.
+        for name in entries.iter().filter(|e| *e != NAMESPACE_MARKER) {
+            let path = self.dir.join(name);
+            std::fs::remove_file(&path).map_err(|e| LiveError::io(&path, e))?;
+        }
+        let marker = self.dir.join(NAMESPACE_MARKER);
+        std::fs::remove_file(&marker).map_err(|e| LiveError::io(&marker, e))?;
+        std::fs::remove_dir(&self.dir).map_err(|e| LiveError::io(&self.dir, e))?;
+        Ok(true)
     }
 
     pub fn read(&self) -> RwLockReadGuard<'_, State> {
@@ -240,6 +289,20 @@ impl Pooled {
             self.continuations.extend(conts);
         }
     }
+}
+
+/// Renames a run that failed its checks at open out of the way (to `.bad-RUN-SECONDS` in its
+/// namespace's folder), with a log line; the namespace goes on without it.
+fn set_aside_run(dir: &Path, namespace: &str, meta: &RunMeta, error: &LiveError) -> Result<()> {
+    let to = dir.join(format!(
+        "{SET_ASIDE_PREFIX}{}-{}",
+        meta.name,
+        super::unix_seconds()
+    ));
+    let from = dir.join(&meta.name);
+    std::fs::rename(&from, &to).map_err(|e| LiveError::io(&to, e))?;
+    tracing::error!(namespace, run = %meta.name, tokens = meta.tokens, moved_to = %to.display(), error = %error, "a live run failed its checks at open and was set aside; the namespace is served without it");
+    Ok(())
 }
 
 /// Removes the folders of runs (and of builds of runs) that `listed` does not name.

@@ -74,12 +74,17 @@ impl Run {
         // On disk before any list names it, so a power cut cannot leave a named run half-written.
         sync_folder(&ns_dir.join(&meta.name))?;
         sync_folder(ns_dir)?;
-        Self::open(ns_dir, meta, vocab)
+        Self::open(ns_dir, meta, vocab, false)
     }
 
-    /// Opens a run the namespace's list names; its files are checked as any index's are.
-    pub fn open(ns_dir: &Path, meta: RunMeta, vocab: &Vocabulary) -> Result<Self> {
+    /// Opens a run the namespace's list names; its files are checked as any index's are, and with
+    /// `verify` (a run found on disk at start, not one just built) every checksum of its manifest
+    /// and every document offset too, as `index verify` does: a run whose bytes changed on disk
+    /// would otherwise be served (drafts of ids outside the vocabulary, silently empty lookups).
+    /// Runs are at most a quarter of the budget, so this reads at most that at start.
+    pub fn open(ns_dir: &Path, meta: RunMeta, vocab: &Vocabulary, verify: bool) -> Result<Self> {
         let opts = OpenOptions {
+            verify_checksums: verify,
             token_width: Some(vocab.width),
             eos_token_id: Some(vocab.eos_token_id),
             vocab_size: Some(vocab.vocab_size),
@@ -88,6 +93,9 @@ impl Run {
             ..OpenOptions::default()
         };
         let index = Index::open(&ns_dir.join(&meta.name), &opts).map_err(LiveError::Index)?;
+        if verify {
+            index.verify_documents().map_err(LiveError::Index)?;
+        }
         if index.total_tokens() != meta.tokens + index.total_documents()
             || index.total_documents() != meta.documents
         {

@@ -49,6 +49,34 @@ impl Tail {
         self.tokens += tokens.len();
     }
 
+    /// Takes the last `n` tokens of document `doc` back, if this tail holds that many of it (a
+    /// sequence that learns took them back: what it teaches stays what it kept). Costs O(n) but
+    /// for the occurrence lists it searches from their ends, where the newest tokens are.
+    pub fn retract(&mut self, doc: u64, n: usize) -> bool {
+        let Some(&slot) = self.slots.get(&doc) else {
+            return false;
+        };
+        let body = &mut self.docs[slot].1;
+        if body.len() < n {
+            return false;
+        }
+        for at in (body.len() - n..body.len()).rev() {
+            let token = body[at];
+            let place = (slot as u32, at as u32);
+            if let Some(list) = self.positions.get_mut(&token) {
+                if let Some(i) = list.iter().rposition(|&p| p == place) {
+                    list.remove(i);
+                }
+                if list.is_empty() {
+                    self.positions.remove(&token);
+                }
+            }
+        }
+        body.truncate(body.len() - n);
+        self.tokens -= n;
+        true
+    }
+
     /// The documents, in order.
     pub fn documents(&self) -> impl Iterator<Item = &[u32]> {
         self.docs.iter().map(|(_, d)| d.as_slice())
@@ -91,5 +119,30 @@ mod tests {
             (vec![vec![6], vec![4, 5]], 2)
         );
         assert_eq!(tail.continuations(&[8], 4), (Vec::<Vec<u32>>::new(), 0));
+    }
+
+    #[test]
+    fn a_retracted_end_is_gone_as_if_never_appended() {
+        let mut tail = Tail::default();
+        tail.append(1, &[1, 2, 3]);
+        tail.append(2, &[2, 3, 7]);
+        tail.append(1, &[4, 5]);
+        assert!(tail.retract(1, 2));
+        assert!(!tail.retract(1, 4), "document 1 holds 3 tokens");
+        assert!(!tail.retract(9, 1), "no document 9");
+        assert_eq!(tail.tokens(), 6);
+        // As a tail that never held 4 5: "2 3" is followed by 7 only.
+        let mut never = Tail::default();
+        never.append(1, &[1, 2, 3]);
+        never.append(2, &[2, 3, 7]);
+        for pattern in [&[2, 3][..], &[4], &[5], &[1, 2, 3]] {
+            assert_eq!(
+                tail.continuations(pattern, 4),
+                never.continuations(pattern, 4)
+            );
+        }
+        // Appending again after a retraction is searched as usual.
+        tail.append(1, &[6]);
+        assert_eq!(tail.continuations(&[1, 2, 3], 4), (vec![vec![6]], 3));
     }
 }

@@ -102,10 +102,13 @@ pub fn set_cpu_threads(threads: usize) {
 /// Runs `work` on a worker of rayon's global pool, which the CPU kernels split their work over (at
 /// once when already on one). From any other thread, the pool's idle workers would spin against the
 /// pass's own sequential parts (on a 2-core machine, 25% of a decoding step) and against what the
-/// caller does between passes, so decoding loops run wholly inside the pool too.
+/// caller does between passes, so decoding loops run wholly inside the pool too. The caller's stop
+/// signal goes with it: a pass of a request that is stopped stops between two layers wherever it
+/// runs (without it, a server's long pass ran to its end after its client left).
 pub fn on_rayon_worker<T: Send>(work: impl FnOnce() -> T + Send) -> T {
+    let signal = crate::interrupt::current();
     // `scope` runs its body on a worker, injecting it into the pool from outside.
-    rayon::scope(|_| work())
+    rayon::scope(|_| crate::interrupt::run_under(signal.as_ref(), work))
 }
 
 /// Loads the network alone (no tokenizer): a `.gguf` file or an HF llama directory, with the kernel

@@ -13,7 +13,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
 use super::session::{lock, step_error, OpenSession, Session, Shared};
-use super::{on_pool, pb, State};
+use super::{on_pool_for_stream, pb, State};
+use crate::interrupt::{current, run_under};
 
 /// The sequence a part of a step works on: an open one, one to start, or why there is none.
 type Target = Result<Option<Shared>, Status>;
@@ -28,19 +29,20 @@ struct PartOutcome {
 
 /// Serves one `Batch` stream: steps run one at a time, in order, each on the blocking pool with its
 /// parts in parallel. The stream's sequences end with it; at a shutdown's drain deadline it ends
-/// with UNAVAILABLE.
+/// with UNAVAILABLE. A step stops when the client leaves or the stream's `deadline` passes.
 pub(super) fn start(
     state: Arc<State>,
     mut inbound: Streaming<pb::BatchStep>,
+    deadline: Option<Instant>,
 ) -> ReceiverStream<Result<pb::BatchStepResult, Status>> {
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
         let mut open: HashMap<u64, OpenSession> = HashMap::new();
-        while let Some(request) = super::next_message(&state, &mut inbound, &tx).await {
+        while let Some(request) = super::next_message(&state, &mut inbound, &tx, deadline).await {
             let started = Instant::now();
-            let reply = step(&state, &mut open, request).await;
+            let reply = step(&state, &mut open, request, deadline, &tx).await;
             state.metrics.observe("Batch.step", started.elapsed(), None);
-            if tx.send(Ok(reply)).await.is_err() {
+            if tx.is_closed() || tx.send(Ok(reply)).await.is_err() {
                 break;
             }
         }
@@ -50,10 +52,12 @@ pub(super) fn start(
 
 /// Runs one engine step: finds each part's sequence, runs the parts in parallel, then lists the new
 /// sequences and drops the finished ones.
-async fn step(
+async fn step<R>(
     state: &Arc<State>,
     open: &mut HashMap<u64, OpenSession>,
     request: pb::BatchStep,
+    deadline: Option<Instant>,
+    answers: &mpsc::Sender<R>,
 ) -> pb::BatchStepResult {
     let mut seen = HashSet::with_capacity(request.sequences.len());
     let parts: Vec<(pb::SequenceStep, Target)> = request
@@ -65,7 +69,8 @@ async fn step(
         })
         .collect();
     let ids: Vec<(u64, bool)> = parts.iter().map(|(p, _)| (p.id, p.finish)).collect();
-    let outcomes = on_pool(state, None, move |st| Ok(run_parts(st, parts))).await;
+    let outcomes =
+        on_pool_for_stream(state, deadline, answers, move |st| Ok(run_parts(st, parts))).await;
     let sequences = match outcomes {
         Ok(outcomes) => ids
             .into_iter()
@@ -92,11 +97,14 @@ const WAITING_THREADS: usize = 16;
 /// Runs every part of a step, in order: on rayon's pool when the evidence is in this process; on
 /// threads of their own when it comes from shard servers (a router), so the parts' network waits
 /// overlap and hold none of the workers the model's kernels run on.
+/// Every part runs under the step's stop signal, whichever thread takes it.
 fn run_parts(st: &State, parts: Vec<(pb::SequenceStep, Target)>) -> Vec<PartOutcome> {
+    let signal = current();
+    let signal = signal.as_ref();
     if !st.reference.waits_on_network() {
         return parts
             .into_par_iter()
-            .map(|(part, target)| run_part(st, part, target))
+            .map(|(part, target)| run_under(signal, || run_part(st, part, target)))
             .collect();
     }
     let per_thread = parts.len().div_ceil(WAITING_THREADS).max(1);
@@ -117,7 +125,7 @@ fn run_parts(st: &State, parts: Vec<(pb::SequenceStep, Target)>) -> Vec<PartOutc
                 let thread = scope.spawn(move || {
                     group
                         .into_iter()
-                        .map(|(part, target)| run_part(st, part, target))
+                        .map(|(part, target)| run_under(signal, || run_part(st, part, target)))
                         .collect::<Vec<_>>()
                 });
                 (parts, thread)

@@ -101,7 +101,8 @@ pub(super) fn draft_context(
         .map_err(index_status)
 }
 
-/// `AddDocuments`: every document is checked (or tokenized) before any is added.
+/// `AddDocuments`: every document is checked (or tokenized) before any is added, and the live
+/// index then adds them all or none.
 pub(super) fn add_documents(
     s: &State,
     r: pb::AddDocumentsRequest,
@@ -114,10 +115,12 @@ pub(super) fn add_documents(
     for doc in r.documents {
         let tokens = match doc.content {
             Some(pb::live_document::Content::Tokens(t)) => t.ids,
-            Some(pb::live_document::Content::Text(text)) => s
-                .sequence_tokenizer()
-                .encode(&text)
-                .map_err(|e| Status::invalid_argument(e.to_string()))?,
+            Some(pb::live_document::Content::Text(text)) => {
+                s.check_text("a document", &text)?;
+                s.sequence_tokenizer()
+                    .encode(&text)
+                    .map_err(|e| Status::invalid_argument(e.to_string()))?
+            }
             None => return Err(Status::invalid_argument("a document with no content")),
         };
         s.check_len("a document", tokens.len())?;
@@ -128,10 +131,12 @@ pub(super) fn add_documents(
         "the request's documents together",
         docs.iter().map(Vec::len).sum(),
     )?;
-    live.add_documents(&r.namespace, &docs)
+    let appended = live
+        .add_documents(&r.namespace, &docs, &r.request_id)
         .map_err(live_status)?;
     Ok(pb::AddDocumentsResponse {
         documents: docs.len() as u64,
         tokens: docs.iter().map(|d| d.len() as u64).sum(),
+        repeated: appended == crate::live::Appended::Repeated,
     })
 }

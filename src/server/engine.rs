@@ -94,8 +94,23 @@ pub(super) fn info(s: &State) -> Result<pb::InfoResponse, Status> {
         tokenizer_fingerprint: s.tokenizer.fingerprint().to_string(),
         cpu_model: s.cpu.model.clone(),
         cpu_features: s.cpu.features.iter().map(|f| f.to_string()).collect(),
+        live: s.live.as_ref().and_then(|l| l.stats()).map(live_info),
         ..neural_info(s.mixing.as_ref(), s.model.as_ref())
     })
+}
+
+fn live_info(s: crate::live::LiveStats) -> pb::LiveInfo {
+    pb::LiveInfo {
+        namespaces: s.namespaces as u64,
+        runs: s.runs as u64,
+        tokens: s.tokens,
+        tail_tokens: s.tail_tokens,
+        evicted_runs: s.evicted_runs,
+        failed_writes: s.failed_writes,
+        runs_set_aside: s.runs_set_aside,
+        namespaces_reclaimed: s.namespaces_reclaimed,
+        write_failure: s.write_failure.unwrap_or_default(),
+    }
 }
 
 /// What `Info` says of a mixing file and a model (the other fields left empty).
@@ -371,10 +386,12 @@ pub(super) fn trace(s: &State, r: pb::TraceRequest) -> Result<pb::TraceResponse,
                 "give the ids or the text to trace, not both",
             ))
         }
-        (true, false) => s
-            .tokenizer
-            .encode(&r.text)
-            .map_err(|e| Status::invalid_argument(format!("tokenizing the text: {e}")))?,
+        (true, false) => {
+            s.check_text("the traced text", &r.text)?;
+            s.tokenizer
+                .encode(&r.text)
+                .map_err(|e| Status::invalid_argument(format!("tokenizing the text: {e}")))?
+        }
         _ => r.ids,
     };
     check_len(&s.limits, "the traced sequence", ids.len())?;

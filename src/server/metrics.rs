@@ -1,7 +1,7 @@
 //! Prometheus metrics of the service (requests and errors by method and status code, latency
 //! histograms, requests doing work, open sessions) and the small HTTP endpoint that serves them.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -14,6 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::listen::AcceptBackoff;
+use crate::live::{LiveStats, LiveStore};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MethodCode {
@@ -42,6 +43,56 @@ pub struct Metrics {
     pub kv_tokens: Gauge,
     /// Open gRPC connections (bounded by limits.max_connections).
     pub connections: Gauge,
+    /// The live index whose figures each scrape reads, once the service has one.
+    live: OnceLock<Arc<dyn LiveStore>>,
+    live_gauges: LiveGauges,
+}
+
+/// The live index's figures ([`LiveStats`]), set at each scrape.
+#[derive(Default)]
+struct LiveGauges {
+    namespaces: Gauge,
+    runs: Gauge,
+    tokens: Gauge,
+    tail_tokens: Gauge,
+    evicted_runs: Gauge,
+    failed_writes: Gauge,
+    runs_set_aside: Gauge,
+    namespaces_reclaimed: Gauge,
+    write_failing: Gauge,
+}
+
+impl LiveGauges {
+    fn register(&self, registry: &mut Registry) {
+        let gauges: [(&str, &str, &Gauge); 9] = [
+            ("live_namespaces", "Namespaces of the live index", &self.namespaces),
+            ("live_runs", "Runs of the live index", &self.runs),
+            ("live_tokens", "Tokens held by the live index, tails included", &self.tokens),
+            ("live_tail_tokens", "Tokens of the live index in memory, waiting to be built into runs", &self.tail_tokens),
+            ("live_evicted_runs", "Runs evicted since start to keep the live index within its budget", &self.evicted_runs),
+            ("live_failed_writes", "Builds and list writes of the live index that failed since start (each is tried again; nothing is dropped)", &self.failed_writes),
+            ("live_runs_set_aside", "Live runs that failed their checks at open and were set aside", &self.runs_set_aside),
+            ("live_namespaces_reclaimed", "Empty live namespaces reclaimed since start", &self.namespaces_reclaimed),
+            ("live_write_failing", "1 while the live index cannot write to its disk (appends are refused), else 0", &self.write_failing),
+        ];
+        for (name, help, gauge) in gauges {
+            registry.register(name, help, gauge.clone());
+        }
+    }
+
+    fn set(&self, s: &LiveStats) {
+        let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.namespaces.set(as_i64(s.namespaces as u64));
+        self.runs.set(as_i64(s.runs as u64));
+        self.tokens.set(as_i64(s.tokens));
+        self.tail_tokens.set(as_i64(s.tail_tokens));
+        self.evicted_runs.set(as_i64(s.evicted_runs));
+        self.failed_writes.set(as_i64(s.failed_writes));
+        self.runs_set_aside.set(as_i64(s.runs_set_aside));
+        self.namespaces_reclaimed
+            .set(as_i64(s.namespaces_reclaimed));
+        self.write_failing.set(i64::from(s.write_failure.is_some()));
+    }
 }
 
 impl Default for Metrics {
@@ -80,6 +131,8 @@ impl Default for Metrics {
             "Open gRPC connections (bounded by limits.max_connections)",
             connections.clone(),
         );
+        let live_gauges = LiveGauges::default();
+        live_gauges.register(&mut registry);
         Self {
             registry,
             requests,
@@ -88,6 +141,8 @@ impl Default for Metrics {
             sessions,
             kv_tokens,
             connections,
+            live: OnceLock::new(),
+            live_gauges,
         }
     }
 }
@@ -104,8 +159,16 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
     }
 
+    /// Reports `live`'s figures from now on.
+    pub fn watch_live(&self, live: Arc<dyn LiveStore>) {
+        let _ = self.live.set(live);
+    }
+
     /// The OpenMetrics text exposition.
     pub fn render(&self) -> String {
+        if let Some(stats) = self.live.get().and_then(|l| l.stats()) {
+            self.live_gauges.set(&stats);
+        }
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

@@ -318,6 +318,25 @@ fn check_len(limits: &Limits, what: &str, len: usize) -> Result<(), Status> {
     Ok(())
 }
 
+/// Bytes of text a token stands for at most on average, however the text is written: text longer
+/// than the token limit times this is refused before it is tokenized (tokenizing megabytes to then
+/// refuse the ids on their count would be the work the limit is there to stop).
+const MAX_TEXT_BYTES_PER_TOKEN: usize = 16;
+
+fn check_text(limits: &Limits, what: &str, text: &str) -> Result<(), Status> {
+    let most = limits
+        .max_context_tokens
+        .saturating_mul(MAX_TEXT_BYTES_PER_TOKEN);
+    if text.len() > most {
+        return Err(Status::invalid_argument(format!(
+            "{what} has {} bytes of text, more than the {most} that the limit of {} tokens allows",
+            text.len(),
+            limits.max_context_tokens
+        )));
+    }
+    Ok(())
+}
+
 impl State {
     /// A permit to do CPU work, or RESOURCE_EXHAUSTED when `max_in_flight` requests already run.
     fn permit(&self) -> Result<WorkPermit, Status> {
@@ -333,6 +352,10 @@ impl State {
 
     fn check_len(&self, what: &str, len: usize) -> Result<(), Status> {
         check_len(&self.limits, what, len)
+    }
+
+    fn check_text(&self, what: &str, text: &str) -> Result<(), Status> {
+        check_text(&self.limits, what, text)
     }
 
     /// Refuses ids outside the vocabulary of mixing requests: the reference data's, or the
@@ -569,6 +592,9 @@ impl SidecarService {
         evidence: Evidence,
         neural: Neural,
     ) -> Self {
+        if let Some(live) = &evidence.live {
+            metrics.watch_live(Arc::clone(live));
+        }
         Self {
             state: Arc::new(State {
                 index: evidence.index,
@@ -660,17 +686,46 @@ async fn on_pool<T: Send + 'static>(
     answer
 }
 
-/// The next message of a client's stream; `None` once the client ended it (or broke it), or once a
-/// shutdown's drain deadline passed, which the client is told with UNAVAILABLE.
+/// Runs one step of a stream (`Session`, `Batch`) as [`on_pool`] runs a unary call's work, under
+/// the stream's deadline, and stops it as soon as the client leaves: the stream's answers are no
+/// longer received (`answers` closed), which drops the work's future and so raises its stop signal.
+/// The spawned task that serves a stream is nobody's future, so without this a departed client's
+/// step ran to its end, holding its permit and its sequences' KV tokens.
+async fn on_pool_for_stream<T: Send + 'static, R>(
+    state: &Arc<State>,
+    deadline: Option<Instant>,
+    answers: &tokio::sync::mpsc::Sender<R>,
+    work: impl FnOnce(&State) -> Result<T, Status> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::select! {
+        outcome = on_pool(state, deadline, work) => outcome,
+        _ = answers.closed() => Err(Status::cancelled("the client went away")),
+    }
+}
+
+/// The next message of a client's stream; `None` once the client ended it (or broke it), once a
+/// shutdown's drain deadline passed (the client is told with UNAVAILABLE), or once the stream's
+/// `deadline` passed (DEADLINE_EXCEEDED: the call is over, as a unary call's would be).
 async fn next_message<T, R>(
     state: &State,
     inbound: &mut Streaming<T>,
     tx: &tokio::sync::mpsc::Sender<Result<R, Status>>,
+    deadline: Option<Instant>,
 ) -> Option<T> {
+    let expired = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d.into()).await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         message = inbound.message() => message.ok().flatten(),
         _ = state.closed() => {
             let _ = tx.send(Err(closing_status())).await;
+            None
+        }
+        _ = expired => {
+            let _ = tx.send(Err(Status::deadline_exceeded("the stream's deadline passed"))).await;
             None
         }
     }
@@ -829,7 +884,8 @@ impl Sidecar for SidecarService {
         &self,
         request: Request<Streaming<pb::SessionRequest>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
-        let stream = session::start(Arc::clone(&self.state), request.into_inner())?;
+        let deadline = deadline_of(&request);
+        let stream = session::start(Arc::clone(&self.state), request.into_inner(), deadline)?;
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -839,7 +895,8 @@ impl Sidecar for SidecarService {
         &self,
         request: Request<Streaming<pb::BatchStep>>,
     ) -> Result<Response<Self::BatchStream>, Status> {
-        let stream = batch::start(Arc::clone(&self.state), request.into_inner());
+        let deadline = deadline_of(&request);
+        let stream = batch::start(Arc::clone(&self.state), request.into_inner(), deadline);
         Ok(Response::new(Box::pin(stream)))
     }
 }

@@ -14,7 +14,7 @@ use tonic::{Status, Streaming};
 use super::kv_budget::KvReservation;
 use super::metrics::Metrics;
 use super::mixing::{mixed, neural_distribution, LambdaChoice, MixOptions};
-use super::{drafting, evidence_status, index_status, model_status, on_pool, pb, State};
+use super::{drafting, evidence_status, index_status, model_status, on_pool_for_stream, pb, State};
 use crate::draft::{DraftOptions, DraftTree, Sequence};
 use crate::mix::{AdaptiveSequence, LambdaRule};
 use crate::model::KvCache;
@@ -178,6 +178,7 @@ impl Session {
             length: self.seq.tokens().len() as u64,
             suffix_len: self.seq.suffix_len() as u32,
             prompt_cnt: self.seq.prompt_cnt(),
+            warning: self.seq.warning().unwrap_or_default().to_string(),
         }
     }
 }
@@ -278,23 +279,25 @@ pub(super) fn draft(s: &State, id: u64, opts: &DraftOptions) -> Result<DraftTree
 }
 
 /// Serves one `Session` stream: steps run one at a time, in order, on the blocking pool. At a
-/// shutdown's drain deadline the stream ends with UNAVAILABLE.
+/// shutdown's drain deadline the stream ends with UNAVAILABLE. A step stops when the client leaves
+/// or the stream's `deadline` passes.
 pub(super) fn start(
     state: Arc<State>,
     mut inbound: Streaming<pb::SessionRequest>,
+    deadline: Option<Instant>,
 ) -> Result<ReceiverStream<Result<pb::SessionResponse, Status>>, Status> {
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
         let mut session: Option<OpenSession> = None;
-        while let Some(request) = super::next_message(&state, &mut inbound, &tx).await {
+        while let Some(request) = super::next_message(&state, &mut inbound, &tx, deadline).await {
             let started = Instant::now();
-            let (method, reply) = step(&state, &mut session, request).await;
+            let (method, reply) = step(&state, &mut session, request, deadline, &tx).await;
             let code = match &reply.result {
                 Some(pb::session_response::Result::Error(e)) => Some(tonic::Code::from(e.code)),
                 _ => None,
             };
             state.metrics.observe(method, started.elapsed(), code);
-            if tx.send(Ok(reply)).await.is_err() {
+            if tx.is_closed() || tx.send(Ok(reply)).await.is_err() {
                 break;
             }
         }
@@ -309,10 +312,12 @@ enum Answer {
 }
 
 /// Runs one step and describes the session after it.
-async fn step(
+async fn step<R>(
     state: &Arc<State>,
     session: &mut Option<OpenSession>,
     request: pb::SessionRequest,
+    deadline: Option<Instant>,
+    answers: &mpsc::Sender<R>,
 ) -> (&'static str, pb::SessionResponse) {
     use pb::session_request::Step;
     let method = match &request.step {
@@ -325,7 +330,9 @@ async fn step(
     };
     let outcome = match (request.step, session.as_ref()) {
         (Some(Step::Start(start)), None) => {
-            match on_pool(state, None, move |st| Session::new(st, start)).await {
+            match on_pool_for_stream(state, deadline, answers, move |st| Session::new(st, start))
+                .await
+            {
                 Ok(new) => OpenSession::register(state, Arc::new(Mutex::new(new))).map(|open| {
                     *session = Some(open);
                     None
@@ -342,7 +349,7 @@ async fn step(
         (None, Some(_)) => Err(Status::invalid_argument("an empty step")),
         (Some(step), Some(open)) => {
             let shared = Arc::clone(&open.shared);
-            on_pool(state, None, move |st| {
+            on_pool_for_stream(state, deadline, answers, move |st| {
                 let mut s = lock(&shared);
                 match step {
                     Step::Append(a) => s.append(st, &a.tokens).map(|_| None),

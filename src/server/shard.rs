@@ -15,7 +15,7 @@ use crate::index::partial::LocalSample;
 use crate::index::query::Spread;
 use crate::index::Index;
 use crate::live::namespace::check_name;
-use crate::live::LiveStore;
+use crate::live::{Appended, LiveStore, Piece};
 
 /// The checksums of the index's files, hashed: what replicas of a shard must agree on.
 fn content_id(index: &Index) -> String {
@@ -258,11 +258,18 @@ fn live_append(s: &State, r: spb::LiveAppendRequest) -> Result<spb::LiveAppendAn
     let live = live(s)?;
     check_name(&r.namespace).map_err(live_status)?;
     s.check_len("the pieces", r.pieces.iter().map(|p| p.tokens.len()).sum())?;
-    for piece in &r.pieces {
-        live.append(&r.namespace, piece.doc, &piece.tokens)
-            .map_err(live_status)?;
-    }
-    Ok(spb::LiveAppendAnswer {})
+    let pieces: Vec<Piece> = (r.pieces.iter())
+        .map(|p| Piece {
+            doc: p.doc,
+            tokens: &p.tokens,
+        })
+        .collect();
+    let appended = live
+        .append_pieces(&r.namespace, &pieces, &r.request_id)
+        .map_err(live_status)?;
+    Ok(spb::LiveAppendAnswer {
+        repeated: appended == Appended::Repeated,
+    })
 }
 
 fn live_continuations(

@@ -455,7 +455,7 @@ async fn sessions_drafts_and_live_documents_over_a_byte_index_are_in_the_models_
             false => pb::session_request::Step::Truncate(pb::SessionTruncate { length: to as u64 }),
         };
         let reply = server::step(&tx, &mut replies, step).await;
-        let (Some(state), None) = (reply.state, &reply.result) else {
+        let (Some(state), None) = (reply.state.clone(), &reply.result) else {
             panic!("moving to {to}: {reply:?}");
         };
         length = to;
@@ -533,6 +533,7 @@ async fn sessions_drafts_and_live_documents_over_a_byte_index_are_in_the_models_
     client
         .add_documents(pb::AddDocumentsRequest {
             namespace: "notes".into(),
+            request_id: String::new(),
             documents: vec![pb::LiveDocument {
                 content: Some(pb::live_document::Content::Text(added.into())),
             }],

@@ -884,6 +884,7 @@ async fn live_namespaces_behind_routers(routers: [&mut SidecarClient<Channel>; 2
     router_a
         .add_documents(pb::AddDocumentsRequest {
             namespace: "manuals".into(),
+            request_id: String::new(),
             documents: vec![pb::LiveDocument {
                 content: Some(pb::live_document::Content::Tokens(pb::TokenIds {
                     ids: added.clone(),

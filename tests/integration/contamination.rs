@@ -112,3 +112,31 @@ fn a_copied_benchmark_item_is_reported_with_its_document() {
     let md = std::fs::read_to_string(out.join("contamination.md")).unwrap();
     assert!(md.contains("| all | 2 | 1 (50.0%) |"), "{md}");
 }
+
+/// An item longer than a query may be (over 1 M tokens) is skipped with a line, and the report goes
+/// on for the others; the report failed as a whole on it before.
+#[test]
+fn an_item_over_the_query_limit_is_skipped_and_the_others_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = vec![vec![1, 2, 3, 1, 2]];
+    let index = common::small_index(dir.path(), &docs, 100);
+    let item = |index: usize, tokens: Vec<u32>| EvalDocument {
+        index,
+        domain: "d".into(),
+        path: "p".into(),
+        tokens,
+    };
+    let huge = vec![1u32; infini_sidecar::index::query::MAX_QUERY_TOKENS + 1];
+    let items = [item(0, vec![1, 2, 3]), item(1, huge)];
+    let opts = ContaminationOptions {
+        ngram: 2,
+        threshold: 0.5,
+        max_documents: 1,
+    };
+    let report = contamination::report(&index, &items, &opts).unwrap();
+    assert_eq!(report.items.len(), 1);
+    assert!(report.items[0].contaminated);
+    assert_eq!(report.skipped.len(), 1);
+    assert_eq!(report.skipped[0].item, 1);
+    assert!(contamination::markdown(&report, 5).contains("Item 1 (d) was skipped"));
+}

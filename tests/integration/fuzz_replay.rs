@@ -76,6 +76,13 @@ fn rpc() {
     replay("rpc", |input| fixture.run(input));
 }
 
+#[test]
+fn live() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = harness::live::Fixture::new(dir.path());
+    replay("live", |input| fixture.run(input));
+}
+
 /// Writes the harness's seeds as `fuzz/corpus/TARGET/seed-NAME`: run it when an input format
 /// changes (`cargo nextest run --run-ignored only -E 'test(fuzz_replay::write_seeds)'`).
 #[test]
@@ -90,6 +97,7 @@ fn write_seeds() {
             harness::compressed_file::seeds(dir.path()),
         ),
         ("rpc", harness::rpc::seeds()),
+        ("live", harness::live::seeds()),
     ];
     for (target, seeds) in targets {
         let out = fuzz_dir().join("corpus").join(target);

@@ -147,6 +147,7 @@ async fn added_documents_and_references_are_drafted_from_and_bad_requests_are_re
     let added = client
         .add_documents(authed(pb::AddDocumentsRequest {
             namespace: "docs".into(),
+            request_id: String::new(),
             documents: vec![pb::LiveDocument {
                 content: Some(pb::live_document::Content::Text(GENERATED.into())),
             }],
@@ -176,6 +177,7 @@ async fn added_documents_and_references_are_drafted_from_and_bad_requests_are_re
     let add = |namespace: &str, ids: Vec<u32>| {
         authed(pb::AddDocumentsRequest {
             namespace: namespace.into(),
+            request_id: String::new(),
             documents: vec![pb::LiveDocument {
                 content: Some(pb::live_document::Content::Tokens(pb::TokenIds { ids })),
             }],
@@ -302,6 +304,7 @@ async fn kill_9_while_documents_stream_in_never_leaves_a_live_index_that_does_no
         let add = |docs: Vec<Vec<u32>>| {
             authed(pb::AddDocumentsRequest {
                 namespace: "agents".into(),
+                request_id: String::new(),
                 documents: docs
                     .into_iter()
                     .map(|ids| pb::LiveDocument {

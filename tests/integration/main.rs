@@ -18,6 +18,8 @@ mod flavours_real;
 mod fuzz_replay;
 mod hints;
 mod live;
+mod live_hardening;
+mod live_soak;
 mod mix_real;
 mod model_real;
 mod model_tiny;

@@ -6,7 +6,8 @@
 //! `eval ppl`'s on the same documents.
 //!
 //! Needs the Python that `scripts/test.sh` prepares (`ensure_client_python` in scripts/env.sh:
-//! grpcio, llama-cpp-python, lm-eval and this package), or `$SIDECAR_PYTHON`.
+//! grpcio, llama-cpp-python, lm-eval and this package), or `$SIDECAR_PYTHON`. Also the cmake options
+//! env.sh builds that llama.cpp with, from a CPU's flags.
 
 use crate::common;
 
@@ -70,7 +71,8 @@ async fn run_example(script: &str, args: Vec<String>, addr: std::net::SocketAddr
         .collect()
 }
 
-/// The package's own tests (tests/test_client.py) against a sidecar with the real SmolLM2.
+/// The package's own tests (tests/test_client.py) against a sidecar with the real SmolLM2 (the
+/// streams' timeout against a stalled server of their own).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_package_tests_pass() {
     let dir = tempfile::tempdir().unwrap();
@@ -81,7 +83,8 @@ async fn python_package_tests_pass() {
 }
 
 /// llama-cpp-python (the same SmolLM2 GGUF): greedy decoding with sidecar drafts equals plain
-/// decoding, and the logits processor mixes as asked (tests/test_llama_cpp.py).
+/// decoding, the logits processor mixes as asked, and the drafter goes on after a refused call
+/// (tests/test_llama_cpp.py).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn llama_cpp_with_sidecar_drafts_decodes_as_plain_llama_cpp() {
     let dir = tempfile::tempdir().unwrap();
@@ -330,4 +333,83 @@ async fn python_examples_agree_with_the_tonic_client() {
         .collect();
     assert_eq!(sequence, context);
     let _ = stop.send(());
+}
+
+/// ggml's options as `ensure_llama_cpp` (scripts/env.sh) gives them for a CPU whose /proc/cpuinfo
+/// lists `flags`: the names (GGML_ left off) turned on, after checking every option is given.
+fn llama_cpp_options_on(flags: &str) -> Vec<String> {
+    let script = "source scripts/env.sh && llama_cpp_cpu_options \"$1\"";
+    let out = Command::new("bash")
+        .args(["-c", script, "bash", flags])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let options = String::from_utf8(out.stdout).unwrap();
+    let mut given = Vec::new();
+    let mut on = Vec::new();
+    for option in options.split_whitespace() {
+        let (name, value) = option
+            .strip_prefix("-DGGML_")
+            .unwrap()
+            .split_once('=')
+            .unwrap();
+        given.push(name.to_string());
+        if value == "ON" {
+            on.push(name.to_string());
+        }
+    }
+    given.sort();
+    let mut every = [
+        "NATIVE",
+        "SSE42",
+        "AVX",
+        "AVX2",
+        "FMA",
+        "F16C",
+        "BMI2",
+        "AVX_VNNI",
+        "AVX512",
+        "AVX512_VBMI",
+        "AVX512_VNNI",
+        "AVX512_BF16",
+        "AMX_TILE",
+        "AMX_INT8",
+        "AMX_BF16",
+    ];
+    every.sort();
+    assert_eq!(given, every);
+    on
+}
+
+/// llama.cpp is built from the features the OS enables, never with -march=native (which died of
+/// SIGILL on a Xeon VM): AVX-512 where its five base features are listed, AMX never. The expected
+/// options are read off ggml's CMake (the -m flags each one compiles with).
+#[test]
+fn llama_cpp_builds_for_the_listed_cpu_features() {
+    // A Sapphire Rapids VM (its relevant flags).
+    let xeon = "flags : fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c bmi1 avx2 bmi2 avx512f \
+                avx512dq avx512ifma avx512cd avx512bw avx512vl avx_vnni avx512_bf16 avx512vbmi \
+                avx512_vbmi2 avx512_vnni avx512_vpopcntdq amx_bf16 avx512_fp16 amx_tile amx_int8";
+    let xeon_on = [
+        "SSE42",
+        "AVX",
+        "AVX2",
+        "FMA",
+        "F16C",
+        "BMI2",
+        "AVX_VNNI",
+        "AVX512",
+        "AVX512_VBMI",
+        "AVX512_VNNI",
+        "AVX512_BF16",
+    ];
+    assert_eq!(llama_cpp_options_on(xeon), xeon_on);
+    // Zen 3: AVX2, no AVX-512 or VNNI.
+    let zen3 = "flags : fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c bmi1 avx2 bmi2 sha_ni";
+    let zen3_on = ["SSE42", "AVX", "AVX2", "FMA", "F16C", "BMI2"];
+    assert_eq!(llama_cpp_options_on(zen3), zen3_on);
+    // AVX-512 extensions without the base (Knights Landing has no VL, DQ or BW) stay off.
+    let knl = format!("{zen3} avx512f avx512cd avx512er avx512pf avx512_vnni");
+    assert_eq!(llama_cpp_options_on(&knl), zen3_on);
 }

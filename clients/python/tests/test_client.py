@@ -1,12 +1,19 @@
 """The package against a real sidecar (SIDECAR_ADDR, serving the SmolLM2 model and an index of its
 tokenizer; started by the Rust integration test `python_client`): typed methods, typed errors, the
-Batch stream against sessions, and the lm_eval adapter against the Score RPC."""
+Batch stream against sessions, and the lm_eval adapter against the Score RPC. The streams' timeout
+is tested against a stalled server of this process's own."""
 import math
 import os
+import threading
+import time
 import unittest
+from concurrent.futures import ThreadPoolExecutor
 
-from infini_sidecar import (API, InvalidArgument, NotFound, Sidecar, lambda_rule, pb,
-                            top_k_logprobs)
+import grpc
+
+from infini_sidecar import (API, BatchStepError, DeadlineExceeded, InvalidArgument, NotFound, Sidecar,
+                            lambda_rule, pb, top_k_logprobs)
+from infini_sidecar import sidecar_pb2_grpc as pb_grpc
 from infini_sidecar.client import draft_options
 
 ADDR = os.environ.get("SIDECAR_ADDR", "127.0.0.1:50051")
@@ -111,11 +118,117 @@ class ClientTest(unittest.TestCase):
                     s.append([token])
                 results = batch.step([batch.part(i, append=[token], mix=mix, draft=draft_options())
                                       for i in range(len(contexts))])
-            with self.assertRaises(NotFound) as refused:
+            with self.assertRaises(BatchStepError) as refused:
                 batch.step([batch.part(7, append=[1])])
+            self.assertIsInstance(refused.exception.errors[0], NotFound)
             self.assertIn("sequence 7", str(refused.exception))
         for s in sessions:
             s.close()
+
+    def test_batch_step_with_a_refused_part(self):
+        """The sidecar does a step's other parts when one is refused: the error carries every result,
+        so the caller sees what was done and goes on from there without sending it again."""
+        with self.sidecar.batch() as batch:
+            batch.step([batch.part(1, start=self.ids[:3]), batch.part(2, start=self.ids[:2])])
+            with self.assertRaises(BatchStepError) as refused:
+                batch.step([batch.part(1, append=self.ids[3:4]), batch.part(2, keep=99)])
+            done, bad = refused.exception.results
+            self.assertEqual(refused.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIsNone(refused.exception.errors[0])
+            self.assertIsInstance(refused.exception.errors[1], InvalidArgument)
+            self.assertEqual((done.state.length, bad.state.length), (4, 2))
+            self.assertTrue(bad.HasField("error") and not done.HasField("error"))
+            # Sequence 1 holds ids[:4] once: its next step drafts as the unary Draft of ids[:5] does.
+            (after,) = batch.step([batch.part(1, append=self.ids[4:5], draft=draft_options())])
+            self.assertEqual(after.state.length, 5)
+            self.assertEqual(after.draft, self.sidecar.draft(context=self.ids[:5]))
+            # Unchecked, a refused part is answered the same, and nothing raises.
+            results = batch.step([batch.part(1, append=self.ids[5:6]), batch.part(2, keep=99)],
+                                 check=False)
+            self.assertEqual([r.state.length for r in results], [6, 2])
+            self.assertEqual([r.HasField("error") for r in results], [False, True])
+
+    def test_add_documents_retried_with_its_request_id_is_added_once(self):
+        """A request sent again with its request_id (its answer lost, say) adds nothing the second
+        time, and says so; the live index holds its tokens once."""
+        before = self.sidecar.info().live.tokens
+        docs = [self.ids[:10], self.ids[10:20]]
+        first = self.sidecar.add_documents("py-retry", docs, request_id="py-1")
+        again = self.sidecar.add_documents("py-retry", docs, request_id="py-1")
+        self.assertEqual((first.repeated, again.repeated), (False, True))
+        self.assertEqual((again.documents, again.tokens), (2, 20))
+        self.assertEqual(self.sidecar.info().live.tokens, before + 20)
+
+
+class StalledSidecar(pb_grpc.SidecarServicer):
+    """A sidecar that has stalled: it takes calls and stream messages but never answers. `ended` is
+    set when a stream's client goes away."""
+
+    def __init__(self):
+        self.ended = threading.Event()
+
+    def Count(self, request, context):
+        while context.is_active():
+            time.sleep(0.05)
+
+    def Session(self, requests, context):
+        try:
+            for _ in requests:
+                pass
+        finally:
+            self.ended.set()
+        yield from ()
+
+    Batch = Session
+
+
+class StreamTimeoutTest(unittest.TestCase):
+    """A stream step honours the client's timeout as a unary call does, and cancels its stream."""
+
+    TIMEOUT = 1.0
+
+    def setUp(self):
+        self.stalled = StalledSidecar()
+        self.server = grpc.server(ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_SidecarServicer_to_server(self.stalled, self.server)
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+        self.sidecar = Sidecar(f"127.0.0.1:{port}", timeout=self.TIMEOUT)
+        self.pool = ThreadPoolExecutor(max_workers=1)
+
+    def tearDown(self):
+        self.sidecar.close()
+        self.server.stop(0)
+        self.pool.shutdown()
+
+    def raised(self, call):
+        """What `call` raised and after how long; run on a thread so a hang fails instead of blocking."""
+        started = time.monotonic()
+        error = self.pool.submit(call).exception(timeout=self.TIMEOUT + 5)
+        return error, time.monotonic() - started
+
+    def check_step_times_out(self, stream, first, then):
+        unary, _ = self.raised(lambda: self.sidecar.count([1, 2]))
+        error, waited = self.raised(first)
+        self.assertIs(type(error), type(unary))
+        self.assertIsInstance(error, DeadlineExceeded)
+        self.assertLess(waited, self.TIMEOUT + 1)
+        self.assertTrue(self.stalled.ended.wait(5), "the stream was not cancelled")
+        # Its state unknown, the stream takes no more steps.
+        error, waited = self.raised(then)
+        self.assertIsInstance(error, DeadlineExceeded)
+        self.assertLess(waited, 0.5)
+        stream.close()
+
+    def test_session_step(self):
+        session = self.sidecar.session()
+        self.check_step_times_out(session, lambda: session.start([1, 2, 3]),
+                                  lambda: session.append([4]))
+
+    def test_batch_step(self):
+        batch = self.sidecar.batch()
+        self.check_step_times_out(batch, lambda: batch.step([batch.part(1, start=[1, 2, 3])]),
+                                  lambda: batch.step([batch.part(1, append=[4])]))
 
 
 class LmEvalAdapterTest(unittest.TestCase):

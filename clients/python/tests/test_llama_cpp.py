@@ -1,13 +1,13 @@
 """llama-cpp-python with the sidecar (SIDECAR_ADDR, an index of SmolLM2's tokenizer; SIDECAR_GGUF, the
 SmolLM2 GGUF): greedy decoding with sidecar drafts emits exactly plain decoding's tokens, and the
-logits processor at λ = 0 changes nothing while at λ = 1 it follows the ∞-gram."""
+logits processor at λ = 0 changes nothing while at λ = 1 it follows the ∞-gram; after a refused call
+or an ended stream, the next call's sidecar sequence is its tokens again."""
 import os
 import unittest
 
-import numpy as np
 from llama_cpp import Llama
 
-from infini_sidecar import Sidecar
+from infini_sidecar import InvalidArgument, Sidecar, SidecarError
 from infini_sidecar.llama_cpp import SidecarDraftModel, SidecarLogitsProcessor
 
 ADDR = os.environ.get("SIDECAR_ADDR", "127.0.0.1:50051")
@@ -63,6 +63,28 @@ class LlamaCppTest(unittest.TestCase):
             context.append(t)
         neutral.close()
         infgram.close()
+
+    def test_drafter_goes_on_after_a_refused_call(self):
+        """A refused call (a token outside the vocabulary, after a rollback the sidecar did) raises, and
+        so does one whose stream ended; each next call's sequence is exactly its tokens: it is as long
+        and drafts as the unary Draft of those tokens does."""
+        drafter = SidecarDraftModel(self.sidecar, max_tokens=8)
+        mirror, ids = drafter.mirror, self.prompts[0]
+
+        def check(tokens):
+            result = mirror.step(tokens, draft=drafter.options)
+            self.assertEqual(result.state.length, len(tokens))
+            self.assertEqual(result.draft, self.sidecar.draft(context=tokens, options=drafter.options))
+
+        check(ids)
+        with self.assertRaises(InvalidArgument):
+            drafter(ids[:-1] + [10**9])
+        check(ids + self.prompts[1][:2])
+        mirror.batch.close()  # the stream ends under it, as a timeout or a sidecar gone would end it
+        with self.assertRaises(SidecarError):
+            drafter(ids)
+        check(ids)
+        drafter.close()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use super::shards::{request, ShardClient, ShardSet};
 use crate::index::IndexError;
-use crate::live::{LiveError, LiveStore, Result};
+use crate::live::{Appended, LiveError, LiveStore, Piece, Result};
 use crate::server::shard_pb as spb;
 
 /// The shard servers' live indexes, each namespace on its owner.
@@ -52,19 +52,6 @@ impl RemoteLive {
         self.runtime
             .block_on(self.shards.call_one(&members, owner, deadline, call))
     }
-
-    fn append_pieces(&self, namespace: &str, pieces: Vec<spb::LivePiece>) -> Result<()> {
-        let ask = spb::LiveAppendRequest {
-            namespace: namespace.to_string(),
-            pieces,
-        };
-        self.on_owner(namespace, |mut c, t| {
-            let ask = ask.clone();
-            async move { c.live_append(request(ask, t)).await }
-        })
-        .map(|_| ())
-        .map_err(remote)
-    }
 }
 
 /// A document id no shard server's own counter reaches: the high bit set, the rest random.
@@ -82,23 +69,33 @@ impl LiveStore for RemoteLive {
         document_id()
     }
 
-    fn append(&self, namespace: &str, doc: u64, tokens: &[u32]) -> Result<()> {
-        let piece = spb::LivePiece {
-            doc,
-            tokens: tokens.to_vec(),
+    /// One call to the owner, which adds the pieces all or none.
+    fn append_pieces(
+        &self,
+        namespace: &str,
+        pieces: &[Piece],
+        request_id: &str,
+    ) -> Result<Appended> {
+        let ask = spb::LiveAppendRequest {
+            namespace: namespace.to_string(),
+            pieces: (pieces.iter())
+                .map(|p| spb::LivePiece {
+                    doc: p.doc,
+                    tokens: p.tokens.to_vec(),
+                })
+                .collect(),
+            request_id: request_id.to_string(),
         };
-        self.append_pieces(namespace, vec![piece])
-    }
-
-    fn add_documents(&self, namespace: &str, docs: &[Vec<u32>]) -> Result<()> {
-        let pieces = docs
-            .iter()
-            .map(|d| spb::LivePiece {
-                doc: document_id(),
-                tokens: d.clone(),
+        let answer = self
+            .on_owner(namespace, |mut c, t| {
+                let ask = ask.clone();
+                async move { c.live_append(request(ask, t)).await }
             })
-            .collect();
-        self.append_pieces(namespace, pieces)
+            .map_err(remote)?;
+        Ok(match answer.repeated {
+            true => Appended::Repeated,
+            false => Appended::Added,
+        })
     }
 
     fn continuations(

@@ -12,14 +12,14 @@ imported on their own, as they need those packages.
 """
 from . import sidecar_pb2 as pb
 from .client import Sidecar, lambda_rule, top_k_logprobs
-from .errors import (DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
-                     ResourceExhausted, SidecarError, Unauthenticated, Unavailable)
+from .errors import (BatchStepError, DeadlineExceeded, FailedPrecondition, InvalidArgument,
+                     NotFound, ResourceExhausted, SidecarError, Unauthenticated, Unavailable)
 from .streams import Batch, Session
 
 __version__ = "1.0.0"
 #: The API this client speaks: the proto package its stubs were generated from.
 API = "sidecar.v1"
 
-__all__ = ["API", "Batch", "DeadlineExceeded", "FailedPrecondition", "InvalidArgument", "NotFound",
-           "ResourceExhausted", "Session", "Sidecar", "SidecarError", "Unauthenticated", "Unavailable",
-           "lambda_rule", "pb", "top_k_logprobs"]
+__all__ = ["API", "Batch", "BatchStepError", "DeadlineExceeded", "FailedPrecondition",
+           "InvalidArgument", "NotFound", "ResourceExhausted", "Session", "Sidecar", "SidecarError",
+           "Unauthenticated", "Unavailable", "lambda_rule", "pb", "top_k_logprobs"]

@@ -63,7 +63,8 @@ def draft_options(max_tokens: int = 8, tree_budget: int = 0, source: str = "all"
 
 class Sidecar:
     """A connection to one sidecar at `addr` (host:port); `token` is the bearer token when the
-    sidecar asks for one; `timeout` (seconds) is every unary call's deadline."""
+    sidecar asks for one; `timeout` (seconds) is every unary call's deadline and the longest a
+    stream's step waits for its answer (see `Session` and `Batch`)."""
 
     def __init__(self, addr: str = "127.0.0.1:50051", token: Optional[str] = None,
                  timeout: Optional[float] = None):
@@ -179,12 +180,18 @@ class Sidecar:
                                   reference=list(reference), **target)
         return self._call(self.stub.Draft, request)
 
-    def add_documents(self, namespace: str, documents: Iterable[Union[str, Sequence[int]]]
-                      ) -> pb.AddDocumentsResponse:
-        """Adds documents (texts or token ids) to a namespace of the live index."""
+    def add_documents(self, namespace: str, documents: Iterable[Union[str, Sequence[int]]],
+                      request_id: str = "") -> pb.AddDocumentsResponse:
+        """Adds documents (texts or token ids) to a namespace of the live index, all or none.
+
+        A refused call added nothing. A call whose answer was lost (a timeout) may have been added:
+        give a `request_id` (up to 128 bytes, unique per request) and send it again with the same id;
+        the sidecar adds it once and answers the repeat with `repeated` set.
+        """
         docs = [pb.LiveDocument(text=d) if isinstance(d, str) else pb.LiveDocument(tokens=pb.TokenIds(ids=list(d)))
                 for d in documents]
-        return self._call(self.stub.AddDocuments, pb.AddDocumentsRequest(namespace=namespace, documents=docs))
+        request = pb.AddDocumentsRequest(namespace=namespace, documents=docs, request_id=request_id)
+        return self._call(self.stub.AddDocuments, request)
 
     def session(self) -> "Session":
         """A `Session` stream: one decoding loop's sequence kept by the sidecar."""

@@ -1,5 +1,6 @@
 """The exceptions of the client: one class per gRPC status the sidecar answers with, raised for a
-refused call and for a refused step of a Session or Batch stream alike."""
+refused call and for a refused step of a Session or Batch stream alike; and `BatchStepError`, a Batch
+step some of whose parts were refused."""
 from __future__ import annotations
 
 import grpc
@@ -62,3 +63,17 @@ def from_step_error(error) -> SidecarError:
     """A `StepError` of a stream's answer (its code is the status code's number)."""
     code = next((c for c in grpc.StatusCode if c.value[0] == error.code), grpc.StatusCode.UNKNOWN)
     return from_code(code, error.message)
+
+
+class BatchStepError(SidecarError):
+    """A `Batch` step with refused parts, raised after the step was done: the other parts took effect.
+    `results` holds every part's result in order (a refused one with its `error`, and its sequence's
+    `state` after the step); `errors` the same order, each refusal as its typed exception and None
+    for a part that was done. `code` is the first refusal's."""
+
+    def __init__(self, results):
+        self.results = results
+        self.errors = [from_step_error(r.error) if r.HasField("error") else None for r in results]
+        refused = [(r.id, e) for r, e in zip(results, self.errors) if e is not None]
+        said = "; ".join(f"sequence {id}: {e}" for id, e in refused)
+        super().__init__(f"{len(refused)} of {len(results)} parts refused: {said}", refused[0][1].code)

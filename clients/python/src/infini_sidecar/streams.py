@@ -3,33 +3,62 @@ whole batch, one engine step a message). Each call sends one message and waits f
 from __future__ import annotations
 
 import queue
+import threading
 from typing import Iterable, Optional, Sequence
 
 import grpc
 
 from . import sidecar_pb2 as pb
 from .client import Rule, draft_options, lambda_rule, neural_fields
-from .errors import SidecarError, from_rpc_error, from_step_error
+from .errors import (BatchStepError, DeadlineExceeded, SidecarError, from_code, from_rpc_error,
+                     from_step_error)
 
 
 class _Stream:
-    """A bidirectional stream driven one message at a time; closed with `close()` or `with`."""
+    """A bidirectional stream driven one message at a time; closed with `close()` or `with`.
 
-    def __init__(self, method, metadata):
-        self._queue: queue.Queue = queue.Queue()
-        self._replies = method(iter(self._queue.get, None), metadata=metadata)
+    A step waits at most the client's `timeout` (seconds; None: no limit) for its answer. One that
+    gets none raises `DeadlineExceeded` and cancels the stream, as whether the sidecar did the step
+    is then unknown: open a new stream (and start its sequences again) to go on. Once the stream has
+    ended (a timeout, an RPC error, the sidecar ending it, `close()`), every step raises at once."""
+
+    def __init__(self, method, sidecar):
+        self._requests: queue.Queue = queue.Queue()
+        self._call = method(iter(self._requests.get, None), metadata=sidecar.metadata)
+        self._timeout = sidecar.timeout
+        # The answers, moved by a thread of their own so a step can stop waiting; the last item is
+        # the error that ended the stream.
+        self._replies: queue.Queue = queue.Queue()
+        self._ended: Optional[SidecarError] = None
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for reply in self._call:
+                self._replies.put(reply)
+            self._replies.put(SidecarError("the sidecar ended the stream"))
+        except grpc.RpcError as e:
+            self._replies.put(from_rpc_error(e))
 
     def _send(self, message):
-        self._queue.put(message)
+        if self._ended is not None:
+            raise from_code(self._ended.code, f"the stream has ended: {self._ended.details}")
+        self._requests.put(message)
         try:
-            return next(self._replies)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
-        except StopIteration:
-            raise SidecarError("the sidecar ended the stream") from None
+            reply = self._replies.get(timeout=self._timeout)
+        except queue.Empty:
+            self._call.cancel()
+            reply = DeadlineExceeded(f"no answer within {self._timeout} s; the stream is cancelled")
+        if isinstance(reply, SidecarError):
+            self._ended = reply
+            self._requests.put(None)  # frees gRPC's thread that waits for the next request
+            raise reply
+        return reply
 
     def close(self) -> None:
-        self._queue.put(None)
+        self._requests.put(None)
+        if self._ended is None:
+            self._ended = SidecarError("the stream was closed", grpc.StatusCode.CANCELLED)
 
     def __enter__(self):
         return self
@@ -43,7 +72,7 @@ class Session(_Stream):
     session as it was."""
 
     def __init__(self, sidecar):
-        super().__init__(sidecar.stub.Session, sidecar.metadata)
+        super().__init__(sidecar.stub.Session, sidecar)
         self.session_id: Optional[int] = None
 
     def _step(self, **step) -> pb.SessionResponse:
@@ -82,7 +111,7 @@ class Batch(_Stream):
     their state between steps."""
 
     def __init__(self, sidecar):
-        super().__init__(sidecar.stub.Batch, sidecar.metadata)
+        super().__init__(sidecar.stub.Batch, sidecar)
 
     @staticmethod
     def part(id: int, *, start: Optional[Sequence[int]] = None, use_model: bool = False,
@@ -111,12 +140,13 @@ class Batch(_Stream):
                              **neural_fields(logits, top_k_logprobs, own_model), **lambda_rule(rule))
 
     def step(self, parts: Iterable[pb.SequenceStep], check: bool = True) -> list[pb.SequenceResult]:
-        """Runs one engine step. With `check`, a refused part raises its error (naming the sequence)
-        after the whole step was done; without, each result's `error` says."""
+        """Runs one engine step; its results, one per part in order. The parts are independent: a
+        refused part (its result's `error` says why, its `state` what the sequence is now) changes
+        nothing of the others, which the sidecar did. With `check`, a step with a refused part raises
+        `BatchStepError`, which carries every result (`results`) and each refusal as an exception
+        (`errors`, in the same order); without, the results come back and the caller looks at each
+        `error`. Sending the step again would do the parts that were done twice."""
         results = list(self._send(pb.BatchStep(sequences=list(parts))).sequences)
-        if check:
-            for r in results:
-                if r.HasField("error"):
-                    err = from_step_error(r.error)
-                    raise type(err)(f"sequence {r.id}: {err.details}")
+        if check and any(r.HasField("error") for r in results):
+            raise BatchStepError(results)
         return results

@@ -1,0 +1,198 @@
+//! What in a data folder is the live index's own. The live index deletes and moves folders (runs it
+//! replaced, namespaces it reclaims or sets aside), so it must never mistake someone else's folder
+//! for one of its own: a data folder is adopted only when it is empty or carries the live index's
+//! marker file (with its format version), and a folder inside it is a namespace only when it carries
+//! a namespace's marker. Anything else is a refusal at start that names what was found.
+
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::{LiveError, Result};
+
+/// The data folder's marker.
+pub(super) const ROOT_MARKER: &str = "live-index.json";
+/// A namespace folder's marker.
+pub(super) const NAMESPACE_MARKER: &str = "namespace.json";
+/// The data folder's lock file (never a namespace name).
+pub(crate) const LOCK_FILE: &str = "LOCK";
+/// Prefix of what the live index set aside (namespaces and runs it could not open): kept for a
+/// person to look at, never read or deleted.
+pub(super) const SET_ASIDE_PREFIX: &str = ".bad-";
+
+const FORMAT: &str = "infini-sidecar live index";
+/// 2: marker files (2026-11-29). Folders of version 1 (a `LOCK` file and namespace folders holding
+/// only `runs.json` and runs) are recognised and marked.
+const VERSION: u32 = 2;
+
+/// What a fresh file system may put in a folder that is otherwise empty.
+const FILE_SYSTEM_ENTRIES: &[&str] = &["lost+found"];
+
+#[derive(Serialize, Deserialize)]
+struct Marker {
+    format: String,
+    version: u32,
+}
+
+/// Adopts `root` as a live data folder: creates it if missing, marks it if empty (or of version
+/// 1), checks its marker otherwise; refuses anything else, naming it.
+pub(super) fn adopt_root(root: &Path) -> Result<()> {
+    std::fs::create_dir_all(root).map_err(|e| LiveError::io(root, e))?;
+    let marker = root.join(ROOT_MARKER);
+    if marker.exists() {
+        return check_marker(&marker);
+    }
+    let entries = entries(root)?;
+    if entries.is_empty() {
+        return write_marker(&marker);
+    }
+    if let Some(namespaces) = version_1_namespaces(root, &entries) {
+        for ns in &namespaces {
+            write_marker(&root.join(ns).join(NAMESPACE_MARKER))?;
+        }
+        tracing::info!(root = %root.display(), namespaces = namespaces.len(), "marked a live data folder of the previous format");
+        return write_marker(&marker);
+    }
+    Err(LiveError::Invalid(format!(
+        "[live] data_dir {}: the folder holds {:?} and is not a live data folder (no {ROOT_MARKER}); \
+         the live index only takes an empty folder or one it made, so that it never deletes or moves \
+         what is not its own. Name an empty or new folder",
+        root.display(),
+        entries[0]
+    )))
+}
+
+/// Marks a namespace folder just created.
+pub(super) fn mark_namespace(dir: &Path) -> Result<()> {
+    write_marker(&dir.join(NAMESPACE_MARKER))
+}
+
+/// Whether `dir` is a namespace folder of ours: it carries a readable marker of this format.
+pub(super) fn is_namespace(dir: &Path) -> Result<bool> {
+    let marker = dir.join(NAMESPACE_MARKER);
+    if !marker.exists() {
+        return Ok(false);
+    }
+    check_marker(&marker).map(|()| true)
+}
+
+/// The entries of `dir` but those a file system makes itself, by name.
+pub(super) fn entries(dir: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| LiveError::io(dir, e))? {
+        let name = entry
+            .map_err(|e| LiveError::io(dir, e))?
+            .file_name()
+            .to_string_lossy()
+            .into_owned();
+        if !FILE_SYSTEM_ENTRIES.contains(&name.as_str()) {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+fn check_marker(path: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(path).map_err(|e| LiveError::io(path, e))?;
+    let marker: Marker = serde_json::from_str(&text)
+        .map_err(|e| LiveError::Corrupt(format!("{}: {e}", path.display())))?;
+    if marker.format != FORMAT {
+        return Err(LiveError::Invalid(format!(
+            "{}: a marker of {:?}, not of the live index",
+            path.display(),
+            marker.format
+        )));
+    }
+    if marker.version > VERSION {
+        return Err(LiveError::Invalid(format!(
+            "{}: written by a newer build (format {}; this build reads up to {VERSION})",
+            path.display(),
+            marker.version
+        )));
+    }
+    Ok(())
+}
+
+fn write_marker(path: &Path) -> Result<()> {
+    let marker = Marker {
+        format: FORMAT.into(),
+        version: VERSION,
+    };
+    let io = |e| LiveError::io(path, e);
+    let mut file = std::fs::File::create(path).map_err(io)?;
+    let json = serde_json::to_vec_pretty(&marker).map_err(|e| LiveError::Invalid(e.to_string()))?;
+    file.write_all(&json).map_err(io)?;
+    file.sync_all().map_err(io)
+}
+
+/// The namespaces of a data folder of format 1, or `None` if `entries` are anything else: the
+/// lock file, folders set aside, and folders that hold a run list and nothing but runs.
+fn version_1_namespaces(root: &Path, entries: &[String]) -> Option<Vec<String>> {
+    if !entries.iter().any(|e| e == LOCK_FILE) {
+        return None;
+    }
+    let mut namespaces = Vec::new();
+    for name in entries {
+        let path = root.join(name);
+        if name == LOCK_FILE || (name.starts_with(SET_ASIDE_PREFIX) && path.is_dir()) {
+            continue;
+        }
+        let inside = self::entries(&path).ok()?;
+        let ours = path.is_dir()
+            && inside.iter().any(|e| e == super::namespace::LIST_FILE)
+            && inside.iter().all(|e| {
+                e.starts_with(super::namespace::LIST_FILE) || super::run::is_run_folder(e)
+            });
+        if !ours {
+            return None;
+        }
+        namespaces.push(name.clone());
+    }
+    Some(namespaces)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_folder_is_adopted_empty_marked_or_of_the_first_format_and_refused_otherwise() {
+        let dir = tempfile::tempdir().unwrap();
+        // New, and empty but for what a file system makes.
+        adopt_root(&dir.path().join("new")).unwrap();
+        assert!(dir.path().join("new").join(ROOT_MARKER).exists());
+        std::fs::create_dir_all(dir.path().join("fresh/lost+found")).unwrap();
+        adopt_root(&dir.path().join("fresh")).unwrap();
+        adopt_root(&dir.path().join("fresh")).unwrap();
+        // Someone's files: refused by name, nothing touched.
+        let home = dir.path().join("home");
+        std::fs::create_dir_all(home.join("projects/run-2024")).unwrap();
+        let err = adopt_root(&home).unwrap_err().to_string();
+        assert!(err.contains("\"projects\""), "{err}");
+        assert!(home.join("projects/run-2024").exists());
+        assert!(!home.join(ROOT_MARKER).exists());
+        // A folder of the first format: its namespaces get their markers.
+        let old = dir.path().join("old");
+        std::fs::create_dir_all(old.join("team/run-00000001")).unwrap();
+        std::fs::write(old.join("team/runs.json"), "{}").unwrap();
+        std::fs::write(old.join(LOCK_FILE), "").unwrap();
+        adopt_root(&old).unwrap();
+        assert!(is_namespace(&old.join("team")).unwrap());
+        // The same with a stranger beside it is not of the first format.
+        let mixed = dir.path().join("mixed");
+        std::fs::create_dir_all(mixed.join("team/run-00000001")).unwrap();
+        std::fs::write(mixed.join("team/runs.json"), "{}").unwrap();
+        std::fs::write(mixed.join("team/notes.txt"), "mine").unwrap();
+        std::fs::write(mixed.join(LOCK_FILE), "").unwrap();
+        assert!(adopt_root(&mixed).is_err());
+        // A marker of a newer format is refused.
+        std::fs::write(
+            old.join(ROOT_MARKER),
+            r#"{"format": "infini-sidecar live index", "version": 99}"#,
+        )
+        .unwrap();
+        assert!(adopt_root(&old).unwrap_err().to_string().contains("newer"));
+    }
+}
