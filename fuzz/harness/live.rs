@@ -158,7 +158,7 @@ fn append(live: &LiveIndex, model: &mut Model, r: &mut Reader, ns: &'static str,
     let mut pieces: Vec<(u64, Vec<u32>)> = Vec::new();
     for _ in 0..1 + r.byte() % 3 {
         let doc = r.byte() as u64 % 4;
-        let bad_here = bad && r.byte() % 2 == 0;
+        let bad_here = bad && r.byte().is_multiple_of(2);
         pieces.push((doc, r.tokens(120, bad_here)));
     }
     let id = match r.byte() % 5 {

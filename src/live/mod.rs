@@ -1213,7 +1213,7 @@ mod tests {
         let run = dir.path().join("a").join(run::folder_name(0));
         let tokens = run.join("tokenized.0");
         let mut bytes = std::fs::read(&tokens).unwrap();
-        let middle = bytes.len() / 2 & !1;
+        let middle = (bytes.len() / 2) & !1;
         bytes[middle..middle + 8].fill(0xff);
         std::fs::write(&tokens, bytes).unwrap();
         let live = LiveIndex::open(unmerged, VOCAB).unwrap();

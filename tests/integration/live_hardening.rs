@@ -13,20 +13,14 @@ use tonic::transport::Channel;
 use tonic::Code;
 
 use crate::common::server::{
-    build_index, config, connect, open_session, spawn_serve, start, step, with_model, Running,
+    build_index, config, connect, live_draft_continues, open_session, permit_comes_back,
+    random_document, spawn_serve, start, step, with_model, Running,
 };
 
-/// Random documents over the SmolLM2 vocabulary: each 300-token document is the only one that
-/// continues its own 100-token head, so a draft of its next tokens can only come from it.
+/// `n` random 300-token documents (`random_document`).
 fn random_documents(seed: u64, n: usize) -> Vec<Vec<u32>> {
-    let mut x = seed | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        1 + (x % 40_000) as u32
-    };
-    (0..n).map(|_| (0..300).map(|_| next()).collect()).collect()
+    let mut rng = seed | 1;
+    (0..n).map(|_| random_document(&mut rng, 300)).collect()
 }
 
 fn add(namespace: &str, docs: &[Vec<u32>], request_id: &str) -> pb::AddDocumentsRequest {
@@ -44,7 +38,7 @@ fn add(namespace: &str, docs: &[Vec<u32>], request_id: &str) -> pb::AddDocuments
     }
 }
 
-/// How many of `docs` the live namespace drafts: the 4 tokens after each one's head.
+/// How many of `docs` the live namespace drafts the next tokens of.
 async fn draftable(
     client: &mut SidecarClient<Channel>,
     namespace: &str,
@@ -52,22 +46,7 @@ async fn draftable(
 ) -> usize {
     let mut found = 0;
     for d in docs {
-        let request = pb::DraftRequest {
-            target: Some(pb::draft_request::Target::Context(pb::TokenIds {
-                ids: d[..100].to_vec(),
-            })),
-            options: Some(pb::DraftOptions {
-                max_tokens: 4,
-                source: pb::DraftSource::Live as i32,
-                min_path_prob: Some(0.0),
-                min_token_prob: Some(0.0),
-                ..Default::default()
-            }),
-            namespace: namespace.into(),
-            reference: Vec::new(),
-        };
-        let drafted = client.draft(request).await.unwrap().into_inner().token_ids;
-        found += usize::from(drafted[..] == d[100..104]);
+        found += usize::from(live_draft_continues(client, namespace, d).await);
     }
     found
 }
@@ -343,6 +322,27 @@ async fn add_documents_adds_all_or_nothing_and_a_request_id_makes_a_retry_safe()
     let _ = stop.send(());
 }
 
+/// A session started on `context` that learns into `namespace`, and its start's answer.
+async fn learning_session(
+    client: &mut SidecarClient<Channel>,
+    context: &[u32],
+    namespace: &str,
+) -> (
+    tokio::sync::mpsc::Sender<pb::SessionRequest>,
+    tonic::Streaming<pb::SessionResponse>,
+    pb::SessionResponse,
+) {
+    let (tx, mut replies) = open_session(client).await;
+    let start = pb::SessionStart {
+        context: context.to_vec(),
+        namespace: namespace.into(),
+        learn: true,
+        ..Default::default()
+    };
+    let started = step(&tx, &mut replies, session_request::Step::Start(start)).await;
+    (tx, replies, started)
+}
+
 /// F6: namespaces were never freed (a refused call created one, eviction and restarts kept them);
 /// once `max_namespaces` was reached every new tenant was refused and a learning Session failed to
 /// start at all.
@@ -362,18 +362,7 @@ async fn empty_namespaces_are_reclaimed_and_learning_without_one_degrades_with_a
             .unwrap();
     }
     // The third namespace learns from a session, which then takes back all it appended.
-    let (learner, mut learnt) = open_session(&mut client).await;
-    let started = step(
-        &learner,
-        &mut learnt,
-        session_request::Step::Start(pb::SessionStart {
-            context: docs[2][..10].to_vec(),
-            namespace: "t2".into(),
-            learn: true,
-            ..Default::default()
-        }),
-    )
-    .await;
+    let (learner, mut learnt, started) = learning_session(&mut client, &docs[2][..10], "t2").await;
     assert_eq!(started.state.unwrap().warning, "");
     assert_eq!(live_info(&mut client).await.namespaces, 3);
     let err = client
@@ -386,18 +375,7 @@ async fn empty_namespaces_are_reclaimed_and_learning_without_one_degrades_with_a
         "a refused call creates nothing"
     );
     // A learning session that cannot get a namespace still decodes, and says why it does not learn.
-    let (tx, mut replies) = open_session(&mut client).await;
-    let started = step(
-        &tx,
-        &mut replies,
-        session_request::Step::Start(pb::SessionStart {
-            context: docs[0][..10].to_vec(),
-            namespace: "t4".into(),
-            learn: true,
-            ..Default::default()
-        }),
-    )
-    .await;
+    let (tx, _replies, started) = learning_session(&mut client, &docs[0][..10], "t4").await;
     assert!(started.result.is_none(), "{:?}", started.result);
     let state = started.state.unwrap();
     assert!(state.warning.contains("max_namespaces"), "{state:?}");
@@ -437,14 +415,7 @@ async fn a_learning_session_teaches_no_more_than_it_appended() {
         mut client, stop, ..
     } = start(live_config(dir.path(), None, 2_000_000, 65_536)).await;
     let doc = random_documents(21, 1).remove(0);
-    let (tx, mut replies) = open_session(&mut client).await;
-    let start = pb::SessionStart {
-        context: doc.clone(),
-        namespace: "loop".into(),
-        learn: true,
-        ..Default::default()
-    };
-    step(&tx, &mut replies, session_request::Step::Start(start)).await;
+    let (tx, mut replies, _) = learning_session(&mut client, &doc, "loop").await;
     for i in 0..500u32 {
         let appended = step(
             &tx,
@@ -543,8 +514,7 @@ async fn stream_steps_stop_when_their_client_leaves_or_their_deadline_passes() {
     let gave_up = tokio::time::timeout(Duration::from_millis(500), answers.message()).await;
     assert!(gave_up.is_err(), "the step should outlast 500 ms");
     drop((tx, answers, leaving));
-    let waited = permit_back(&mut client).await;
-    assert!(waited < Duration::from_secs(3), "{waited:?}");
+    permit_comes_back(&mut client, Duration::from_secs(3)).await;
 
     // A Session whose stream has a deadline: its long mix stops there.
     let mut timed = SidecarClient::new(connect(addr).await);
@@ -591,33 +561,8 @@ async fn stream_steps_stop_when_their_client_leaves_or_their_deadline_passes() {
         started.elapsed()
     );
     drop(tx);
-    let waited = permit_back(&mut client).await;
-    assert!(waited < Duration::from_secs(3), "{waited:?}");
+    permit_comes_back(&mut client, Duration::from_secs(3)).await;
     let _ = stop.send(());
-}
-
-/// Polls until a cheap call gets through, which needs the one permit back.
-async fn permit_back(client: &mut SidecarClient<Channel>) -> Duration {
-    let started = Instant::now();
-    loop {
-        match client
-            .count(pb::CountRequest {
-                allow_partial: false,
-                ids: vec![13],
-            })
-            .await
-        {
-            Ok(_) => return started.elapsed(),
-            Err(e) => {
-                assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
-                assert!(
-                    started.elapsed() < Duration::from_secs(60),
-                    "never came back"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
 }
 
 /// F12: Trace tokenized megabytes of text before refusing it on its length.

@@ -16,7 +16,9 @@ use infini_sidecar::server::pb::{self, session_request};
 use tonic::transport::Channel;
 use tonic::Code;
 
-use crate::common::server::{build_index, connect, spawn_serve};
+use crate::common::server::{
+    build_index, connect, live_draft_continues, random_document, spawn_serve,
+};
 
 const CLIENTS: usize = 8;
 const NAMESPACES: u64 = 1_000;
@@ -25,22 +27,12 @@ const BUDGET_TOKENS: u64 = 8_000_000;
 const BYTES_PER_TOKEN: u64 = 8;
 const DOC_TOKENS: usize = 200;
 
-/// A small deterministic generator (xorshift).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-
-    fn document(&mut self) -> Vec<u32> {
-        (0..DOC_TOKENS)
-            .map(|_| 1 + self.below(40_000) as u32)
-            .collect()
-    }
+/// A number below `n` from the xorshift state `rng`.
+fn below(rng: &mut u64, n: u64) -> u64 {
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    *rng % n
 }
 
 /// What the clients saw: acknowledged documents by namespace, and per namespace the AddDocuments
@@ -64,25 +56,6 @@ fn rss_bytes(pid: u32) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-async fn draftable(client: &mut SidecarClient<Channel>, namespace: &str, doc: &[u32]) -> bool {
-    let request = pb::DraftRequest {
-        target: Some(pb::draft_request::Target::Context(pb::TokenIds {
-            ids: doc[..100].to_vec(),
-        })),
-        options: Some(pb::DraftOptions {
-            max_tokens: 4,
-            source: pb::DraftSource::Live as i32,
-            min_path_prob: Some(0.0),
-            min_token_prob: Some(0.0),
-            ..Default::default()
-        }),
-        namespace: namespace.into(),
-        reference: Vec::new(),
-    };
-    let drafted = client.draft(request).await.unwrap().into_inner().token_ids;
-    drafted[..] == doc[100..104]
-}
-
 /// One client's work until `until`: mostly AddDocuments, some learning sessions that append and
 /// truncate, some streams left mid-step.
 async fn client_loop(
@@ -92,12 +65,12 @@ async fn client_loop(
     seen: Arc<Mutex<Seen>>,
 ) {
     let mut client = SidecarClient::new(connect(addr).await);
-    let mut rng = Rng(seed);
+    let mut rng = seed;
     while Instant::now() < until {
-        let namespace = format!("ns-{}", rng.below(NAMESPACES));
-        match rng.below(10) {
+        let namespace = format!("ns-{}", below(&mut rng, NAMESPACES));
+        match below(&mut rng, 10) {
             0..=6 => {
-                let doc = rng.document();
+                let doc = random_document(&mut rng, DOC_TOKENS);
                 let request = pb::AddDocumentsRequest {
                     namespace: namespace.clone(),
                     documents: vec![pb::LiveDocument {
@@ -105,7 +78,7 @@ async fn client_loop(
                             ids: doc.clone(),
                         })),
                     }],
-                    request_id: format!("{seed}-{}", rng.below(u64::MAX)),
+                    request_id: format!("{seed}-{}", below(&mut rng, u64::MAX)),
                 };
                 let outcome = client.add_documents(request).await;
                 let mut s = seen.lock().unwrap();
@@ -140,7 +113,7 @@ async fn client_loop(
 /// speculative decoding loop does.
 async fn learning_session(
     client: &mut SidecarClient<Channel>,
-    rng: &mut Rng,
+    rng: &mut u64,
     namespace: &str,
     seen: &Mutex<Seen>,
 ) {
@@ -151,19 +124,18 @@ async fn learning_session(
         .unwrap()
         .into_inner();
     let mut steps = vec![session_request::Step::Start(pb::SessionStart {
-        context: rng.document()[..20].to_vec(),
+        context: random_document(rng, 20),
         namespace: namespace.into(),
         learn: true,
         ..Default::default()
     })];
     let mut length = 20;
     for _ in 0..20 {
-        let tokens: Vec<u32> = (0..1 + rng.below(4))
-            .map(|_| 1 + rng.below(40_000) as u32)
-            .collect();
+        let n = 1 + below(rng, 4) as usize;
+        let tokens = random_document(rng, n);
         length += tokens.len() as u64;
         steps.push(session_request::Step::Append(pb::SessionAppend { tokens }));
-        if rng.below(3) == 0 {
+        if below(rng, 3) == 0 {
             length -= 1;
             steps.push(session_request::Step::Truncate(pb::SessionTruncate {
                 length,
@@ -183,7 +155,7 @@ async fn learning_session(
 }
 
 /// A Batch stream that starts a learning sequence with a long context and leaves before the answer.
-async fn leave_mid_step(addr: std::net::SocketAddr, rng: &mut Rng, namespace: &str) {
+async fn leave_mid_step(addr: std::net::SocketAddr, rng: &mut u64, namespace: &str) {
     let mut leaving = SidecarClient::new(connect(addr).await);
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     let Ok(answers) = leaving
@@ -192,7 +164,7 @@ async fn leave_mid_step(addr: std::net::SocketAddr, rng: &mut Rng, namespace: &s
     else {
         return;
     };
-    let context: Vec<u32> = (0..2_000).map(|_| 1 + rng.below(40_000) as u32).collect();
+    let context = random_document(rng, 2_000);
     let step = pb::BatchStep {
         sequences: (0..8)
             .map(|id| pb::SequenceStep {
@@ -208,7 +180,7 @@ async fn leave_mid_step(addr: std::net::SocketAddr, rng: &mut Rng, namespace: &s
             .collect(),
     };
     let _ = tx.send(step).await;
-    tokio::time::sleep(Duration::from_millis(rng.below(5))).await;
+    tokio::time::sleep(Duration::from_millis(below(rng, 5))).await;
     drop((tx, answers, leaving));
 }
 
@@ -377,7 +349,7 @@ async fn eight_clients_over_a_thousand_namespaces_with_a_disk_that_fills_and_fre
         let mut client = client;
         let mut missing = 0;
         for (ns, doc) in &docs {
-            missing += usize::from(!draftable(&mut client, ns, doc).await);
+            missing += usize::from(!live_draft_continues(&mut client, ns, doc).await);
         }
         missing
     };

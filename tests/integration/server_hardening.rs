@@ -9,8 +9,8 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::server::{
-    authed, build_index, config, connect, free_port, open_session, sample, scrape, spawn_serve,
-    start, step, with_model, Running,
+    authed, build_index, config, connect, free_port, open_session, permit_comes_back, sample,
+    scrape, spawn_serve, start, step, with_model, Running,
 };
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::server::config::{Limits, ServeConfig};
@@ -101,30 +101,6 @@ fn one_at_a_time(dir: &std::path::Path) -> (ServeConfig, u32) {
     (config, token)
 }
 
-/// Polls until a cheap call gets through, which needs the one permit back.
-async fn permit_comes_back(client: &mut SidecarClient<tonic::transport::Channel>) -> Duration {
-    let started = Instant::now();
-    loop {
-        match client
-            .count(pb::CountRequest {
-                allow_partial: false,
-                ids: vec![13],
-            })
-            .await
-        {
-            Ok(_) => return started.elapsed(),
-            Err(e) => {
-                assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
-                assert!(
-                    started.elapsed() < Duration::from_secs(3),
-                    "the permit was still held 3 s after the work was abandoned"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_stops_the_work_and_frees_its_permit() {
     let dir = tempfile::tempdir().unwrap();
@@ -141,7 +117,7 @@ async fn a_deadline_stops_the_work_and_frees_its_permit() {
         matches!(err.code(), Code::DeadlineExceeded | Code::Cancelled),
         "{err:?}"
     );
-    permit_comes_back(&mut client).await;
+    permit_comes_back(&mut client, Duration::from_secs(3)).await;
     let _ = stop.send(());
 }
 
@@ -164,7 +140,7 @@ async fn a_client_that_leaves_stops_the_work_and_frees_its_permit() {
     .await;
     assert!(gave_up.is_err(), "the search should outlast 300 ms");
     drop(leaving);
-    permit_comes_back(&mut client).await;
+    permit_comes_back(&mut client, Duration::from_secs(3)).await;
     let _ = stop.send(());
 }
 

@@ -2,7 +2,7 @@
 //! a mixing file, and a tonic client.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use infini_sidecar::index::build::{build, BuildOptions};
 use infini_sidecar::index::TokenWidth;
@@ -269,4 +269,66 @@ pub async fn scores(
     }
     out.sort_by_key(|d| d.document);
     out
+}
+
+/// Polls until a cheap call gets through, which needs a permit back when `max_in_flight` is 1;
+/// fails if that takes longer than `within`. Returns how long it took.
+pub async fn permit_comes_back(client: &mut SidecarClient<Channel>, within: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        match client
+            .count(pb::CountRequest {
+                allow_partial: false,
+                ids: vec![13],
+            })
+            .await
+        {
+            Ok(_) => return started.elapsed(),
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+                assert!(
+                    started.elapsed() < within,
+                    "the permit was still held {within:?} after the work was abandoned"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+/// A document of `len` random ids of the SmolLM2 vocabulary from `rng` (xorshift state): its
+/// 100-token head is continued by no other document, so a draft of what follows comes from it.
+pub fn random_document(rng: &mut u64, len: usize) -> Vec<u32> {
+    (0..len)
+        .map(|_| {
+            *rng ^= *rng << 13;
+            *rng ^= *rng >> 7;
+            *rng ^= *rng << 17;
+            1 + (*rng % 40_000) as u32
+        })
+        .collect()
+}
+
+/// Whether `namespace` of the live index drafts the 4 tokens after `doc`'s 100-token head.
+pub async fn live_draft_continues(
+    client: &mut SidecarClient<Channel>,
+    namespace: &str,
+    doc: &[u32],
+) -> bool {
+    let request = pb::DraftRequest {
+        target: Some(pb::draft_request::Target::Context(pb::TokenIds {
+            ids: doc[..100].to_vec(),
+        })),
+        options: Some(pb::DraftOptions {
+            max_tokens: 4,
+            source: pb::DraftSource::Live as i32,
+            min_path_prob: Some(0.0),
+            min_token_prob: Some(0.0),
+            ..Default::default()
+        }),
+        namespace: namespace.into(),
+        reference: Vec::new(),
+    };
+    let drafted = client.draft(request).await.unwrap().into_inner().token_ids;
+    drafted[..] == doc[100..104]
 }
