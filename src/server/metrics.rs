@@ -26,6 +26,11 @@ struct Method {
     method: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Replica {
+    replica: String,
+}
+
 /// 10 µs to ≈ 84 s in factors of 2: `Mix` is tens of µs, `Score` of a long document seconds.
 fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(1e-5, 2.0, 24))
@@ -42,6 +47,8 @@ pub struct Metrics {
     pub kv_tokens: Gauge,
     /// Open gRPC connections (bounded by limits.max_connections).
     pub connections: Gauge,
+    /// A router's shard answers refused as malformed, by replica address.
+    malformed_answers: Family<Replica, Counter>,
 }
 
 impl Default for Metrics {
@@ -54,6 +61,7 @@ impl Default for Metrics {
         let sessions = Gauge::default();
         let kv_tokens = Gauge::default();
         let connections = Gauge::default();
+        let malformed_answers = Family::<Replica, Counter>::default();
         registry.register(
             "requests",
             "Finished requests (and session steps) by method and final gRPC status code, whatever ended them: the handler, the codec, a deadline or the client leaving",
@@ -80,6 +88,11 @@ impl Default for Metrics {
             "Open gRPC connections (bounded by limits.max_connections)",
             connections.clone(),
         );
+        registry.register(
+            "shard_malformed_answers",
+            "Shard answers a router refused as malformed (it failed over as from a replica that is down), by replica address",
+            malformed_answers.clone(),
+        );
         Self {
             registry,
             requests,
@@ -88,6 +101,7 @@ impl Default for Metrics {
             sessions,
             kv_tokens,
             connections,
+            malformed_answers,
         }
     }
 }
@@ -102,6 +116,15 @@ impl Metrics {
         self.latency
             .get_or_create(&Method { method })
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts a shard answer from `replica` that a router refused.
+    pub fn malformed_answer(&self, replica: &str) {
+        self.malformed_answers
+            .get_or_create(&Replica {
+                replica: replica.to_string(),
+            })
+            .inc();
     }
 
     /// The OpenMetrics text exposition.
