@@ -9,6 +9,7 @@ pub mod compressed_file;
 pub mod index_files;
 pub mod protocol;
 pub mod rpc;
+pub mod shard_answers;
 pub mod tiny;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
