@@ -10,6 +10,7 @@ pub mod index_files;
 pub mod live;
 pub mod protocol;
 pub mod rpc;
+pub mod shard_answers;
 pub mod tiny;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,5 +1,7 @@
 //! Answers of several indexes merged into the answer of one index over all their shards. Pure
-//! functions over [`crate::index::partial`] answers, in the order of the shards.
+//! functions over [`crate::index::partial`] answers, in the order of the shards. Sums are checked:
+//! parts from shards that claim more than 2^64 occurrences together give [`Overflow`], never a
+//! wrapped count.
 
 use std::collections::BTreeMap;
 
@@ -9,23 +11,46 @@ use crate::index::partial::{PartialContinuations, PartialDrafts};
 use crate::index::query::{InfgramNtdResult, NtdResult, Spread};
 use crate::index::sampling;
 
+/// The parts' counts add up past 2^64: they cannot all be true.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the shards' counts add up past 2^64")]
+pub struct Overflow;
+
+type Result<T> = std::result::Result<T, Overflow>;
+
+/// The values' sum, checked.
+pub fn sum(values: impl IntoIterator<Item = u64>) -> Result<u64> {
+    values
+        .into_iter()
+        .try_fold(0u64, |acc, n| acc.checked_add(n))
+        .ok_or(Overflow)
+}
+
+fn add(to: &mut u64, n: u64) -> Result<()> {
+    *to = to.checked_add(n).ok_or(Overflow)?;
+    Ok(())
+}
+
 /// The next-token distribution after a prompt (its longest suffix found anywhere, when the parts
 /// were asked for the ∞-gram): the longest suffix matched by any part, counts summed over the parts
 /// that matched that far. `max_support` must be what the parts were asked with.
-pub fn continuations(parts: &[PartialContinuations], max_support: Option<u64>) -> InfgramNtdResult {
+pub fn continuations(
+    parts: &[PartialContinuations],
+    max_support: Option<u64>,
+) -> Result<InfgramNtdResult> {
     let suffix_len = parts.iter().map(|p| p.suffix_len).max().unwrap_or(0);
     let longest: Vec<&PartialContinuations> = parts
         .iter()
         .filter(|p| p.suffix_len == suffix_len)
         .collect();
-    let prompt_cnt = longest.iter().map(|p| p.prompt_cnt).sum();
+    let prompt_cnt = sum(longest.iter().map(|p| p.prompt_cnt))?;
     let spread = longest.iter().fold(Spread::None, |s, p| s.merge(p.spread));
     let approx = max_support.is_some_and(|cap| prompt_cnt > cap);
     let mut dist = BTreeMap::new();
     match max_support {
         None => {
             for (&token, &n) in longest.iter().flat_map(|p| &p.dist) {
-                *dist.entry(token).or_insert(0) += n;
+                add(dist.entry(token).or_insert(0), n)?;
             }
         }
         // Below the cap every sample is every match: the runs are the exact counts.
@@ -35,12 +60,13 @@ pub fn continuations(parts: &[PartialContinuations], max_support: Option<u64>) -
                 .flat_map(|p| &p.samples)
                 .flat_map(|s| &s.runs)
             {
-                *dist.entry(token).or_insert(0) += n;
+                add(dist.entry(token).or_insert(0), n)?;
             }
         }
         Some(cap) => {
             for sample in longest.iter().flat_map(|p| &p.samples) {
-                let fine: u64 = sample.runs.iter().map(|&(_, n)| n).sum();
+                // The runs' partial sums below stay under this total.
+                let fine = sum(sample.runs.iter().map(|&(_, n)| n))?;
                 let share = sampling::share(cap, sample.matches, prompt_cnt).min(fine);
                 // The picks ascend: walk the runs alongside them.
                 let mut runs = sample.runs.iter();
@@ -64,7 +90,7 @@ pub fn continuations(parts: &[PartialContinuations], max_support: Option<u64>) -
         true => spread.is_sparse(),
         false => dist.len() == 1,
     };
-    InfgramNtdResult {
+    Ok(InfgramNtdResult {
         ntd: NtdResult {
             prompt_cnt,
             dist,
@@ -72,7 +98,7 @@ pub fn continuations(parts: &[PartialContinuations], max_support: Option<u64>) -
         },
         suffix_len,
         sparse,
-    }
+    })
 }
 
 /// The continuations drafts read after a sequence, from every part's: up to `samples` of the
@@ -80,16 +106,16 @@ pub fn continuations(parts: &[PartialContinuations], max_support: Option<u64>) -
 /// order one index over all the parts' suffix arrays reads them
 /// ([`crate::index::suffix::SuffixMatch::continuations`]). `samples` must be what the parts were
 /// asked with.
-pub fn drafts(parts: &[PartialDrafts], samples: u64) -> Vec<Vec<u32>> {
+pub fn drafts(parts: &[PartialDrafts], samples: u64) -> Result<Vec<Vec<u32>>> {
     let suffix_len = parts.iter().map(|p| p.suffix_len).max().unwrap_or(0);
     let arrays: Vec<_> = parts
         .iter()
         .filter(|p| p.suffix_len == suffix_len)
         .flat_map(|p| &p.suffix_arrays)
         .collect();
-    let total: u64 = arrays.iter().map(|a| a.matches).sum();
+    let total = sum(arrays.iter().map(|a| a.matches))?;
     if suffix_len == 0 || total == 0 || samples == 0 {
-        return Vec::new();
+        return Ok(Vec::new());
     }
     let mut out = Vec::new();
     for array in arrays.into_iter().filter(|a| a.matches > 0) {
@@ -97,29 +123,28 @@ pub fn drafts(parts: &[PartialDrafts], samples: u64) -> Vec<Vec<u32>> {
         let share = sampling::share(samples, array.matches, total).min(fine);
         out.extend(sampling::picks(fine, share).map(|k| array.fine[k as usize].clone()));
     }
-    out
+    Ok(out)
 }
 
 /// The counts of a sequence's last k tokens for each k of `lengths` shorter than the longest
 /// suffix any part matched, summed over the parts; each part gives its match's length and its
 /// counts for the lengths up to it, in order (longer suffixes do not occur in it).
-pub fn suffix_counts(parts: &[(usize, &[u64])], lengths: &[usize]) -> Vec<u64> {
+pub fn suffix_counts(parts: &[(usize, &[u64])], lengths: &[usize]) -> Result<Vec<u64>> {
     lengths
         .iter()
         .enumerate()
         .map(|(i, &k)| {
-            parts
+            sum(parts
                 .iter()
                 .filter(|(len, _)| k <= *len)
-                .map(|(_, counts)| counts.get(i).copied().unwrap_or(0))
-                .sum()
+                .map(|(_, counts)| counts.get(i).copied().unwrap_or(0)))
         })
         .collect()
 }
 
 /// Dense scores of a sequence from every part's evidence of each token: at each position the
 /// longest suffix matched by any part, counts summed over the parts that matched that far.
-pub fn token_scores(parts: &[Vec<TokenEvidence>]) -> Vec<TokenScore> {
+pub fn token_scores(parts: &[Vec<TokenEvidence>]) -> Result<Vec<TokenScore>> {
     let len = parts.iter().map(Vec::len).min().unwrap_or(0);
     (0..len)
         .map(|i| {
@@ -128,21 +153,23 @@ pub fn token_scores(parts: &[Vec<TokenEvidence>]) -> Vec<TokenScore> {
                 .iter()
                 .map(|p| p[i])
                 .filter(|e| e.suffix_len == suffix_len)
-                .fold(
+                .try_fold(
                     TokenEvidence {
                         suffix_len,
                         prompt_cnt: 0,
                         cont_cnt: 0,
                         spread: Spread::None,
                     },
-                    |acc, e| TokenEvidence {
-                        suffix_len,
-                        prompt_cnt: acc.prompt_cnt + e.prompt_cnt,
-                        cont_cnt: acc.cont_cnt + e.cont_cnt,
-                        spread: acc.spread.merge(e.spread),
+                    |acc, e| {
+                        Ok(TokenEvidence {
+                            suffix_len,
+                            prompt_cnt: sum([acc.prompt_cnt, e.prompt_cnt])?,
+                            cont_cnt: sum([acc.cont_cnt, e.cont_cnt])?,
+                            spread: acc.spread.merge(e.spread),
+                        })
                     },
-                );
-            merged.score()
+                )?;
+            Ok(merged.score())
         })
         .collect()
 }
@@ -155,24 +182,117 @@ pub fn search(
     totals: &[u64],
     strides: &[u64],
     maxnum: usize,
-) -> SearchResult {
+) -> Result<SearchResult> {
     let mut merged = PartialSearch {
         doc_cnt: 0,
         clause_places: vec![0; totals.len()],
         documents: Vec::new(),
     };
     for (part, &base) in parts.into_iter().zip(doc_bases) {
-        merged.doc_cnt += part.doc_cnt;
-        for (sum, n) in merged.clause_places.iter_mut().zip(&part.clause_places) {
-            *sum += n;
+        add(&mut merged.doc_cnt, part.doc_cnt)?;
+        for (total, &n) in merged.clause_places.iter_mut().zip(&part.clause_places) {
+            add(total, n)?;
         }
         let room = maxnum.saturating_sub(merged.documents.len());
-        merged
-            .documents
-            .extend(part.documents.into_iter().take(room).map(|mut d| {
-                d.doc_ix += base;
-                d
-            }));
+        for mut d in part.documents.into_iter().take(room) {
+            add(&mut d.doc_ix, base)?;
+            merged.documents.push(d);
+        }
     }
-    merged.result(totals, strides)
+    // The estimate of several clauses is the places visited times their stride.
+    for (places, stride) in merged.clause_places.iter().zip(strides) {
+        places.checked_mul(*stride).ok_or(Overflow)?;
+    }
+    Ok(merged.result(totals, strides))
+}
+
+#[cfg(test)]
+mod tests {
+    //! Parts each of which one shard could send, whose counts together pass 2^64: the merge says
+    //! so rather than wrap (a wrapped sum made `prob = 1.1e13` with `rest_mass = 0`).
+
+    use super::*;
+    use crate::index::docs::Document;
+    use crate::index::partial::{LocalContinuations, LocalSample};
+
+    const HALF: u64 = u64::MAX / 2 + 1;
+
+    fn part(prompt_cnt: u64, dist: &[(u32, u64)]) -> PartialContinuations {
+        PartialContinuations {
+            suffix_len: 2,
+            prompt_cnt,
+            dist: dist.iter().copied().collect(),
+            samples: vec![LocalSample {
+                matches: prompt_cnt,
+                runs: vec![(3, 1)],
+            }],
+            spread: Spread::Single(3),
+        }
+    }
+
+    #[test]
+    fn counts_past_2_64_are_an_error_not_a_wrapped_sum() {
+        let parts = [part(HALF, &[(3, HALF)]), part(HALF, &[(3, HALF)])];
+        assert_eq!(continuations(&parts, None), Err(Overflow));
+        assert_eq!(continuations(&parts, Some(4)), Err(Overflow));
+        // Within 2^64 the same parts merge.
+        let fits = [part(HALF - 1, &[(3, HALF - 1)]), part(HALF, &[(3, HALF)])];
+        let merged = continuations(&fits, None).unwrap();
+        assert_eq!(merged.ntd.prompt_cnt, u64::MAX);
+        assert_eq!(merged.ntd.dist[&3], u64::MAX);
+
+        let evidence = |n| TokenEvidence {
+            suffix_len: 1,
+            prompt_cnt: n,
+            cont_cnt: n,
+            spread: Spread::Several,
+        };
+        assert_eq!(
+            token_scores(&[vec![evidence(HALF)], vec![evidence(HALF)]]),
+            Err(Overflow)
+        );
+        assert_eq!(
+            suffix_counts(&[(2, &[HALF][..]), (2, &[HALF][..])], &[1]),
+            Err(Overflow)
+        );
+        let drafts_part = PartialDrafts {
+            suffix_len: 1,
+            suffix_arrays: vec![LocalContinuations {
+                matches: HALF,
+                fine: vec![vec![3]],
+            }],
+        };
+        assert_eq!(
+            drafts(&[drafts_part.clone(), drafts_part], 4),
+            Err(Overflow)
+        );
+
+        let found = |doc_ix| PartialSearch {
+            doc_cnt: 1,
+            clause_places: vec![1],
+            documents: vec![Document {
+                doc_ix,
+                doc_len: 1,
+                disp_len: 1,
+                needle_offset: 0,
+                metadata: None,
+                token_ids: vec![3],
+                text: None,
+            }],
+        };
+        // A document numbered past 2^64 by the shards before it.
+        assert_eq!(
+            search(vec![found(0), found(5)], &[0, u64::MAX - 2], &[2], &[1], 4),
+            Err(Overflow)
+        );
+        assert_eq!(
+            search(vec![found(0), found(1)], &[0, 10], &[2], &[1], 4)
+                .unwrap()
+                .documents
+                .iter()
+                .map(|d| d.doc_ix)
+                .collect::<Vec<_>>(),
+            vec![0, 11]
+        );
+    }
 }

@@ -1,7 +1,9 @@
 //! Scale-out: one reference corpus split over shard servers, each a sidecar over its own shard
 //! (`index build --shard K/N`), behind stateless routers that serve the whole `sidecar.v1` API.
-//! This module is the protocol's library side: the shard set a router accepts ([`set`]) and the
-//! merge of the shards' answers ([`merge`]); the gRPC sides are `server::shard` and `server::router`.
+//! This module is the protocol's library side: the shard set a router accepts ([`set`]), what it
+//! checks of every shard answer before trusting it ([`validate`]), how it reads them ([`wire`]) and
+//! the merge of the shards' answers ([`merge`]); the gRPC sides are `server::shard` and
+//! `server::router`.
 //!
 //! # Why the merged answers are exact
 //!
@@ -42,3 +44,5 @@
 
 pub mod merge;
 pub mod set;
+pub mod validate;
+pub mod wire;

@@ -27,6 +27,11 @@ struct Method {
     method: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Replica {
+    replica: String,
+}
+
 /// 10 µs to ≈ 84 s in factors of 2: `Mix` is tens of µs, `Score` of a long document seconds.
 fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(1e-5, 2.0, 24))
@@ -46,6 +51,8 @@ pub struct Metrics {
     /// The live index whose figures each scrape reads, once the service has one.
     live: OnceLock<Arc<dyn LiveStore>>,
     live_gauges: LiveGauges,
+    /// A router's shard answers refused as malformed, by replica address.
+    malformed_answers: Family<Replica, Counter>,
 }
 
 /// The live index's figures ([`LiveStats`]), set at each scrape.
@@ -105,6 +112,7 @@ impl Default for Metrics {
         let sessions = Gauge::default();
         let kv_tokens = Gauge::default();
         let connections = Gauge::default();
+        let malformed_answers = Family::<Replica, Counter>::default();
         registry.register(
             "requests",
             "Finished requests (and session steps) by method and final gRPC status code, whatever ended them: the handler, the codec, a deadline or the client leaving",
@@ -133,6 +141,11 @@ impl Default for Metrics {
         );
         let live_gauges = LiveGauges::default();
         live_gauges.register(&mut registry);
+        registry.register(
+            "shard_malformed_answers",
+            "Shard answers a router refused as malformed (it failed over as from a replica that is down), by replica address",
+            malformed_answers.clone(),
+        );
         Self {
             registry,
             requests,
@@ -143,6 +156,7 @@ impl Default for Metrics {
             connections,
             live: OnceLock::new(),
             live_gauges,
+            malformed_answers,
         }
     }
 }
@@ -162,6 +176,15 @@ impl Metrics {
     /// Reports `live`'s figures from now on.
     pub fn watch_live(&self, live: Arc<dyn LiveStore>) {
         let _ = self.live.set(live);
+    }
+
+    /// Counts a shard answer from `replica` that a router refused.
+    pub fn malformed_answer(&self, replica: &str) {
+        self.malformed_answers
+            .get_or_create(&Replica {
+                replica: replica.to_string(),
+            })
+            .inc();
     }
 
     /// The OpenMetrics text exposition.

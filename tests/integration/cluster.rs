@@ -40,7 +40,7 @@ const DOCUMENTS: usize = 600;
 const SHARDS: usize = 3;
 
 /// A child process killed when the test ends, however it ends.
-struct Process(Child);
+pub(super) struct Process(Child);
 
 impl Drop for Process {
     fn drop(&mut self) {
@@ -62,7 +62,7 @@ fn sidecar(args: &[&str]) {
 }
 
 /// The first `DOCUMENTS` mini-Pile train documents as a JSON-lines file.
-fn corpus(dir: &Path) -> PathBuf {
+pub(super) fn corpus(dir: &Path) -> PathBuf {
     let text = std::fs::read_to_string(assets().join("minipile/train.jsonl")).unwrap();
     let lines: Vec<&str> = text.lines().take(DOCUMENTS).collect();
     let path = dir.join("docs.jsonl");
@@ -71,6 +71,11 @@ fn corpus(dir: &Path) -> PathBuf {
 }
 
 fn build(input: &Path, out: &Path, shard: Option<usize>) {
+    build_with(input, out, shard, &[]);
+}
+
+/// [`build`] with more arguments of `index build`.
+pub(super) fn build_with(input: &Path, out: &Path, shard: Option<usize>, extra: &[&str]) {
     let tokenizer = smollm2_gguf();
     let mut args = vec![
         "index".to_string(),
@@ -87,6 +92,7 @@ fn build(input: &Path, out: &Path, shard: Option<usize>) {
     if let Some(k) = shard {
         args.extend(["--shard".into(), format!("{k}/{SHARDS}")]);
     }
+    args.extend(extra.iter().map(|a| a.to_string()));
     sidecar(&args.iter().map(String::as_str).collect::<Vec<_>>());
 }
 
@@ -104,7 +110,11 @@ async fn serve(dir: &Path, name: &str, toml: &str) -> (Process, std::net::Socket
     (Process(child), addr)
 }
 
-async fn shard_server(dir: &Path, name: &str, index: &Path) -> (Process, std::net::SocketAddr) {
+pub(super) async fn shard_server(
+    dir: &Path,
+    name: &str,
+    index: &Path,
+) -> (Process, std::net::SocketAddr) {
     let toml = format!(
         "index = \"{}\"\n[cluster]\nrole = \"shard\"\n[live]\nenabled = true\n",
         index.display()
@@ -112,14 +122,15 @@ async fn shard_server(dir: &Path, name: &str, index: &Path) -> (Process, std::ne
     serve(dir, name, &toml).await
 }
 
-/// A router over `shards`, once it is ready.
-async fn router(
+/// A router over `shards`, once it is ready; `top` holds its top-level settings (a model and mixing
+/// file, a metrics endpoint).
+pub(super) async fn router(
     dir: &Path,
     name: &str,
     shards: &[String],
-    neural: &str,
+    top: &str,
 ) -> (Process, SidecarClient<Channel>, Channel) {
-    let (process, client, channel) = router_over(dir, name, shards, neural).await;
+    let (process, client, channel) = router_over(dir, name, shards, top).await;
     wait_ready(&channel, ServingStatus::Serving).await;
     (process, client, channel)
 }
@@ -128,11 +139,11 @@ async fn router_over(
     dir: &Path,
     name: &str,
     shards: &[String],
-    neural: &str,
+    top: &str,
 ) -> (Process, SidecarClient<Channel>, Channel) {
     let list: Vec<String> = shards.iter().map(|a| format!("\"{a}\"")).collect();
     let toml = format!(
-        "{neural}[cluster]\nrole = \"router\"\nshards = [{}]\nshard_timeout_ms = 1000\nrefresh_secs = 1\n",
+        "{top}[cluster]\nrole = \"router\"\nshards = [{}]\nshard_timeout_ms = 1000\nrefresh_secs = 1\n",
         list.join(", ")
     );
     let (process, addr) = serve(dir, name, &toml).await;
@@ -140,7 +151,7 @@ async fn router_over(
     (process, SidecarClient::new(channel.clone()), channel)
 }
 
-async fn readiness(channel: &Channel) -> ServingStatus {
+pub(super) async fn readiness(channel: &Channel) -> ServingStatus {
     let answer = HealthClient::new(channel.clone())
         .check(HealthCheckRequest {
             service: "sidecar.v1.Sidecar".into(),
@@ -152,7 +163,7 @@ async fn readiness(channel: &Channel) -> ServingStatus {
     }
 }
 
-async fn wait_ready(channel: &Channel, want: ServingStatus) {
+pub(super) async fn wait_ready(channel: &Channel, want: ServingStatus) {
     for _ in 0..200 {
         if readiness(channel).await == want {
             return;
@@ -250,7 +261,7 @@ async fn merged_scores(
                 .collect(),
         );
     }
-    merge::token_scores(&parts)
+    merge::token_scores(&parts).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -83,8 +83,29 @@ fn live() {
     replay("live", |input| fixture.run(input));
 }
 
-/// Writes the harness's seeds as `fuzz/corpus/TARGET/seed-NAME`: run it when an input format
-/// changes (`cargo nextest run --run-ignored only -E 'test(fuzz_replay::write_seeds)'`).
+#[test]
+fn shard_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = harness::shard_answers::Fixture::new(dir.path());
+    replay("shard_answers", |input| fixture.run(input));
+    // The seeds reach the merges: every shard's answer passes. Each corruption of the router
+    // probe's fake shard is refused, the honest answers beside it pass.
+    for (name, input) in harness::shard_answers::seeds() {
+        let every = if name == "live" {
+            vec![0]
+        } else {
+            vec![0, 1, 2]
+        };
+        assert_eq!(fixture.check(&input), every, "seed {name}");
+    }
+    for (name, input) in harness::shard_answers::corruptions() {
+        assert_eq!(fixture.check(&input), vec![0, 2], "{name}");
+    }
+}
+
+/// Writes the harness's seeds as `fuzz/corpus/TARGET/seed-NAME`, and the shard corruptions of the
+/// router probe as `fuzz/regressions/shard_answers/NAME`: run it when an input format changes
+/// (`cargo nextest run --run-ignored only -E 'test(fuzz_replay::write_seeds)'`).
 #[test]
 #[ignore = "writes into fuzz/corpus"]
 fn write_seeds() {
@@ -98,6 +119,7 @@ fn write_seeds() {
         ),
         ("rpc", harness::rpc::seeds()),
         ("live", harness::live::seeds()),
+        ("shard_answers", harness::shard_answers::seeds()),
     ];
     for (target, seeds) in targets {
         let out = fuzz_dir().join("corpus").join(target);
@@ -105,5 +127,10 @@ fn write_seeds() {
         for (name, bytes) in seeds {
             std::fs::write(out.join(format!("seed-{name}")), bytes).unwrap();
         }
+    }
+    let out = fuzz_dir().join("regressions").join("shard_answers");
+    std::fs::create_dir_all(&out).unwrap();
+    for (name, bytes) in harness::shard_answers::corruptions() {
+        std::fs::write(out.join(name), bytes).unwrap();
     }
 }

@@ -9,6 +9,7 @@ mod byte_level;
 mod byte_mixing;
 mod cli;
 mod cluster;
+mod cluster_malformed;
 mod compressed;
 mod contamination;
 mod deploy;

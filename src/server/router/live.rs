@@ -12,7 +12,8 @@ use tokio::runtime::Handle;
 use tonic::Status;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::shards::{request, ShardClient, ShardSet};
+use super::shards::{ShardClient, ShardSet};
+use crate::cluster::validate::ShardAnswer;
 use crate::index::IndexError;
 use crate::live::{Appended, LiveError, LiveStore, Piece, Result};
 use crate::server::shard_pb as spb;
@@ -40,17 +41,24 @@ impl RemoteLive {
         }
     }
 
-    /// Runs `call` on the owner of `namespace`.
-    fn on_owner<T, F, Fut>(&self, namespace: &str, call: F) -> std::result::Result<T, Status>
+    /// Runs `call` with `ask` on the owner of `namespace`.
+    fn on_owner<Q, T, F, Fut>(
+        &self,
+        namespace: &str,
+        ask: &Q,
+        call: F,
+    ) -> std::result::Result<T, Status>
     where
-        F: Fn(ShardClient, std::time::Duration) -> Fut,
+        Q: Clone,
+        T: ShardAnswer<Q>,
+        F: Fn(ShardClient, tonic::Request<Q>) -> Fut,
         Fut: Future<Output = std::result::Result<tonic::Response<T>, Status>>,
     {
         let members = self.shards.members()?;
         let owner = (xxh3_64(namespace.as_bytes()) % members.shards() as u64) as usize;
         let deadline = crate::interrupt::deadline();
         self.runtime
-            .block_on(self.shards.call_one(&members, owner, deadline, call))
+            .block_on(self.shards.call_one(&members, owner, deadline, ask, call))
     }
 }
 
@@ -87,10 +95,11 @@ impl LiveStore for RemoteLive {
             request_id: request_id.to_string(),
         };
         let answer = self
-            .on_owner(namespace, |mut c, t| {
-                let ask = ask.clone();
-                async move { c.live_append(request(ask, t)).await }
-            })
+            .on_owner(
+                namespace,
+                &ask,
+                |mut c, r| async move { c.live_append(r).await },
+            )
             .map_err(remote)?;
         Ok(match answer.repeated {
             true => Appended::Repeated,
@@ -114,9 +123,8 @@ impl LiveStore for RemoteLive {
             samples: samples as u32,
             depth: depth as u32,
         };
-        let answer = self.on_owner(namespace, |mut c, t| {
-            let ask = ask.clone();
-            async move { c.live_continuations(request(ask, t)).await }
+        let answer = self.on_owner(namespace, &ask, |mut c, r| async move {
+            c.live_continuations(r).await
         });
         match answer {
             Ok(a) => (

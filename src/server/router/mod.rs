@@ -1,8 +1,9 @@
 //! The router role: the whole `sidecar.v1` API over shard servers, holding no index. Each call
 //! fans out to every shard (`shards`), in one round trip where the protocol allows
 //! (`crate::cluster` says why the merged answers are exact), and answers as a single sidecar over
-//! all the shards would. A shard that does not answer fails the call with UNAVAILABLE naming it,
-//! or, with `allow_partial`, gives the other shards' answer flagged `partial`.
+//! all the shards would. A shard that does not answer, or none of whose replicas answers sanely
+//! (`cluster::validate`), fails the call with UNAVAILABLE naming it, or, with `allow_partial`, gives
+//! the other shards' answer flagged `partial`.
 
 mod live;
 mod reference;
@@ -23,12 +24,12 @@ use super::{
     ResponseStream, ServeError, SidecarService,
 };
 use crate::cluster::merge;
+use crate::cluster::wire::{continuations_of, search_of};
 use crate::cpu::CpuInfo;
 use crate::index::docs::{self, PartialSearch};
-use crate::index::partial::{LocalSample, PartialContinuations};
-use crate::index::query::Spread;
+use crate::index::partial::PartialContinuations;
 pub(crate) use shards::ShardSet;
-use shards::{request, Answered, Members};
+use shards::{Answered, Members};
 
 /// The public API of a router.
 #[derive(Clone)]
@@ -59,63 +60,9 @@ fn partial_of(missing: Vec<u32>) -> Option<pb::Partial> {
     })
 }
 
-fn spread_of(kind: i32, single: u32) -> Spread {
-    match spb::Spread::try_from(kind) {
-        Ok(spb::Spread::Single) => Spread::Single(single),
-        Ok(spb::Spread::Several) => Spread::Several,
-        _ => Spread::None,
-    }
-}
-
-fn pairs(runs: Vec<spb::TokenRun>) -> Vec<(u32, u64)> {
-    runs.into_iter().map(|r| (r.token, r.count)).collect()
-}
-
-/// A shard's answer whose distribution arrays pair up (a malformed one would merge wrongly).
-fn checked(a: spb::ContinuationsAnswer) -> Result<spb::ContinuationsAnswer, Status> {
-    match a.dist_tokens.len() == a.dist_counts.len() {
-        true => Ok(a),
-        false => Err(Status::failed_precondition(
-            "a shard server answered a distribution whose tokens and counts differ in number",
-        )),
-    }
-}
-
-fn continuations_of(a: spb::ContinuationsAnswer) -> PartialContinuations {
-    PartialContinuations {
-        suffix_len: a.suffix_len as usize,
-        prompt_cnt: a.prompt_cnt,
-        dist: a.dist_tokens.into_iter().zip(a.dist_counts).collect(),
-        samples: a
-            .samples
-            .into_iter()
-            .map(|l| LocalSample {
-                matches: l.matches,
-                runs: pairs(l.runs),
-            })
-            .collect(),
-        spread: spread_of(a.spread, a.single),
-    }
-}
-
-fn search_of(a: spb::SearchAnswer, tokenizer: &crate::tokenizer::Tokenizer) -> PartialSearch {
-    PartialSearch {
-        doc_cnt: a.doc_cnt,
-        clause_places: a.clause_places,
-        documents: a
-            .documents
-            .into_iter()
-            .map(|d| docs::Document {
-                doc_ix: d.doc_ix,
-                doc_len: d.doc_len,
-                disp_len: d.disp_len,
-                needle_offset: d.needle_offset,
-                metadata: Some(d.metadata),
-                text: tokenizer.decode(&d.token_ids).ok(),
-                token_ids: d.token_ids,
-            })
-            .collect(),
-    }
+/// Sane answers that still cannot be merged: shards that claim more than 2^64 occurrences in all.
+fn unmergeable(e: merge::Overflow) -> Status {
+    Status::unavailable(format!("{e}: the shard set's answers cannot be merged"))
 }
 
 impl RouterService {
@@ -129,7 +76,8 @@ impl RouterService {
         let neural = Neural::load(config)?;
         Ok(Self {
             shards: Arc::new(
-                ShardSet::new(config.cluster.clone(), token).map_err(ServeError::Setup)?,
+                ShardSet::new(config.cluster.clone(), token, Arc::clone(&metrics))
+                    .map_err(ServeError::Setup)?,
             ),
             limits: config.limits,
             in_flight: Arc::new(Semaphore::new(config.limits.max_in_flight)),
@@ -212,16 +160,15 @@ impl RouterService {
     ) -> Result<(Vec<PartialContinuations>, Vec<u32>), Status> {
         let fanned = self
             .shards
-            .fan_out(members, deadline, |mut c, t| {
-                let ask = ask.clone();
-                async move { c.continuations(request(ask, t)).await }
+            .fan_out(members, deadline, &ask, |mut c, r| async move {
+                c.continuations(r).await
             })
             .await?;
         let Answered { parts, missing } = fanned.complete(allow_partial)?;
         let parts = parts
             .into_iter()
-            .map(|(_, a)| checked(a).map(continuations_of))
-            .collect::<Result<_, Status>>()?;
+            .map(|(_, a)| continuations_of(a))
+            .collect();
         Ok((parts, missing))
     }
 
@@ -241,21 +188,12 @@ impl RouterService {
         };
         let fanned = self
             .shards
-            .fan_out(members, deadline, |mut c, t| {
-                let ask = ask.clone();
-                async move { c.count(request(ask, t)).await }
+            .fan_out(members, deadline, &ask, |mut c, r| async move {
+                c.count(r).await
             })
             .await?;
         let Answered { parts, missing } = fanned.complete(allow_partial)?;
-        let parts = parts
-            .into_iter()
-            .map(|(k, a)| match a.counts.len() == ngrams.len() {
-                true => Ok((k, a.counts)),
-                false => Err(Status::internal(
-                    "a shard answered a different number of counts",
-                )),
-            })
-            .collect::<Result<_, Status>>()?;
+        let parts = parts.into_iter().map(|(k, a)| (k, a.counts)).collect();
         Ok(Answered { parts, missing })
     }
 
@@ -281,17 +219,18 @@ impl RouterService {
             .await?;
         let mut missing = counted.missing.clone();
         // Per clause, its n-grams' matches in the shards that count.
-        let clause_totals = |counts: &[u64]| -> Vec<u64> {
+        let clause_totals = |keep: &dyn Fn(usize) -> bool| -> Result<Vec<u64>, Status> {
+            let counts = sum_counts(&counted.parts, n_grams, keep).map_err(unmergeable)?;
             let mut at = 0;
             cnf.iter()
                 .map(|clause| {
-                    let sum = counts[at..at + clause.len()].iter().sum();
+                    let sum = merge::sum(counts[at..at + clause.len()].iter().copied());
                     at += clause.len();
-                    sum
+                    sum.map_err(unmergeable)
                 })
                 .collect()
         };
-        let totals = clause_totals(&sum_counts(&counted.parts, n_grams, |_| true));
+        let totals = clause_totals(&|_| true)?;
         // Shard servers search suffix arrays.
         let place_cost = <crate::index::Index as docs::DocumentIndex>::PLACE_COST;
         let strides =
@@ -312,9 +251,8 @@ impl RouterService {
         };
         let fanned = self
             .shards
-            .fan_out(members, deadline, |mut c, t| {
-                let ask = ask.clone();
-                async move { c.search_documents(request(ask, t)).await }
+            .fan_out(members, deadline, &ask, |mut c, r| async move {
+                c.search_documents(r).await
             })
             .await?;
         let answered = fanned.complete(allow_partial)?;
@@ -325,26 +263,32 @@ impl RouterService {
             .parts
             .into_iter()
             .filter(|(k, _)| !missing.contains(&(*k as u32)))
-            .map(|(k, a)| (members.doc_bases[k], search_of(a, &members.tokenizer)))
+            .map(|(k, a)| (members.doc_bases[k], search_of(a)))
             .unzip();
         // A shard missing from the second trip leaves the counts too: the answer is the others'.
-        let totals = clause_totals(&sum_counts(&counted.parts, n_grams, |k| {
-            !missing.contains(&(k as u32))
-        }));
-        let found = merge::search(parts, &bases, &totals, &strides, opts.maxnum);
+        let totals = clause_totals(&|k| !missing.contains(&(k as u32)))?;
+        let mut found =
+            merge::search(parts, &bases, &totals, &strides, opts.maxnum).map_err(unmergeable)?;
+        for d in &mut found.documents {
+            d.text = members.tokenizer.decode(&d.token_ids).ok();
+        }
         Ok(search_response(found, partial_of(missing)))
     }
 }
 
 /// Each of `n` n-grams' count summed over the shards `keep` keeps (each part: shard, counts).
-fn sum_counts(parts: &[(usize, Vec<u64>)], n: usize, keep: impl Fn(usize) -> bool) -> Vec<u64> {
+fn sum_counts(
+    parts: &[(usize, Vec<u64>)],
+    n: usize,
+    keep: impl Fn(usize) -> bool,
+) -> Result<Vec<u64>, merge::Overflow> {
     let mut totals = vec![0u64; n];
     for (_, counts) in parts.iter().filter(|(k, _)| keep(*k)) {
-        for (t, c) in totals.iter_mut().zip(counts) {
-            *t += c;
+        for (t, &c) in totals.iter_mut().zip(counts) {
+            *t = t.checked_add(c).ok_or(merge::Overflow)?;
         }
     }
-    totals
+    Ok(totals)
 }
 
 /// What a router answers for the RPCs that need one index's suffix arrays whole (their merge over
@@ -371,6 +315,7 @@ impl Sidecar for RouterService {
                 m.shards(),
                 first.set_id
             ),
+            replicas_down: m.down(),
             index_shards: ids().map(|id| id.local_shards).sum(),
             index_tokens: ids().map(|id| id.tokens).sum(),
             index_documents: ids().map(|id| id.documents).sum(),
@@ -421,8 +366,9 @@ impl Sidecar for RouterService {
         let counted = self
             .counts(&m, deadline, vec![r.ids], r.allow_partial)
             .await?;
+        let count = sum_counts(&counted.parts, 1, |_| true).map_err(unmergeable)?[0];
         Ok(Response::new(pb::CountResponse {
-            count: sum_counts(&counted.parts, 1, |_| true)[0],
+            count,
             partial: partial_of(counted.missing),
         }))
     }
@@ -446,7 +392,7 @@ impl Sidecar for RouterService {
         let (parts, missing) = self
             .continuations(&m, deadline, ask, r.allow_partial)
             .await?;
-        let merged = merge::continuations(&parts, max_support);
+        let merged = merge::continuations(&parts, max_support).map_err(unmergeable)?;
         // As a single sidecar: the n-gram's sparse flag is read off its distribution.
         let sparse = match r.infinite {
             true => merged.sparse,

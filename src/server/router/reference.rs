@@ -16,12 +16,13 @@ use std::time::Instant;
 use tokio::runtime::Handle;
 use tonic::Status;
 
-use super::shards::{request, Answered, Members, ShardSet};
-use super::{checked, continuations_of, spread_of};
+use super::shards::{Answered, Members, ShardSet};
+use super::unmergeable;
 use crate::cluster::merge;
+use crate::cluster::wire::{continuations_of, drafts_of, evidence_of, support_of};
 use crate::evidence::{Followed, ReferenceData};
 use crate::index::dense::{TokenEvidence, TokenScore};
-use crate::index::partial::{LocalContinuations, PartialContinuations, PartialDrafts};
+use crate::index::partial::{PartialContinuations, PartialDrafts};
 use crate::index::query::{check_vocabulary, InfgramNtdResult};
 use crate::index::IndexError;
 use crate::mix::features::{step_score, InfgramContext, SUFFIX_LENGTHS, SUPPORT_SAMPLES};
@@ -44,6 +45,10 @@ fn remote(status: Status) -> IndexError {
         code: status.code(),
         message: status.message().to_string(),
     }
+}
+
+fn merge_error(e: merge::Overflow) -> IndexError {
+    remote(unmergeable(e))
 }
 
 fn lengths() -> Vec<u32> {
@@ -84,27 +89,22 @@ impl RemoteReference {
         self.runtime.block_on(work).map_err(remote)
     }
 
-    /// Every shard's answer to `ask`, in shard order, each with its suffix arrays' number.
+    /// Every shard's answer to `ask`, in shard order (each validated against it).
     fn continuations(
         &self,
         ask: spb::ContinuationsRequest,
-    ) -> Result<Vec<(usize, spb::ContinuationsAnswer)>, IndexError> {
+    ) -> Result<Vec<spb::ContinuationsAnswer>, IndexError> {
         let members = self.members()?;
-        let local = local_shards(&members);
         let deadline: Option<Instant> = crate::interrupt::deadline();
         self.wait(async {
             let fanned = self
                 .shards
-                .fan_out(&members, deadline, |mut c, t| {
-                    let ask = ask.clone();
-                    async move { c.continuations(request(ask, t)).await }
+                .fan_out(&members, deadline, &ask, |mut c, r| async move {
+                    c.continuations(r).await
                 })
                 .await?;
             let Answered { parts, .. } = fanned.complete(false)?;
-            parts
-                .into_iter()
-                .map(|(k, a)| Ok((local[k], checked(a)?)))
-                .collect()
+            Ok(parts.into_iter().map(|(_, a)| a).collect())
         })
     }
 
@@ -118,38 +118,9 @@ impl RemoteReference {
                 ..Default::default()
             })?
             .into_iter()
-            .map(|(_, a)| continuations_of(a))
+            .map(continuations_of)
             .collect();
-        Ok(merge::continuations(&parts, None))
-    }
-}
-
-/// The suffix arrays of each shard of `members`, in shard order.
-fn local_shards(members: &Members) -> Vec<usize> {
-    members
-        .layout
-        .shards
-        .iter()
-        .map(|(id, _)| id.local_shards as usize)
-        .collect()
-}
-
-/// How many of the gate's lengths a shard counts for a match of `len` tokens.
-fn counted(len: usize) -> usize {
-    SUFFIX_LENGTHS.iter().filter(|&&k| k <= len).count()
-}
-
-/// Refuses a shard's answer without the parts the merge reads (a shard server of another version):
-/// merging it would give a wrong answer, not an error.
-fn check_shape(complete: bool) -> Result<(), IndexError> {
-    match complete {
-        true => Ok(()),
-        false => Err(IndexError::Remote {
-            code: tonic::Code::FailedPrecondition,
-            message: "a shard server answered without the parts a router merges: \
-                      run the same version on routers and shard servers"
-                .into(),
-        }),
+        merge::continuations(&parts, None).map_err(merge_error)
     }
 }
 
@@ -160,47 +131,14 @@ fn gate_context(
     support: &[PartialContinuations],
     counts: &[(usize, &[u64])],
 ) -> Result<InfgramContext, MixError> {
-    let support = merge::continuations(support, Some(SUPPORT_SAMPLES)).ntd;
-    let counts = merge::suffix_counts(counts, &SUFFIX_LENGTHS);
+    let support = merge::continuations(support, Some(SUPPORT_SAMPLES))
+        .map_err(merge_error)?
+        .ntd;
+    let counts = merge::suffix_counts(counts, &SUFFIX_LENGTHS).map_err(merge_error)?;
     InfgramContext::from_evidence(score, &support, |k| {
         let at = SUFFIX_LENGTHS.iter().position(|&l| l == k);
         Ok(at.map_or(0, |i| counts[i]))
     })
-}
-
-fn evidence_of(t: &spb::TokenEvidence) -> TokenEvidence {
-    TokenEvidence {
-        suffix_len: t.suffix_len as usize,
-        prompt_cnt: t.prompt_cnt,
-        cont_cnt: t.cont_cnt,
-        spread: spread_of(t.spread, t.single),
-    }
-}
-
-/// A position's support sample, taken out of the shard's evidence of it.
-fn support_of(t: &mut spb::TokenEvidence) -> PartialContinuations {
-    continuations_of(spb::ContinuationsAnswer {
-        suffix_len: t.suffix_len,
-        prompt_cnt: t.prompt_cnt,
-        samples: std::mem::take(&mut t.support),
-        spread: t.spread,
-        single: t.single,
-        ..Default::default()
-    })
-}
-
-fn drafts_of(a: spb::ContinuationsAnswer) -> PartialDrafts {
-    PartialDrafts {
-        suffix_len: a.suffix_len as usize,
-        suffix_arrays: a
-            .drafts
-            .into_iter()
-            .map(|l| LocalContinuations {
-                matches: l.matches,
-                fine: l.fine.into_iter().map(|c| c.tokens).collect(),
-            })
-            .collect(),
-    }
 }
 
 fn changed_set() -> MixError {
@@ -242,15 +180,9 @@ impl ReferenceData for RemoteReference {
             count_lengths: lengths(),
             ..Default::default()
         })?;
-        for (local, a) in &answers {
-            check_shape(
-                a.samples.len() == *local
-                    && a.suffix_counts.len() == counted((a.suffix_len as usize).min(tail.len())),
-            )?;
-        }
         let (counts, support): (Vec<(usize, Vec<u64>)>, Vec<PartialContinuations>) = answers
             .into_iter()
-            .map(|(_, mut a)| {
+            .map(|mut a| {
                 let counts = std::mem::take(&mut a.suffix_counts);
                 ((a.suffix_len as usize, counts), continuations_of(a))
             })
@@ -272,32 +204,21 @@ impl ReferenceData for RemoteReference {
             support_samples: SUPPORT_SAMPLES,
             count_lengths: lengths(),
         };
-        let local = local_shards(&members);
         let mut parts: Vec<Vec<spb::TokenEvidence>> = self.wait(async {
             let fanned = self
                 .shards
-                .fan_out(&members, deadline, |mut c, t| {
-                    let ask = ask.clone();
-                    async move { c.score_tokens(request(ask, t)).await }
+                .fan_out(&members, deadline, &ask, |mut c, r| async move {
+                    c.score_tokens(r).await
                 })
                 .await?;
             let Answered { parts, .. } = fanned.complete(false)?;
             Ok(parts.into_iter().map(|(_, a)| a.tokens).collect())
         })?;
-        for (part, &local) in parts.iter().zip(&local) {
-            check_shape(
-                part.len() == tokens.len()
-                    && part.iter().enumerate().all(|(i, t)| {
-                        t.support.len() == local
-                            && t.suffix_counts.len() == counted((t.suffix_len as usize).min(i))
-                    }),
-            )?;
-        }
         let evidence: Vec<Vec<TokenEvidence>> = parts
             .iter()
             .map(|p| p.iter().map(evidence_of).collect())
             .collect();
-        let scores = merge::token_scores(&evidence);
+        let scores = merge::token_scores(&evidence).map_err(merge_error)?;
         let contexts = scores
             .iter()
             .enumerate()
@@ -354,11 +275,8 @@ impl ReferenceData for RemoteReference {
                 ..Default::default()
             })?
             .into_iter()
-            .map(|(local, a)| {
-                check_shape(a.drafts.len() == local)?;
-                Ok(drafts_of(a))
-            })
-            .collect::<Result<_, IndexError>>()?;
-        Ok(merge::drafts(&parts, samples as u64))
+            .map(drafts_of)
+            .collect();
+        merge::drafts(&parts, samples as u64).map_err(merge_error)
     }
 }

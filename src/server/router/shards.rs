@@ -2,6 +2,8 @@
 //! resolves to many (a Kubernetes headless Service), described, checked to form one set
 //! (`cluster::set`), re-checked every `refresh_secs`; and the fan-out of one call to every shard,
 //! with a deadline per shard taken from the caller's and retries on the shard's other replicas.
+//! Every answer is validated where it arrives (`cluster::validate`): a replica that answers
+//! nonsense is down as one that does not answer, and stays down until it answers sanely.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -15,7 +17,9 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
 use crate::cluster::set::{assemble, SetLayout, ShardIdentity};
+use crate::cluster::validate::ShardAnswer;
 use crate::server::config::ClusterSection;
+use crate::server::metrics::Metrics;
 use crate::server::shard_pb as spb;
 use crate::tokenizer::Tokenizer;
 
@@ -47,6 +51,22 @@ pub(crate) struct Replica {
     client: ShardClient,
     /// Answered its last Describe and its last call.
     healthy: AtomicBool,
+    /// Why its last answer was refused, until one is not: a Describe alone does not make a replica
+    /// that answers nonsense healthy again.
+    malformed: Mutex<Option<String>>,
+}
+
+impl Replica {
+    fn malformed(&self) -> Option<String> {
+        self.malformed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set_malformed(&self, why: Option<String>) {
+        *self.malformed.lock().unwrap_or_else(|e| e.into_inner()) = why;
+    }
 }
 
 /// The set as last checked: every shard's replicas, its documents' numbering, the tokenizer.
@@ -69,6 +89,19 @@ impl Members {
         self.replicas
             .iter()
             .all(|r| r.iter().any(|x| x.healthy.load(Ordering::Relaxed)))
+    }
+
+    /// The replicas down now, each as its address and, when it answered nonsense, why.
+    pub fn down(&self) -> Vec<String> {
+        self.replicas
+            .iter()
+            .flatten()
+            .filter(|r| !r.healthy.load(Ordering::Relaxed))
+            .map(|r| match r.malformed() {
+                Some(why) => format!("{} (malformed answer: {why})", r.address),
+                None => r.address.clone(),
+            })
+            .collect()
     }
 }
 
@@ -111,6 +144,8 @@ pub(crate) struct Answered<T> {
 pub(crate) struct ShardSet {
     config: ClusterSection,
     bearer: Bearer,
+    /// Where malformed answers are counted, per replica.
+    metrics: Arc<Metrics>,
     /// The checked set, or why there is none yet.
     members: RwLock<Result<Arc<Members>, String>>,
     /// Every shard server ever described, by address, with its identity and tokenizer.
@@ -153,7 +188,11 @@ fn retriable(status: &Status) -> bool {
 }
 
 impl ShardSet {
-    pub fn new(config: ClusterSection, token: Option<String>) -> Result<Self, String> {
+    pub fn new(
+        config: ClusterSection,
+        token: Option<String>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, String> {
         let bearer = match token {
             Some(t) => Some(
                 format!("Bearer {t}")
@@ -165,6 +204,7 @@ impl ShardSet {
         Ok(Self {
             config,
             bearer: Bearer(bearer),
+            metrics,
             members: RwLock::new(Err("the router has not described its shards yet".into())),
             known: Mutex::new(HashMap::new()),
         })
@@ -233,6 +273,7 @@ impl ShardSet {
                                 address: a.clone(),
                                 client,
                                 healthy: AtomicBool::new(false),
+                                malformed: Mutex::new(None),
                             });
                             known.insert(
                                 a.clone(),
@@ -264,9 +305,10 @@ impl ShardSet {
         .await;
         let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
         for (replica, description) in replicas.iter().zip(described) {
+            let sane = replica.malformed().is_none();
             replica
                 .healthy
-                .store(description.is_some(), Ordering::Relaxed);
+                .store(description.is_some() && sane, Ordering::Relaxed);
             if let (Some(d), Some(k)) = (description, known.get_mut(&replica.address)) {
                 k.identity = Some((identity_of(&d), d.tokenizer_json));
             }
@@ -343,23 +385,27 @@ impl ShardSet {
         }))
     }
 
-    /// Runs `call` once on every shard (on one of its replicas), all at once. A replica that fails
-    /// with a status another may not have (unavailable, busy, its deadline) is marked unhealthy and
-    /// the next replica is tried while the shard's deadline allows; the caller's own errors
-    /// (a bad argument) come back as they are.
-    pub async fn fan_out<T, F, Fut>(
+    /// Runs `call` with `ask` once on every shard (on one of its replicas), all at once. A replica
+    /// that fails with a status another may not have (unavailable, busy, its deadline), or answers
+    /// what `ask` cannot get from its shard ([`ShardAnswer::validate`]), is marked unhealthy and
+    /// the next replica is tried while the shard's deadline allows; the caller's own errors (a bad
+    /// argument) come back as they are.
+    pub async fn fan_out<Q, T, F, Fut>(
         &self,
         members: &Members,
         deadline: Option<Instant>,
+        ask: &Q,
         call: F,
     ) -> Result<Fanned<T>, Status>
     where
-        F: Fn(ShardClient, Duration) -> Fut,
+        Q: Clone,
+        T: ShardAnswer<Q>,
+        F: Fn(ShardClient, Request<Q>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let start = members.next.fetch_add(1, Ordering::Relaxed);
         let calls = (0..members.replicas.len())
-            .map(|k| self.call_shard(members, k, start, deadline, &call));
+            .map(|k| self.call_shard(members, k, start, deadline, ask, &call));
         let outcomes = futures_util::future::join_all(calls).await;
         let mut fanned = Fanned {
             answers: Vec::with_capacity(outcomes.len()),
@@ -382,39 +428,47 @@ impl ShardSet {
         Ok(fanned)
     }
 
-    /// Runs `call` on shard `k` alone, on its first replica that answers (the same one each time
-    /// while it does): what the owner of a live namespace gets. UNAVAILABLE names the shard when
-    /// no replica answers.
-    pub async fn call_one<T, F, Fut>(
+    /// Runs `call` with `ask` on shard `k` alone, on its first replica that answers sanely (the
+    /// same one each time while it does): what the owner of a live namespace gets. UNAVAILABLE
+    /// names the shard when no replica does.
+    pub async fn call_one<Q, T, F, Fut>(
         &self,
         members: &Members,
         k: usize,
         deadline: Option<Instant>,
+        ask: &Q,
         call: F,
     ) -> Result<T, Status>
     where
-        F: Fn(ShardClient, Duration) -> Fut,
+        Q: Clone,
+        T: ShardAnswer<Q>,
+        F: Fn(ShardClient, Request<Q>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        self.call_shard(members, k, 0, deadline, &call)
+        self.call_shard(members, k, 0, deadline, ask, &call)
             .await?
             .map_err(Status::unavailable)
     }
 
-    /// `call` on shard `k`, its replicas tried in turn (healthy ones first, from the `start`-th):
-    /// the answer, why no replica gave one, or the caller's own error.
-    async fn call_shard<T, F, Fut>(
+    /// `call` with `ask` on shard `k`, its replicas tried in turn (healthy ones first, from the
+    /// `start`-th): the answer that passed validation, why no replica gave one, or the caller's
+    /// own error.
+    async fn call_shard<Q, T, F, Fut>(
         &self,
         members: &Members,
         k: usize,
         start: usize,
         deadline: Option<Instant>,
+        ask: &Q,
         call: &F,
     ) -> Result<Result<T, String>, Status>
     where
-        F: Fn(ShardClient, Duration) -> Fut,
+        Q: Clone,
+        T: ShardAnswer<Q>,
+        F: Fn(ShardClient, Request<Q>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
+        let shard = &members.layout.shards[k].0;
         let shard_timeout = Duration::from_millis(self.config.shard_timeout_ms);
         let replicas = &members.replicas[k];
         let mut order: Vec<&Arc<Replica>> = (0..replicas.len())
@@ -434,11 +488,26 @@ impl ShardSet {
                 last = format!("{}: no time left before the deadline", replica.address);
                 break;
             }
-            let answer = tokio::time::timeout(left, call(replica.client.clone(), left)).await;
+            let answer = tokio::time::timeout(
+                left,
+                call(replica.client.clone(), request(ask.clone(), left)),
+            )
+            .await;
             let status = match answer {
                 Ok(Ok(response)) => {
-                    replica.healthy.store(true, Ordering::Relaxed);
-                    return Ok(Ok(response.into_inner()));
+                    let answer = response.into_inner();
+                    match answer.validate(ask, shard) {
+                        Ok(()) => {
+                            replica.set_malformed(None);
+                            replica.healthy.store(true, Ordering::Relaxed);
+                            return Ok(Ok(answer));
+                        }
+                        Err(why) => {
+                            self.refuse(replica, &why.to_string());
+                            last = format!("{}: malformed answer: {why}", replica.address);
+                            continue;
+                        }
+                    }
                 }
                 Ok(Err(status)) if !retriable(&status) => return Err(status),
                 Ok(Err(status)) => status,
@@ -457,10 +526,18 @@ impl ShardSet {
             members.shards()
         )))
     }
+
+    /// Marks `replica` down for answering nonsense, and counts it.
+    fn refuse(&self, replica: &Replica, why: &str) {
+        tracing::warn!(replica = %replica.address, why, "a shard replica answered malformed data");
+        self.metrics.malformed_answer(&replica.address);
+        replica.set_malformed(Some(why.to_string()));
+        replica.healthy.store(false, Ordering::Relaxed);
+    }
 }
 
 /// A request to a shard with the time it has (sent as its gRPC deadline).
-pub(crate) fn request<T>(message: T, timeout: Duration) -> Request<T> {
+fn request<T>(message: T, timeout: Duration) -> Request<T> {
     let mut request = Request::new(message);
     request.set_timeout(timeout);
     request
