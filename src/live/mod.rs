@@ -773,6 +773,8 @@ impl LiveStore for LiveIndex {
             None => self.namespace_or_create(namespace)?,
         };
         let full = loop {
+            // Read before the namespace's lock: `reclaim` takes the map's lock, then a namespace's.
+            let namespaces = inner.namespaces.read().map_or(1, |m| m.len());
             let mut state = ns.write();
             if state.retired {
                 drop(state);
@@ -783,7 +785,6 @@ impl LiveStore for LiveIndex {
             if recent.seen(namespace, request_id) {
                 return Ok(Appended::Repeated);
             }
-            let namespaces = inner.namespaces.read().map_or(1, |m| m.len());
             if let Err(e) = inner.admit(namespace, state.pending(), n, namespaces, true) {
                 let empty = state.is_empty();
                 drop((state, recent));
@@ -1277,6 +1278,47 @@ mod tests {
         assert!(taken > 0 && refused > 0, "{taken} taken, {refused} refused");
         // A namespace that holds nothing waiting is never refused for room while others hold more.
         assert!(live.append("newcomer", 99_999, &doc[..10]).is_ok());
+    }
+
+    /// Appends, retractions that empty a namespace, lookups and compaction rounds that reclaim it,
+    /// all at once: they take the map's and the namespaces' locks in one order. (An append once read
+    /// the map while holding its namespace's lock, and a reclaim held the map while waiting for the
+    /// namespace: the soak hung on it.)
+    #[test]
+    fn appends_and_reclaims_at_once_never_deadlock() {
+        let live = Arc::new(LiveIndex::open(config(None), VOCAB).unwrap());
+        let until = std::time::Instant::now() + Duration::from_secs(2);
+        let (done, finished) = std::sync::mpsc::channel();
+        let workers: Vec<_> = (0..4u64)
+            .map(|w| {
+                let (live, done) = (Arc::clone(&live), done.clone());
+                std::thread::spawn(move || {
+                    let mut doc = w << 32;
+                    while std::time::Instant::now() < until {
+                        doc += 1;
+                        let ns = ["x", "y"][(doc % 2) as usize];
+                        match w % 2 {
+                            0 => {
+                                if live.append(ns, doc, &[1, 2, 3]).is_ok() {
+                                    live.retract(ns, doc, 3);
+                                }
+                                live.continuations(ns, &[1, 2], 4, 2);
+                            }
+                            _ => live.compact_now(false),
+                        }
+                    }
+                    let _ = done.send(());
+                })
+            })
+            .collect();
+        for _ in &workers {
+            finished
+                .recv_timeout(Duration::from_secs(30))
+                .expect("a worker is stuck: the live index deadlocked");
+        }
+        for w in workers {
+            w.join().unwrap();
+        }
     }
 
     /// F6: a namespace that holds nothing (its tokens taken back, or all evicted) is reclaimed:
