@@ -108,10 +108,11 @@ fn merge_all(inner: &Inner, ns: &Namespace) -> Result<()> {
 
 /// Whether the index holds more than its budget, tails weighed at what they cost in memory.
 fn over_budget(inner: &Inner) -> bool {
+    let floor = inner.run_floor();
     let runs: u64 = inner
         .namespaces()
         .iter()
-        .map(|ns| ns.read().run_tokens())
+        .map(|ns| ns.read().run_cost(floor))
         .sum();
     runs + super::TAIL_WEIGHT * inner.pending.load(Ordering::Relaxed) > inner.config.budget_tokens
 }
@@ -254,7 +255,7 @@ fn evict(inner: &Inner) -> Result<()> {
             .into_iter()
             .filter_map(|ns| {
                 let state = ns.read();
-                let held = (!state.runs.is_empty()).then(|| state.tokens());
+                let held = (!state.runs.is_empty()).then(|| state.run_cost(inner.run_floor()));
                 drop(state);
                 held.map(|held| (held, ns))
             })

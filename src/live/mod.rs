@@ -76,6 +76,9 @@ pub type Result<T, E = LiveError> = std::result::Result<T, E>;
 /// 18–24 bytes against a run's 6–8. The budget counts tail tokens this many times.
 pub const TAIL_WEIGHT: u64 = 3;
 
+/// What a small run costs against the budget at least (`Inner::run_floor`).
+const RUN_FLOOR_TOKENS: u64 = 4_096;
+
 /// Longest request id kept for [`LiveStore::append_pieces`].
 pub const MAX_REQUEST_ID: usize = 128;
 
@@ -92,8 +95,9 @@ pub struct LiveConfig {
     /// Where runs are kept across restarts; `None`: a temporary folder, removed when the index is
     /// dropped. An existing folder must be empty or one the live index made.
     pub data_dir: Option<PathBuf>,
-    /// Tokens held over all namespaces, tails counted [`TAIL_WEIGHT`] times; past it the oldest
-    /// runs of the namespace holding the most are evicted. About 8 bytes of memory a token.
+    /// Tokens held over all namespaces, tails counted [`TAIL_WEIGHT`] times and each run at least
+    /// `Inner::run_floor`; past it the oldest runs of the namespace holding the most are evicted.
+    /// About 8 bytes of memory a token.
     pub budget_tokens: u64,
     /// A tail this big is frozen into a run.
     pub freeze_tokens: u64,
@@ -239,6 +243,14 @@ impl Inner {
     /// each namespace's share: a quarter of the budget, at what tails cost.
     fn pending_cap(&self) -> u64 {
         self.config.budget_tokens / (4 * TAIL_WEIGHT)
+    }
+
+    /// Least a run costs against the budget, however few its tokens: its half-dozen memory-mapped
+    /// files take whole pages each, about 32 KB, what 4,096 tokens cost in a big run (a soak over
+    /// 1,000 namespaces held 2,284 runs and took twice the budget's bytes without this floor).
+    /// Never more than a tail that is frozen when full.
+    fn run_floor(&self) -> u64 {
+        RUN_FLOOR_TOKENS.min(self.config.freeze_tokens)
     }
 
     /// A disk write succeeded: appends are taken again.
@@ -390,9 +402,12 @@ impl LiveIndex {
             stop: AtomicBool::new(false),
             _lock: Some(lock),
         });
-        // Namespaces that hold nothing (all evicted, or every run set aside) are not kept.
+        // Namespaces that hold nothing (all evicted, or every run set aside) are not kept; one
+        // whose folder cannot be removed is simply served empty.
         for ns in inner.namespaces() {
-            inner.reclaim(&ns)?;
+            if let Err(e) = inner.reclaim(&ns) {
+                tracing::warn!(namespace = %ns.name, error = %e, "could not reclaim an empty live namespace");
+            }
         }
         let compactor = match inner.config.background {
             true => {

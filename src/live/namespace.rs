@@ -51,7 +51,7 @@ pub struct State {
 
 impl State {
     pub fn tokens(&self) -> u64 {
-        self.pending() + self.run_tokens()
+        self.pending() + self.runs.iter().map(|r| r.meta.tokens).sum::<u64>()
     }
 
     /// Tokens in memory: the tail and the tail being frozen.
@@ -60,8 +60,9 @@ impl State {
         (self.tail.tokens() + frozen) as u64
     }
 
-    pub fn run_tokens(&self) -> u64 {
-        self.runs.iter().map(|r| r.meta.tokens).sum()
+    /// What the runs cost against the budget: their tokens, each run at least `floor`.
+    pub fn run_cost(&self, floor: u64) -> u64 {
+        self.runs.iter().map(|r| r.meta.tokens.max(floor)).sum()
     }
 
     pub fn is_empty(&self) -> bool {
