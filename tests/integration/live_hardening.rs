@@ -14,7 +14,7 @@ use tonic::Code;
 
 use crate::common::server::{
     build_index, config, connect, live_draft_continues, open_session, permit_comes_back,
-    random_document, spawn_serve, start, step, with_model, Running,
+    random_document, spawn_serve, start, step, with_model, Running, Served,
 };
 
 /// `n` random 300-token documents (`random_document`).
@@ -142,11 +142,12 @@ async fn a_data_dir_that_is_not_the_live_index_s_is_refused_and_left_untouched()
     // The live index's own folder, with a stranger put inside it later: refused the same way.
     let data = dir.path().join("data");
     let path = config_file(dir.path(), &index, &data, "");
-    let (mut child, addr) = spawn_serve(&path).await;
+    let (child, addr) = spawn_serve(&path).await;
+    let mut child = Served(child);
     let mut client = SidecarClient::new(connect(addr).await);
     let docs = random_documents(1, 2);
     client.add_documents(add("team", &docs, "")).await.unwrap();
-    assert!(sigterm(&mut child).success());
+    assert!(sigterm(&mut child.0).success());
     std::fs::create_dir_all(data.join("photos/run-7")).unwrap();
     std::fs::write(data.join("photos/run-7/a.jpg"), "jpg").unwrap();
     let before = snapshot(&data);
@@ -213,7 +214,8 @@ async fn a_full_disk_keeps_what_was_acknowledged_and_refuses_what_comes_next() {
         &data,
         "budget_tokens = 200000\nfreeze_tokens = 4096\n",
     );
-    let (mut child, addr) = spawn_serve(&path).await;
+    let (child, addr) = spawn_serve(&path).await;
+    let mut child = Served(child);
     let mut client = SidecarClient::new(connect(addr).await);
     client
         .add_documents(add("acked", &random_documents(7, 1), ""))
@@ -253,11 +255,12 @@ async fn a_full_disk_keeps_what_was_acknowledged_and_refuses_what_comes_next() {
         .add_documents(add("acked", &random_documents(4, 1), ""))
         .await
         .unwrap();
-    assert!(sigterm(&mut child).success());
-    let (mut child, addr) = spawn_serve(&path).await;
+    assert!(sigterm(&mut child.0).success());
+    let (child, addr) = spawn_serve(&path).await;
+    let mut child = Served(child);
     let mut client = SidecarClient::new(connect(addr).await);
     assert_eq!(draftable(&mut client, "acked", &docs).await, 20);
-    assert!(sigterm(&mut child).success());
+    assert!(sigterm(&mut child.0).success());
 }
 
 /// F1: `[A, B]` with B too large added A; a request refused with "try again shortly" part way kept

@@ -332,3 +332,13 @@ pub async fn live_draft_continues(
     let drafted = client.draft(request).await.unwrap().into_inner().token_ids;
     drafted[..] == doc[100..104]
 }
+
+/// A real binary's process, killed if the test ends (a failed assertion) before it stops it.
+pub struct Served(pub std::process::Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
