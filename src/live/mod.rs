@@ -777,6 +777,12 @@ impl LiveStore for LiveIndex {
         let existing = inner.namespace(namespace);
         if existing.is_none() {
             if n == 0 {
+                // Nothing to add, and no namespace made for it; its id is kept all the same.
+                let mut recent = inner.recent.lock().unwrap_or_else(|e| e.into_inner());
+                if recent.seen(namespace, request_id) {
+                    return Ok(Appended::Repeated);
+                }
+                recent.record(namespace, request_id);
                 return Ok(Appended::Added);
             }
             // A request refused for want of room creates nothing.
