@@ -184,35 +184,21 @@ fn freeze(inner: &Inner, ns: &Namespace, now: bool) -> Result<()> {
 /// Merges the newest runs of one level: the most of them, up to `fanout`, that fit under the
 /// biggest run size, when they are `fanout`, or when one more of their average size would not fit
 /// (so the biggest runs fill up to that size instead of waiting for `fanout` that never fit).
-/// Only the newest group is looked at: older groups left by the eighth-of-the-budget rule before
-/// 2026-11-28 stay as they are until evicted. Returns whether it merged.
+/// Before that, the newest runs smaller than the run floor merge whatever their number (see
+/// [`small_runs`]). Only the newest group is looked at: older groups left by the
+/// eighth-of-the-budget rule before 2026-11-28 stay as they are until evicted. Returns whether it
+/// merged.
 fn merge(inner: &Inner, ns: &Namespace) -> Result<bool> {
-    let fanout = inner.config.merge_fanout;
     let (parts, meta) = {
         let state = ns.read();
-        let n = state.runs.len();
-        if n < 2 {
-            return Ok(false);
-        }
-        let level = state.runs[n - 1].meta.level;
-        let same = (state.runs.iter().rev())
-            .take(fanout)
-            .take_while(|r| r.meta.level == level)
-            .count();
-        let cap = inner.config.budget_tokens / MAX_RUN_SHARE;
-        let newest = |k: usize| -> u64 { state.runs[n - k..].iter().map(|r| r.meta.tokens).sum() };
-        // The most of them that fit under the biggest run size.
-        let Some(k) = (2..=same).rev().find(|&k| newest(k) <= cap) else {
+        let Some((k, level)) =
+            small_runs(inner, &state.runs).or_else(|| by_level(inner, &state.runs))
+        else {
             return Ok(false);
         };
-        let tokens = newest(k);
-        let full = tokens + tokens / k as u64 > cap;
-        if k < fanout && !full {
-            return Ok(false);
-        }
-        let parts: Vec<Arc<Run>> = state.runs[n - k..].to_vec();
+        let parts: Vec<Arc<Run>> = state.runs[state.runs.len() - k..].to_vec();
         drop(state);
-        let mut meta = new_meta(inner, &mut ns.write().next_run, level + 1);
+        let mut meta = new_meta(inner, &mut ns.write().next_run, level);
         meta.oldest = parts.iter().map(|r| r.meta.oldest).min().unwrap_or(0);
         (parts, meta)
     };
@@ -234,6 +220,42 @@ fn merge(inner: &Inner, ns: &Namespace) -> Result<bool> {
         remove_run(ns, &part.meta);
     }
     Ok(true)
+}
+
+/// The newest runs below the run floor, when there are two or more: they merge into one of the
+/// highest level among them, whatever their number. Each costs the floor against the budget and a
+/// few partly used pages in memory however few its tokens, and a namespace that many small tails
+/// were frozen from (a tenant among a thousand, its tail frozen early each time the tails were
+/// full) would otherwise hold a run for each: a soak over 1,000 namespaces held 2,600 of them.
+/// Merging them costs little (they are small) and keeps each namespace to one such run.
+fn small_runs(inner: &Inner, runs: &[Arc<Run>]) -> Option<(usize, u32)> {
+    let floor = inner.run_floor();
+    let small: Vec<&Arc<Run>> = runs
+        .iter()
+        .rev()
+        .take_while(|r| r.meta.tokens < floor)
+        .collect();
+    let level = small.iter().map(|r| r.meta.level).max()?;
+    (small.len() >= 2).then_some((small.len(), level))
+}
+
+/// How many of the newest runs merge by the fan-out rule (see [`merge`]), and the merged run's
+/// level.
+fn by_level(inner: &Inner, runs: &[Arc<Run>]) -> Option<(usize, u32)> {
+    let fanout = inner.config.merge_fanout;
+    let n = runs.len();
+    let level = runs.last()?.meta.level;
+    let same = (runs.iter().rev())
+        .take(fanout)
+        .take_while(|r| r.meta.level == level)
+        .count();
+    let cap = inner.config.budget_tokens / MAX_RUN_SHARE;
+    let newest = |k: usize| -> u64 { runs[n - k..].iter().map(|r| r.meta.tokens).sum() };
+    // The most of them that fit under the biggest run size.
+    let k = (2..=same).rev().find(|&k| newest(k) <= cap)?;
+    let tokens = newest(k);
+    let full = tokens + tokens / k as u64 > cap;
+    (k == fanout || full).then_some((k, level + 1))
 }
 
 /// Records a disk write's outcome for the appends (`Inner::write_failure`).

@@ -118,7 +118,7 @@ pub struct LiveSection {
     pub enabled: bool,
     /// Where the live runs are kept across restarts; unset: a temporary folder, gone at exit.
     pub data_dir: Option<PathBuf>,
-    /// Tokens held over all namespaces, tails counted three times and each run at least 4,096
+    /// Tokens held over all namespaces, tails counted five times and each run at least 4,096
     /// (about 8 bytes of memory a token); past it the oldest runs of the namespace that holds the
     /// most are evicted.
     pub budget_tokens: u64,

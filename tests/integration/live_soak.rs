@@ -229,8 +229,6 @@ fn snapshot(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails its memory line: RSS grew 193 MB against the budget's 141 MB (2,629 runs over \
-            1,000 namespaces, each run's files costing more than its tokens); issue 49 stays open"]
 async fn eight_clients_over_a_thousand_namespaces_with_a_disk_that_fills_and_frees() {
     let seconds: u64 = std::env::var("LIVE_SOAK_SECONDS")
         .ok()
