@@ -34,5 +34,5 @@ mod server_load;
 mod server_model;
 mod spec_real;
 mod trace;
-mod workload_real;
 mod vllm;
+mod workload_real;

@@ -23,7 +23,11 @@ fn required(var: &str) -> PathBuf {
     let path = std::env::var_os(var)
         .map(PathBuf::from)
         .unwrap_or_else(|| panic!("{var}: set by scripts/env.sh (ensure_vllm_model)"));
-    assert!(path.exists(), "{}: missing; run scripts/test.sh", path.display());
+    assert!(
+        path.exists(),
+        "{}: missing; run scripts/test.sh",
+        path.display()
+    );
     path
 }
 
@@ -31,7 +35,8 @@ fn required(var: &str) -> PathBuf {
 async fn vllm_with_sidecar_drafts_decodes_as_plain_and_mixes_as_the_sidecar_does() {
     let (python, model) = (required("VLLM_PYTHON"), required("VLLM_MODEL"));
     let dir = tempfile::tempdir().unwrap();
-    let Running { addr, stop, .. } = start(config(dir.path(), build_index(dir.path()), false)).await;
+    let Running { addr, stop, .. } =
+        start(config(dir.path(), build_index(dir.path()), false)).await;
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("eval/vllm_sidecar.py");
     let out = tokio::task::spawn_blocking(move || {
         Command::new(python)
@@ -55,7 +60,11 @@ async fn vllm_with_sidecar_drafts_decodes_as_plain_and_mixes_as_the_sidecar_does
     let report: Value = stdout
         .lines()
         .rev()
-        .find_map(|l| serde_json::from_str::<Value>(l).ok().filter(Value::is_object))
+        .find_map(|l| {
+            serde_json::from_str::<Value>(l)
+                .ok()
+                .filter(Value::is_object)
+        })
         .expect("no report");
     if let Some(why) = report.get("skipped") {
         println!("vLLM not run: {why}");
@@ -69,6 +78,9 @@ async fn vllm_with_sidecar_drafts_decodes_as_plain_and_mixes_as_the_sidecar_does
     let mixer = &report["mixer"];
     assert!(mixer["steps"].as_u64().unwrap() >= 20, "{report}");
     let worst = mixer["max_abs_prob_difference"].as_f64().unwrap();
-    assert!(worst < 1e-4, "mixed probabilities differ by {worst}: {report}");
+    assert!(
+        worst < 1e-4,
+        "mixed probabilities differ by {worst}: {report}"
+    );
     stop.send(()).ok();
 }

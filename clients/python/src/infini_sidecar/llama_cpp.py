@@ -44,6 +44,15 @@ class _MirroredSequence:
             raise from_step_error(result.error)
         return result
 
+    @property
+    def tokens(self) -> Optional[list[int]]:
+        """The tokens the sidecar holds, if it holds the sequence."""
+        return self.mirror.tokens(0)
+
+    @property
+    def batch(self) -> Optional[Batch]:
+        return self.mirror.batch
+
     def close(self) -> None:
         self.mirror.close()
 

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# vLLM with the sidecar beside it (eval/vllm_sidecar.py): a sidecar on the default index and mixing
+# file, then a workload through vLLM's engine with plain decoding, vLLM's `ngram` and `suffix`
+# drafters and the sidecar's (`infini_sidecar.vllm.SidecarProposer`), at concurrency 1 and 8, and
+# round-robin over two engines; then the table. vLLM on CPU computes on one core and keeps the
+# other for the rest (here, the sidecar).
+# Results: eval/results/vllm/ (one JSON per run, table.md). Environment: WORKLOAD (default the
+# agentic workload), OUT; extra arguments go to every run (e.g. --limit 40, --dtype float32).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+python3 scripts/fetch_assets.py
+ensure_vllm_model
+cargo build --release --quiet
+SIDECAR_PYTHON="$VLLM_PYTHON" start_sidecar 50078
+WORKLOAD="${WORKLOAD:-eval/workloads/agentic.jsonl}"
+OUT="${OUT:-eval/results/vllm}"
+mkdir -p "$OUT"
+run() {
+  local name="$1"
+  shift
+  # Each sidecar run learns into a namespace of its own, as each vLLM engine starts empty.
+  "$VLLM_PYTHON" eval/vllm_sidecar.py run --model "$VLLM_MODEL" --workload "$WORKLOAD" \
+    --addr 127.0.0.1:50078 --namespace "$name" --out "$OUT/$name.json" "$@" | tail -1
+}
+for concurrency in 1 8; do
+  for method in plain ngram suffix sidecar; do
+    run "$method-c$concurrency" --method "$method" --concurrency "$concurrency" "$@"
+  done
+done
+for method in plain suffix sidecar; do
+  run "$method-r2" --method "$method" --replicas 2 "$@"
+done
+"$VLLM_PYTHON" eval/vllm_sidecar.py table "$OUT"/*-c1.json "$OUT"/*-c8.json "$OUT"/*-r2.json \
+  >"$OUT/table.md"
+cat "$OUT/table.md"
