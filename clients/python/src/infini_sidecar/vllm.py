@@ -39,7 +39,7 @@ import torch
 from vllm.v1.sample.logits_processor import LogitsProcessor, MoveDirectionality
 
 from . import sidecar_pb2 as pb
-from .client import Rule, Sidecar, draft_options, rest_shift, top_k_logprobs
+from .client import Rule, Sidecar, draft_options, mixed_log_probs, top_k_logprobs
 from .errors import SidecarError
 from .mirror import MirroredBatch, Row, as_list
 from .streams import Batch
@@ -160,6 +160,8 @@ class SidecarProposer:
         self.mirror = _connect(self.conf)
         self.stats = Stats(path=self.conf["stats"])
         atexit.register(self.stats.write)
+        #: The options of a full-length draft, built once (a row near the length limit gets its own).
+        self.full_draft = self._options(self.k)
         #: Engine row → the mirrored sequence it held at the last step.
         self.rows: dict[int, int] = {}
         self.next_key = 0
@@ -196,7 +198,8 @@ class SidecarProposer:
             key = self._match(i, tokens, claimed)
             claimed.add(key)
             held_by[i] = key
-            rows.append(Row(key, tokens, draft=self._options(room), namespace=self.conf["namespace"],
+            draft = self.full_draft if room == self.k else self._options(room)
+            rows.append(Row(key, tokens, draft=draft, namespace=self.conf["namespace"],
                             learn=self.conf["learn"]))
             places.append((i, room))
         finished = [k for k in self.mirror.sequences if k not in claimed]
@@ -251,7 +254,7 @@ class SidecarMixer(LogitsProcessor):
     """Mixes the ∞-gram into vLLM's distribution for the requests that ask, one `Batch` message per
     step: each row's top-k log-probs go to the sidecar, which returns the mixed top-k; those tokens
     get their mixed log-probs and every other token vLLM's, scaled so that together they hold the
-    mix's rest (`client.rest_shift`). The result is a log-distribution over the whole vocabulary,
+    mix's rest (`client.mixed_log_probs`). The result is a log-distribution over the whole vocabulary,
     so every sampler works on it."""
 
     def __init__(self, vllm_config: Any, device: Any, is_pin_memory: bool):
@@ -332,11 +335,9 @@ class SidecarMixer(LogitsProcessor):
             if result.HasField("error"):
                 _failed(self.stats, "a row's mix", SidecarError(result.error.message))
                 continue
-            tokens = [e.token for e in result.mix.top]
-            probs = torch.tensor([e.prob for e in result.mix.top], dtype=torch.float64)
-            shift = rest_shift(result.mix, float(logprobs[j, tokens].exp().sum()))
+            tokens, values, shift = mixed_log_probs(result.mix, logprobs[j])
             row = logprobs[j] + shift
-            row[tokens] = torch.log(probs)
+            row[tokens] = torch.tensor(values, dtype=row.dtype)
             logits[index] = row.to(logits.dtype)
         self.stats.step(started, len(rows))
         return logits
