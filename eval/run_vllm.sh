@@ -5,7 +5,8 @@
 # round-robin over two engines; then the table. vLLM on CPU computes on one core and keeps the
 # other for the rest (here, the sidecar).
 # Results: eval/results/vllm/ (one JSON per run, table.md). Environment: WORKLOAD (default the
-# agentic workload), OUT; extra arguments go to every run (e.g. --limit 40, --dtype float32).
+# agentic workload), OUT, CONCURRENCY (default "1 8"), REPLICAS (default 1: the two-engine runs;
+# 0 skips them); extra arguments go to every run (e.g. --limit 40, --dtype float32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -23,14 +24,16 @@ run() {
   "$VLLM_PYTHON" eval/vllm_sidecar.py run --model "$VLLM_MODEL" --workload "$WORKLOAD" \
     --addr 127.0.0.1:50078 --namespace "$name" --out "$OUT/$name.json" "$@" | tail -1
 }
-for concurrency in 1 8; do
+for concurrency in ${CONCURRENCY:-1 8}; do
   for method in plain ngram suffix sidecar; do
     run "$method-c$concurrency" --method "$method" --concurrency "$concurrency" "$@"
   done
 done
-for method in plain suffix sidecar; do
-  run "$method-r2" --method "$method" --replicas 2 "$@"
-done
-"$VLLM_PYTHON" eval/vllm_sidecar.py table "$OUT"/*-c1.json "$OUT"/*-c8.json "$OUT"/*-r2.json \
+if [ "${REPLICAS:-1}" = 1 ]; then
+  for method in plain suffix sidecar; do
+    run "$method-r2" --method "$method" --replicas 2 "$@"
+  done
+fi
+"$VLLM_PYTHON" eval/vllm_sidecar.py table "$OUT"/*-c*.json $(ls "$OUT"/*-r2.json 2>/dev/null) \
   >"$OUT/table.md"
 cat "$OUT/table.md"

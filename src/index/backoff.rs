@@ -200,7 +200,7 @@ impl Index {
         if let Some(dist) = self.unigram.get() {
             return Ok(dist);
         }
-        let dist = self.ntd_given(&self.everything(), None)?.dist;
+        let dist = self.counted(&self.everything())?;
         Ok(self.unigram.get_or_init(|| dist))
     }
 }

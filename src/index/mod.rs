@@ -21,6 +21,7 @@ pub mod reader;
 pub mod sa;
 pub mod sampling;
 pub mod shard;
+pub(crate) mod short_counts;
 pub mod split;
 pub mod suffix;
 pub mod token_file;

@@ -207,7 +207,12 @@ impl Index {
 
     pub fn count(&self, ids: &[u32]) -> Result<u64> {
         self.check_ids(ids)?;
-        Ok(self.locate(self.encode(ids)).count())
+        if let Some(count) = self.short_counts.get(ids) {
+            return Ok(count);
+        }
+        let count = self.locate(self.encode(ids)).count();
+        self.short_counts.put(ids, count);
+        Ok(count)
     }
 
     pub fn prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
@@ -274,35 +279,45 @@ impl Index {
         max_support: Option<u64>,
     ) -> Result<NtdResult> {
         let prompt_cnt = prompt.count();
-        let qlen = prompt.bytes.len();
         let approx = max_support.is_some_and(|cap| prompt_cnt > cap);
-        let mut dist = BTreeMap::new();
-        let mut runs = Vec::new();
-        for (shard, range) in self.shards.iter().zip(&prompt.ranges) {
-            if range.is_empty() {
-                continue;
-            }
-            match max_support {
-                Some(cap) if approx => {
-                    // Samples spread evenly over the range; each shard gets its share of the budget.
-                    let share = sampling::share(cap, range.len(), prompt_cnt);
-                    for offset in sampling::offsets(range.len(), cap, share) {
-                        *dist
-                            .entry(self.token_of(shard.next_key(range.lo + offset, qlen)))
-                            .or_insert(0) += 1;
-                    }
-                }
-                _ => next_tokens::collect_runs(shard, *range, qlen, &mut runs)?,
-            }
-        }
-        if !runs.is_empty() {
-            dist = self.merge_runs(runs);
-        }
+        let dist = match max_support {
+            Some(cap) if approx => self.sampled(prompt, cap),
+            // The empty prompt (a context whose last token the data never saw) is the whole
+            // corpus: every token's count, a walk of milliseconds, kept after the first.
+            _ if prompt.bytes.is_empty() => self.unigram()?.clone(),
+            _ => self.counted(prompt)?,
+        };
         Ok(NtdResult {
             prompt_cnt,
             dist,
             approx,
         })
+    }
+
+    /// Exact counts of what follows the prompt's matches.
+    pub(crate) fn counted(&self, prompt: &Matches) -> Result<BTreeMap<u32, u64>> {
+        let mut runs = Vec::new();
+        for (shard, range) in self.shards.iter().zip(&prompt.ranges) {
+            next_tokens::collect_runs(shard, *range, prompt.bytes.len(), &mut runs)?;
+        }
+        Ok(self.merge_runs(runs))
+    }
+
+    /// What follows `cap` matches of the prompt spread evenly over its ranges (each shard its share).
+    fn sampled(&self, prompt: &Matches, cap: u64) -> BTreeMap<u32, u64> {
+        let mut dist = BTreeMap::new();
+        for (shard, range) in self.shards.iter().zip(&prompt.ranges) {
+            if range.is_empty() {
+                continue;
+            }
+            let share = sampling::share(cap, range.len(), prompt.count());
+            for offset in sampling::offsets(range.len(), cap, share) {
+                *dist
+                    .entry(self.token_of(shard.next_key(range.lo + offset, prompt.bytes.len())))
+                    .or_insert(0) += 1;
+            }
+        }
+        dist
     }
 
     /// One count per token from runs in suffix order (bytes, not token values; a token may have a run

@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 use crate::index::format::{Manifest, ShardPaths, TokenWidth, MANIFEST_FILE, TOKENIZER_FILE};
 use crate::index::next_table::NextTable;
 use crate::index::shard::Shard;
+use crate::index::short_counts::ShortCounts;
 use crate::index::{IndexError, Result};
 use crate::tokenizer::Tokenizer;
 
@@ -38,6 +39,8 @@ pub struct Index {
     /// What follows the empty prompt (every token's count), once asked: the last back-off level
     /// of every context, too long a walk to repeat (`index::backoff`).
     pub(crate) unigram: OnceLock<BTreeMap<u32, u64>>,
+    /// Counts of the shortest patterns, as they are found.
+    pub(crate) short_counts: ShortCounts,
 }
 
 fn shard_count(dir: &Path) -> usize {
@@ -158,6 +161,7 @@ impl Index {
             manifest,
             tokenizer,
             unigram: OnceLock::new(),
+            short_counts: ShortCounts::default(),
         })
     }
 
@@ -185,6 +189,7 @@ impl Index {
         }
         joined.manifest = None;
         joined.unigram = OnceLock::new();
+        joined.short_counts = ShortCounts::default();
         Ok(joined)
     }
 

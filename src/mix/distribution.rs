@@ -245,28 +245,41 @@ pub struct MixedDistribution {
 /// The `top_k` most likely tokens of λ·P∞ + (1−λ)·P_neural. Only tokens in the ∞-gram's support or
 /// the neural top-k can be among them: any other token has at most (1−λ) times the k-th neural
 /// probability, which every neural top-k token reaches (with a model share s, (1−λ+λs) times it).
+/// The support of a short suffix runs to thousands of tokens, so each is scored once and the top
+/// selected, not sorted (a batch step mixes tens of sequences).
 pub fn mix(
     infgram: &SparseDistribution,
     neural: &NeuralDistribution,
     lambda: f64,
     top_k: usize,
 ) -> MixedDistribution {
-    let mut candidates: Vec<u32> = neural.top(top_k).into_iter().map(|(t, _)| t).collect();
-    candidates.extend(infgram.entries.iter().map(|(t, _)| *t));
-    candidates.sort_unstable();
-    candidates.dedup();
-    let mut top: Vec<(u32, f64)> = candidates
-        .into_iter()
-        .filter(|&t| (t as usize) < neural.vocab_size())
-        .map(|t| {
-            (
-                t,
-                mixed_prob(infgram.prob(t, neural), neural.prob(t), lambda),
-            )
-        })
-        .collect();
-    top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    top.truncate(top_k);
+    let vocab = neural.vocab_size();
+    let score = |token: u32, entry: f64, neural_prob: f64| {
+        let p_infgram = entry + infgram.model_share * neural_prob;
+        (token, mixed_prob(p_infgram, neural_prob, lambda))
+    };
+    let head = neural.top(top_k);
+    let mut top: Vec<(u32, f64)> = Vec::with_capacity(infgram.entries.len() + head.len());
+    top.extend(
+        infgram
+            .entries
+            .iter()
+            .filter(|(t, _)| (*t as usize) < vocab)
+            .map(|&(t, p)| score(t, p, neural.prob(t))),
+    );
+    top.extend(
+        head.into_iter()
+            .filter(|(t, _)| infgram.entries.binary_search_by_key(t, |e| e.0).is_err())
+            .map(|(t, p)| score(t, 0.0, p)),
+    );
+    let order = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if top_k == 0 {
+        top.clear();
+    } else if top.len() > top_k {
+        top.select_nth_unstable_by(top_k - 1, order);
+        top.truncate(top_k);
+    }
+    top.sort_by(order);
     let listed: f64 = top.iter().map(|(_, p)| p).sum();
     MixedDistribution {
         top,
@@ -320,6 +333,64 @@ mod tests {
         }
         let listed: f64 = order[..3].iter().map(|x| x.1).sum();
         assert!((mixed.rest_mass - (1.0 - listed)).abs() < 1e-12);
+    }
+
+    /// A support of hundreds of tokens, ties included, under full and top-k neural input: the
+    /// selected head is the sorted full mixture's.
+    #[test]
+    fn a_wide_support_selects_the_brute_force_head() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let vocab = 1_000;
+        for round in 0..20 {
+            let logits: Vec<f32> = (0..vocab).map(|_| rng.random_range(-8.0..4.0)).collect();
+            let full = NeuralDistribution::from_logits(&logits).unwrap();
+            let mut head = full.top(64);
+            let listed: f64 = head.iter().map(|e| e.1).sum();
+            head.iter_mut().for_each(|e| e.1 = e.1.ln());
+            let entries = head.iter().map(|&(t, lp)| (t, lp as f32)).collect();
+            let top64 = NeuralDistribution::from_top_k(entries, 1.0 - listed, vocab).unwrap();
+            // Counts out of a small total, so many probabilities tie.
+            let counts: Vec<(u32, f64)> = (0..400)
+                .map(|_| {
+                    (
+                        rng.random_range(0..vocab as u32),
+                        rng.random_range(1..6) as f64,
+                    )
+                })
+                .collect();
+            let total: f64 = counts.iter().map(|c| c.1).sum();
+            let mut support: Vec<(u32, f64)> = Vec::new();
+            for (t, c) in counts {
+                match support.iter_mut().find(|e| e.0 == t) {
+                    Some(e) => e.1 += c / total,
+                    None => support.push((t, c / total)),
+                }
+            }
+            let inf = SparseDistribution::new(support);
+            for nn in [&full, &top64] {
+                let lambda = [0.1, 0.5, 0.9][round % 3];
+                let want = {
+                    let mut all: Vec<(u32, f64)> = mix_full(&inf, nn, lambda)
+                        .into_iter()
+                        .enumerate()
+                        .map(|(t, p)| (t as u32, p))
+                        .collect();
+                    all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+                    all
+                };
+                for k in [0, 1, 16, 64] {
+                    let got = mix(&inf, nn, lambda, k);
+                    assert_eq!(got.top.len(), k);
+                    for (g, w) in got.top.iter().zip(&want) {
+                        assert!(
+                            (g.1 - w.1).abs() < 1e-12,
+                            "round {round} k {k}: {g:?} {w:?}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -97,7 +97,17 @@ impl InfgramContext {
     ) -> Result<Self, MixError> {
         let len = score.suffix_len.min(prefix.len());
         let support = index.ntd(&prefix[prefix.len() - len..], Some(SUPPORT_SAMPLES))?;
-        Self::from_evidence(score, &support, |k| {
+        Self::counted(index, prefix, score, &support)
+    }
+
+    /// The context from the matched suffix's sampled `support`, counting the shorter suffixes.
+    fn counted(
+        index: &impl ContextCounts,
+        prefix: &[u32],
+        score: &TokenScore,
+        support: &NtdResult,
+    ) -> Result<Self, MixError> {
+        Self::from_evidence(score, support, |k| {
             Ok(index.count(&prefix[prefix.len() - k..])?)
         })
     }
@@ -136,13 +146,18 @@ impl InfgramContext {
     }
 
     /// The context after `prefix`, whose ∞-gram distribution `infgram` was looked up already (a
-    /// decoding step: the next token is not known yet).
+    /// decoding step: the next token is not known yet). An exact distribution of at most
+    /// [`SUPPORT_SAMPLES`] matches is the sample itself, so the search is not repeated.
     pub fn after(
         index: &impl ContextCounts,
         prefix: &[u32],
         infgram: &InfgramNtdResult,
     ) -> Result<Self, MixError> {
-        Self::new(index, prefix, &step_score(infgram))
+        let score = step_score(infgram);
+        if infgram.ntd.approx || infgram.ntd.prompt_cnt > SUPPORT_SAMPLES {
+            return Self::new(index, prefix, &score);
+        }
+        Self::counted(index, prefix, &score, &infgram.ntd)
     }
 
     /// Contexts of every position of a document, from its dense scores.
@@ -186,4 +201,83 @@ pub fn gate_features(inf: &InfgramContext, nn: &NeuralContext) -> GateFeatures {
         *slot = ln1p(c as f64);
     }
     f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::collections::BTreeMap;
+
+    /// Counts by brute force over a token list, and how many distributions were asked for.
+    struct BruteForce {
+        tokens: Vec<u32>,
+        ntd_calls: Cell<usize>,
+    }
+
+    impl BruteForce {
+        fn ends_after(&self, ids: &[u32]) -> impl Iterator<Item = usize> + '_ {
+            let ids = ids.to_vec();
+            (ids.len()..=self.tokens.len())
+                .filter(move |&end| self.tokens[end - ids.len()..end] == ids[..])
+        }
+    }
+
+    impl ContextCounts for BruteForce {
+        fn count(&self, ids: &[u32]) -> Result<u64, IndexError> {
+            Ok(self.ends_after(ids).count() as u64)
+        }
+
+        fn ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult, IndexError> {
+            self.ntd_calls.set(self.ntd_calls.get() + 1);
+            let mut dist = BTreeMap::new();
+            for end in self.ends_after(prompt).filter(|&e| e < self.tokens.len()) {
+                *dist.entry(self.tokens[end]).or_insert(0) += 1;
+            }
+            let prompt_cnt = self.count(prompt)?;
+            assert!(
+                max_support.is_some_and(|cap| prompt_cnt <= cap),
+                "only exact answers here"
+            );
+            Ok(NtdResult {
+                prompt_cnt,
+                dist,
+                approx: false,
+            })
+        }
+    }
+
+    /// A decoding step's context reuses its exact ∞-gram distribution as the gate's sample, and
+    /// comes out as the context searched afresh: at every position of a repetitive text.
+    #[test]
+    fn a_step_context_reuses_a_small_exact_distribution() {
+        let tokens: Vec<u32> = (0..600u32).map(|i| (i * i / 7 + i / 13) % 9).collect();
+        let index = BruteForce {
+            tokens: tokens.clone(),
+            ntd_calls: Cell::new(0),
+        };
+        for end in 1..tokens.len() {
+            let prefix = &tokens[..end];
+            let suffix_len = (1..=end.min(40))
+                .take_while(|&k| index.count(&prefix[end - k..]).unwrap() > 0)
+                .last()
+                .unwrap_or(0);
+            let matched = &prefix[end - suffix_len..];
+            if index.count(matched).unwrap() > SUPPORT_SAMPLES {
+                continue;
+            }
+            let ntd = index.ntd(matched, Some(SUPPORT_SAMPLES)).unwrap();
+            let sparse = ntd.dist.len() == 1;
+            let infgram = InfgramNtdResult {
+                ntd,
+                suffix_len,
+                sparse,
+            };
+            let before = index.ntd_calls.get();
+            let reused = InfgramContext::after(&index, prefix, &infgram).unwrap();
+            assert_eq!(index.ntd_calls.get(), before, "at {end}: searched again");
+            let searched = InfgramContext::new(&index, prefix, &step_score(&infgram)).unwrap();
+            assert_eq!(reused, searched, "at {end}");
+        }
+    }
 }
