@@ -73,6 +73,11 @@ impl SparseDistribution {
             .entries
             .binary_search_by_key(&token, |(t, _)| *t)
             .map_or(0.0, |i| self.entries[i].1);
+        self.with_share(entry, neural_prob)
+    }
+
+    /// P∞ of a token whose entry is `entry` (0 for none), where the model gives it `neural_prob`.
+    fn with_share(&self, entry: f64, neural_prob: f64) -> f64 {
         entry + self.model_share * neural_prob
     }
 }
@@ -255,7 +260,7 @@ pub fn mix(
 ) -> MixedDistribution {
     let vocab = neural.vocab_size();
     let score = |token: u32, entry: f64, neural_prob: f64| {
-        let p_infgram = entry + infgram.model_share * neural_prob;
+        let p_infgram = infgram.with_share(entry, neural_prob);
         (token, mixed_prob(p_infgram, neural_prob, lambda))
     };
     let head = neural.top(top_k);
