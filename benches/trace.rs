@@ -10,6 +10,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::trace::{TraceOptions, TraceSpan};
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::model::{GenerateOptions, LoadOptions, Model};

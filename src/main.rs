@@ -16,11 +16,11 @@ use infini_sidecar::corpus;
 use infini_sidecar::eval::documents::{load_documents, TokenBudget};
 use infini_sidecar::eval::neural::score_documents;
 use infini_sidecar::eval::EvalError;
-use infini_sidecar::index::build::{build, BuildOptions, GivenVocabulary};
+use infini_sidecar::index::build::{self, build, BuildOptions, GivenVocabulary};
 use infini_sidecar::index::decontam::{self, Decontaminator};
 use infini_sidecar::index::fm::CompressedIndex;
-use infini_sidecar::index::next_table::NextTableSpec;
-use infini_sidecar::index::split::{self, ShardSetRecord, ShardSplit};
+use infini_sidecar::index::format::NextTableSpec;
+use infini_sidecar::index::split::{self, ShardSplit};
 use infini_sidecar::index::{token_file, Index, IndexError, OpenOptions, TokenWidth};
 use infini_sidecar::interrupt;
 use infini_sidecar::model::{
@@ -414,7 +414,7 @@ fn run_build(args: BuildArgs) -> Result<()> {
         Some(split) => {
             let survey = split::survey(documents()?)?;
             split.check(&survey)?;
-            opts.shard_set = Some(ShardSetRecord::for_build(split, &survey, &opts));
+            opts.shard_set = Some(build::shard_set_record(split, &survey, &opts));
             opts.input_bytes = 0;
             build(split.take(&survey, documents()?), &opts)?
         }
@@ -502,13 +502,13 @@ fn run_compress(args: CompressArgs) -> Result<()> {
 
 fn run_query(args: QueryArgs) -> Result<()> {
     check_distinct_files(&args.input, &args.output)?;
-    let index = Index::open(&args.open.index, &open_options(&args.open)?)?;
+    let index = infini_sidecar::index::corpus::open(&args.open.index, &open_options(&args.open)?)?;
     if args.warm {
         index.warm_up();
     }
     let mut output = open_writer(&args.output)?;
     let (queries, errors) =
-        protocol::run_batch(&index, open_reader(&args.input)?, &mut output, args.timing)?;
+        protocol::run_batch(&*index, open_reader(&args.input)?, &mut output, args.timing)?;
     output.flush()?;
     tracing::info!(queries, errors, "answered");
     Ok(())

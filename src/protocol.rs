@@ -11,10 +11,10 @@ use rayon::prelude::*;
 use serde::de::IgnoredAny;
 use serde_json::{json, Map, Value};
 
+use crate::index::corpus::Corpus;
 use crate::index::docs::SearchOptions;
 use crate::index::hints::HintOptions;
 use crate::index::trace::{TraceOptions, TraceSpan};
-use crate::index::Index;
 
 /// Fields that belong to a query and are not copied through.
 const QUERY_FIELDS: &[&str] = &[
@@ -93,7 +93,7 @@ fn cnf_of(v: &Value) -> Result<Vec<Vec<Vec<u32>>>, String> {
 }
 
 /// The query's `text` in the index's tokens, or its `ids`.
-fn ids_or_text(index: &Index, q: &Map<String, Value>) -> Result<Vec<u32>, String> {
+fn ids_or_text(index: &dyn Corpus, q: &Map<String, Value>) -> Result<Vec<u32>, String> {
     match q.get("text") {
         Some(text) => {
             let text = text.as_str().ok_or("\"text\" must be a string")?;
@@ -113,7 +113,7 @@ fn to_text<T: serde::Serialize>(x: T) -> Result<String, String> {
 }
 
 /// Answers one parsed query with the text of a JSON object.
-fn answer_query(index: &Index, q: &Map<String, Value>) -> Result<String, String> {
+fn answer_query(index: &dyn Corpus, q: &Map<String, Value>) -> Result<String, String> {
     let op = q
         .get("op")
         .and_then(Value::as_str)
@@ -212,12 +212,12 @@ fn thread_cpu_seconds() -> f64 {
 }
 
 /// Answers one input line. With `timing`, adds `latency` (ms of this thread's CPU time).
-pub fn answer_line(index: &Index, line: &str, timing: bool) -> String {
+pub fn answer_line(index: &dyn Corpus, line: &str, timing: bool) -> String {
     answer(index, line, timing).0
 }
 
 /// The answer line, and whether it is an error.
-fn answer(index: &Index, line: &str, timing: bool) -> (String, bool) {
+fn answer(index: &dyn Corpus, line: &str, timing: bool) -> (String, bool) {
     let parsed: Result<Map<String, Value>, String> = serde_json::from_str::<Value>(line)
         .map_err(|e| format!("not JSON: {e}"))
         .and_then(|v| match v {
@@ -347,7 +347,7 @@ fn next_line(
 
 /// Reads queries from `input` and writes answers to `output`, in order; returns (queries, errors).
 pub fn run_batch(
-    index: &Index,
+    index: &dyn Corpus,
     input: impl BufRead,
     output: &mut impl Write,
     timing: bool,
@@ -358,7 +358,7 @@ pub fn run_batch(
 /// [`run_batch`] with lines limited to `max_line` bytes. A chunk answered in parallel holds at most
 /// `CHUNK_LINES` lines and about `max_line` bytes of them.
 fn run_batch_limited(
-    index: &Index,
+    index: &dyn Corpus,
     mut input: impl BufRead,
     output: &mut impl Write,
     timing: bool,
@@ -401,7 +401,7 @@ mod tests {
     use super::*;
     use crate::corpus::{Content, InputDoc};
     use crate::index::build::{build, BuildOptions};
-    use crate::index::{OpenOptions, TokenWidth};
+    use crate::index::{Index, OpenOptions, TokenWidth};
 
     #[test]
     fn lines_are_bounded_and_bad_ones_answered_in_place() {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use infini_sidecar::corpus::{Content, InputDoc};
 use infini_sidecar::index::build::{build, BuildOptions};
-use infini_sidecar::index::next_table::NextTableSpec;
+use infini_sidecar::index::format::NextTableSpec;
 use infini_sidecar::index::TokenWidth;
 use infini_sidecar::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};

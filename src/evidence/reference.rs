@@ -4,6 +4,7 @@
 
 use super::{EvidenceError, StepInfgram};
 use crate::index::bytes::ByteText;
+use crate::index::corpus::Corpus;
 use crate::index::dense::TokenScore;
 use crate::index::fm::suffix::FmSuffixMatch;
 use crate::index::fm::CompressedIndex;
@@ -31,6 +32,12 @@ pub trait ReferenceData: Send + Sync {
     /// the token answers below.
     fn byte_index(&self) -> Option<&Index> {
         None
+    }
+
+    /// Whether its ids are UTF-8 bytes (a byte-level index of either kind): they give no
+    /// decoding step over a model's tokens.
+    fn over_bytes(&self) -> bool {
+        self.byte_index().is_some()
     }
 
     /// The exact ∞-gram distribution after `context`; refuses ids outside the vocabulary.
@@ -95,12 +102,12 @@ pub trait ReferenceData: Send + Sync {
 /// A byte-level index's token answers are over bytes, not a model's tokens: only a reference that
 /// reads it through the model's tokenizer ([`super::ByteReference`]) gives a decoding step.
 fn refuse_bytes(reference: &(impl ReferenceData + ?Sized)) -> Result<(), IndexError> {
-    match reference.byte_index() {
-        Some(_) => Err(IndexError::Invalid(
+    match reference.over_bytes() {
+        true => Err(IndexError::Invalid(
             "a byte-level index mixes with a model's tokens only through the model's tokenizer"
                 .into(),
         )),
-        None => Ok(()),
+        false => Ok(()),
     }
 }
 
@@ -279,6 +286,10 @@ impl ReferenceData for CompressedIndex {
 
     fn check_ids(&self, ids: &[u32]) -> Result<(), IndexError> {
         CompressedIndex::check_ids(self, ids)
+    }
+
+    fn over_bytes(&self) -> bool {
+        Corpus::is_byte_level(self)
     }
 
     fn infgram(&self, context: &[u32]) -> Result<InfgramNtdResult, IndexError> {

@@ -24,10 +24,11 @@ use crate::index::format::{
     ShardRecord, TokenWidth, TokenizerRecord, FIRST_FORMAT_VERSION, FORMAT_NAME, FORMAT_VERSION,
     MANIFEST_FILE, TOKENIZER_FILE,
 };
-use crate::index::next_table::{self, NextTableSpec};
+use crate::index::format::{NextTableSpec, ShardSetRecord};
+use crate::index::next_table_build;
 use crate::index::sa::{write_table, TokenBuf, MAX_SHARD_TOKENS};
 use crate::index::shard::Shard;
-use crate::index::split::ShardSetRecord;
+use crate::index::split::{CorpusSurvey, ShardSplit};
 use crate::index::{IndexError, Result};
 use crate::progress;
 use crate::tokenizer::Tokenizer;
@@ -206,7 +207,8 @@ impl ShardBuilder {
         if let Some(spec) = &opts.next_table {
             let bar = progress::spinner(format!("shard {n}: next-token table"));
             let shard = Shard::open(&paths, width)?;
-            let entries = next_table::build(&shard, opts.eos_token_id, spec, &paths.next_tokens)?;
+            let entries =
+                next_table_build::build(&shard, opts.eos_token_id, spec, &paths.next_tokens)?;
             bar.finish_and_clear();
             names.push(&paths.next_tokens);
             tracing::info!(shard = n, entries, "next-token table written");
@@ -642,6 +644,22 @@ impl GivenVocabulary {
             eos_token_id,
         })
     }
+}
+
+/// The manifest's record of shard `split` of a build with `opts`, whose input `survey` read.
+pub fn shard_set_record(
+    split: ShardSplit,
+    survey: &CorpusSurvey,
+    opts: &BuildOptions,
+) -> ShardSetRecord {
+    let settings = serde_json::json!({
+        "tokenizer": opts.tokenizer.map(|t| t.fingerprint().to_string()),
+        "token_width": opts.width.bytes(),
+        "eos": opts.eos_token_id,
+        "vocab": opts.vocab_size,
+        "decontamination": opts.decontaminate.map(|d| d.record()),
+    });
+    ShardSetRecord::new(split, survey, &settings.to_string())
 }
 
 #[cfg(test)]

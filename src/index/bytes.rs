@@ -20,7 +20,7 @@
 //! `evidence::bytes` mixes a model with a byte index through this routine.
 
 use crate::index::query::Matches;
-use crate::index::shard::RankRange;
+use crate::index::ranks::RankRange;
 use crate::index::suffix::SuffixMatch;
 use crate::index::{Index, IndexError, Result};
 use crate::tokenizer::{Spelling, Tokenizer, BYTE_EOS};

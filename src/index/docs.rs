@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::index::shard::{RankRange, Shard};
+use crate::index::ranks::RankRange;
+use crate::index::shard::Shard;
 use crate::index::{Index, IndexError, Result};
 use crate::tokenizer::Tokenizer;
 

@@ -10,10 +10,9 @@ use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
 
-use crate::index::next_table::NextTableSpec;
-use crate::index::split::ShardSetRecord;
 use crate::index::IndexError;
 
 /// Name of our manifest. The reference engine finds its files by substring match on the path, so the
@@ -389,4 +388,46 @@ mod tests {
         assert_eq!(TokenWidth::U16.read(&out, 0), 0x0102);
         assert_eq!(TokenWidth::U32.separator(), u32::MAX);
     }
+}
+
+/// What a build was asked to put in the table, recorded in the manifest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NextTableSpec {
+    /// Longest prompt, in tokens, that gets an entry.
+    pub max_prompt_tokens: u32,
+    /// Fewest matches a prompt needs for an entry: below it, computing is as cheap as looking up.
+    pub min_count: u64,
+    /// Most bytes the table of one shard may take; the most frequent prompts are kept first.
+    pub budget_bytes: u64,
+}
+
+impl Default for NextTableSpec {
+    fn default() -> Self {
+        NextTableSpec {
+            max_prompt_tokens: 4,
+            min_count: 2048,
+            budget_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Maps an index file read-only.
+pub(crate) fn map_file(path: &Path) -> Result<Mmap, IndexError> {
+    let file = File::open(path).map_err(|e| IndexError::io(path, e))?;
+    // SAFETY: index files are immutable once built; a concurrent writer would be a usage error that
+    // the size checks at open time and `index verify` are there to catch.
+    unsafe { Mmap::map(&file) }.map_err(|e| IndexError::io(path, e))
+}
+
+/// The manifest's record of a shard built as one of a set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardSetRecord {
+    /// Equal for every shard of one set: the input's content, N, and everything that decides what
+    /// a token id means or which documents are kept (see `index::split`).
+    pub set_id: String,
+    pub shard: u32,
+    pub shards: u32,
+    /// Documents of the whole input, before decontamination (this shard's are
+    /// `ShardSplit::documents` of them).
+    pub corpus_documents: u64,
 }

@@ -1,8 +1,9 @@
 //! The next-token table: exact next-token counts of a shard's most frequent short prompts, computed at
 //! build time so that `ntd` after them costs one lookup and a copy instead of a walk over a range of
-//! hundreds of thousands of ranks (eval/ENGINE.md has the cost model and the figures).
+//! hundreds of thousands of ranks (eval/ENGINE.md has the cost model and the figures). This file
+//! is its layout and its reading; `index::next_table_build` computes it.
 //!
-//! An entry is found by the prompt's rank range, which [`Shard::find`] has already computed: ranges of
+//! An entry is found by the prompt's rank range, which the shard's search has already computed: ranges of
 //! distinct prompts of one length never share a first rank, so `(prompt bytes, lo)` is a key.
 //!
 //! File `nexttok.N`, little-endian, every section 8-byte aligned:
@@ -13,260 +14,33 @@
 //! - pairs, 8 bytes each, sorted by token within an entry: u32 token, u32 count. Separators and the
 //!   shard's end are already counted as eos, as `ntd` answers them.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::io::Write;
 use std::path::Path;
 
 use memmap2::Mmap;
-use rayon::prelude::*;
-use serde::{Deserialize, Serialize};
 
-use crate::index::next_tokens::{sum_by_token, token_of_key};
-use crate::index::shard::{NextKey, RankRange, Shard, END};
+use crate::index::format::{map_file, TokenWidth};
+use crate::index::ranks::RankRange;
 use crate::index::{IndexError, Result};
 
 const MAGIC: &[u8; 8] = b"ISNEXT01";
-const HEADER_BYTES: usize = 32;
-const ENTRY_BYTES: usize = 32;
-const PAIR_BYTES: usize = 8;
-/// Ranks whose suffixes are asked for together, one block ahead of the pass over them.
-const PREFETCH_BLOCK: u64 = 64;
-
-/// What a build was asked to put in the table, recorded in the manifest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NextTableSpec {
-    /// Longest prompt, in tokens, that gets an entry.
-    pub max_prompt_tokens: u32,
-    /// Fewest matches a prompt needs for an entry: below it, computing is as cheap as looking up.
-    pub min_count: u64,
-    /// Most bytes the table of one shard may take; the most frequent prompts are kept first.
-    pub budget_bytes: u64,
-}
-
-impl Default for NextTableSpec {
-    fn default() -> Self {
-        NextTableSpec {
-            max_prompt_tokens: 4,
-            min_count: 2048,
-            budget_bytes: 64 << 20,
-        }
-    }
-}
-
+pub(crate) const HEADER_BYTES: usize = 32;
+pub(crate) const ENTRY_BYTES: usize = 32;
+pub(crate) const PAIR_BYTES: usize = 8;
 /// One prompt's counts, before it is written.
-struct Entry {
-    prompt_bytes: u32,
-    range: RankRange,
-    pairs: Vec<(u32, u32)>,
+pub(crate) struct Entry {
+    pub(crate) prompt_bytes: u32,
+    pub(crate) range: RankRange,
+    pub(crate) pairs: Vec<(u32, u32)>,
 }
 
-/// Computes the table of `shard` and writes it to `path`; returns how many prompts got an entry.
-pub fn build(shard: &Shard, eos_token_id: u32, spec: &NextTableSpec, path: &Path) -> Result<u64> {
-    let mut firsts = first_token_ranges(shard, spec.min_count.max(1))?;
-    // The largest ranges first, a few at a time in parallel; after each batch the smallest entries go
-    // while the table is over its budget, so memory stays near the budget whatever the corpus.
-    firsts.sort_unstable_by_key(|r| std::cmp::Reverse(r.len()));
-    let mut kept = Kept::default();
-    for batch in firsts.chunks(4 * rayon::current_num_threads()) {
-        let found = batch
-            .par_iter()
-            .map(|&range| groups_under(shard, range, eos_token_id, spec))
-            .collect::<Result<Vec<_>>>()?;
-        for entry in found.into_iter().flatten() {
-            kept.push(entry);
-        }
-        kept.shrink_to(spec.budget_bytes);
-    }
-    let mut entries = kept.into_entries();
-    entries.sort_unstable_by_key(|e| (e.prompt_bytes, e.range.lo));
-    write(path, spec.max_prompt_tokens, eos_token_id, &entries)?;
-    Ok(entries.len() as u64)
-}
-
-/// Entries kept so far, smallest range on top, with the bytes they would take in the file.
-#[derive(Default)]
-struct Kept {
-    heap: BinaryHeap<Reverse<BySize>>,
-    bytes: u64,
-}
-
-/// An entry ordered by its range's length (ties by position, so the order is total).
-struct BySize(Entry);
-
-impl BySize {
-    fn key(&self) -> (u64, u32, u64) {
-        (self.0.range.len(), self.0.prompt_bytes, self.0.range.lo)
-    }
-}
-impl PartialEq for BySize {
-    fn eq(&self, other: &Self) -> bool {
-        self.key() == other.key()
-    }
-}
-impl Eq for BySize {}
-impl PartialOrd for BySize {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for BySize {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.key().cmp(&other.key())
-    }
-}
-
-impl Kept {
-    fn entry_bytes(e: &Entry) -> u64 {
-        (ENTRY_BYTES + e.pairs.len() * PAIR_BYTES) as u64
-    }
-    fn push(&mut self, entry: Entry) {
-        self.bytes += Self::entry_bytes(&entry);
-        self.heap.push(Reverse(BySize(entry)));
-    }
-    /// Drops the smallest ranges until the header and the entries fit `budget` bytes.
-    fn shrink_to(&mut self, budget: u64) {
-        while HEADER_BYTES as u64 + self.bytes > budget {
-            match self.heap.pop() {
-                Some(Reverse(BySize(e))) => self.bytes -= Self::entry_bytes(&e),
-                None => break,
-            }
-        }
-    }
-    fn into_entries(self) -> Vec<Entry> {
-        self.heap.into_iter().map(|Reverse(BySize(e))| e).collect()
-    }
-}
-
-/// The ranges of the one-token prompts with at least `min_count` matches, found by walking the suffix
-/// array from range to range (one search per distinct first token, not one per vocabulary id).
-fn first_token_ranges(shard: &Shard, min_count: u64) -> Result<Vec<RankRange>> {
-    let width = shard.width();
-    let mut ranges = Vec::new();
-    let mut bytes = Vec::with_capacity(width.bytes());
-    let mut rank = 0;
-    while rank < shard.tok_cnt() {
-        if crate::interrupt::interrupted() {
-            return Err(IndexError::Interrupted);
-        }
-        let token = shard.next_key(rank, 0);
-        bytes.clear();
-        width.encode_into(&[token as u32], &mut bytes);
-        let range = shard.find(
-            &bytes,
-            RankRange {
-                lo: rank,
-                hi: shard.tok_cnt(),
-            },
-            0,
-        );
-        // Every rank holds a token, so the range starts here and is never empty.
-        rank = range.hi.max(rank + 1);
-        if token != width.separator() as NextKey && range.len() >= min_count {
-            ranges.push(range);
-        }
-    }
-    Ok(ranges)
-}
-
-/// The entries of every prompt of 1 to `max_prompt_tokens` tokens that starts with the token whose
-/// range is `first`: one pass over the range, reading each rank's next tokens (one cache line).
-fn groups_under(
-    shard: &Shard,
-    first: RankRange,
+/// Writes `entries`, sorted by (prompt bytes, lo), to `path` in the layout above.
+pub(crate) fn write(
+    path: &Path,
+    max_prompt_tokens: u32,
     eos_token_id: u32,
-    spec: &NextTableSpec,
-) -> Result<Vec<Entry>> {
-    let levels = spec.max_prompt_tokens as usize;
-    let w = shard.width().bytes();
-    let sep = shard.width().separator() as NextKey;
-    // Per prompt length l (index l - 1): where its current group began, and its runs of next keys.
-    let mut starts = vec![first.lo; levels];
-    let mut runs: Vec<Vec<(NextKey, u64)>> = vec![Vec::new(); levels];
-    let mut prev: Vec<NextKey> = vec![0; levels];
-    let mut keys: Vec<NextKey> = vec![0; levels];
-    let mut out = Vec::new();
-    let close = |level: usize,
-                 start: u64,
-                 end: u64,
-                 runs: &mut Vec<(NextKey, u64)>,
-                 prompt: &[NextKey],
-                 out: &mut Vec<Entry>| {
-        let valid = prompt.iter().all(|&k| k != END && k != sep);
-        if valid && end - start >= spec.min_count && end - start <= u32::MAX as u64 {
-            let pairs = runs
-                .iter()
-                .map(|&(k, n)| (token_of_key(k, sep as u32, eos_token_id), n as u32))
-                .collect();
-            let pairs = sum_by_token(pairs);
-            out.push(Entry {
-                prompt_bytes: ((level + 1) * w) as u32,
-                range: RankRange { lo: start, hi: end },
-                pairs,
-            });
-        }
-        runs.clear();
-    };
-    for rank in first.lo..first.hi {
-        if (rank - first.lo).is_multiple_of(1 << 16) && crate::interrupt::interrupted() {
-            return Err(IndexError::Interrupted);
-        }
-        // The reads below wait on memory; asking for the ranks a block ahead keeps many misses in
-        // flight at once instead of one (measured: a quarter to a third less build time).
-        if (rank - first.lo).is_multiple_of(PREFETCH_BLOCK) {
-            let ahead =
-                (rank + PREFETCH_BLOCK).min(first.hi)..(rank + 2 * PREFETCH_BLOCK).min(first.hi);
-            for r in ahead {
-                shard.prefetch_suffix(r);
-            }
-        }
-        for (j, key) in keys.iter_mut().enumerate() {
-            *key = shard.next_key(rank, (j + 1) * w);
-        }
-        // Prompts of length l share their first l - 1 next keys: the first key that changed closes the
-        // groups of every longer prompt.
-        let changed = if rank == first.lo {
-            levels
-        } else {
-            keys.iter()
-                .zip(&prev)
-                .position(|(a, b)| a != b)
-                .unwrap_or(levels)
-        };
-        for level in (changed + 1)..levels {
-            close(
-                level,
-                starts[level],
-                rank,
-                &mut runs[level],
-                &prev[..level],
-                &mut out,
-            );
-            starts[level] = rank;
-        }
-        for level in 0..levels {
-            let key = keys[level];
-            match runs[level].last_mut() {
-                Some((last, n)) if *last == key => *n += 1,
-                _ => runs[level].push((key, 1)),
-            }
-        }
-        std::mem::swap(&mut prev, &mut keys);
-    }
-    for level in 0..levels {
-        close(
-            level,
-            starts[level],
-            first.hi,
-            &mut runs[level],
-            &prev[..level],
-            &mut out,
-        );
-    }
-    Ok(out)
-}
-
-fn write(path: &Path, max_prompt_tokens: u32, eos_token_id: u32, entries: &[Entry]) -> Result<()> {
+    entries: &[Entry],
+) -> Result<()> {
     let io = |e| IndexError::io(path, e);
     let file = std::fs::File::create(path).map_err(io)?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
@@ -305,6 +79,15 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
 }
 
+/// What opening a table checks it against: the shard it was built for.
+pub trait PromptRanks {
+    fn width(&self) -> TokenWidth;
+    fn tok_cnt(&self) -> u64;
+    /// The ranks of the prompt that the suffix at rank `lo` starts with, `bytes` long; `None` when
+    /// that suffix is shorter.
+    fn prompt_range(&self, lo: u64, bytes: usize) -> Option<RankRange>;
+}
+
 /// A shard's table, memory-mapped and checked at open.
 pub struct NextTable {
     map: Mmap,
@@ -318,9 +101,14 @@ impl NextTable {
     /// Maps `path` and checks it against `shard`: counted with the index's eos; every entry's range
     /// exactly the range of the prompt its first rank starts with (one search each), in order; pairs
     /// inside the file, of tokens below `vocab_size`, adding up to the range's length. One pass.
-    pub fn open(path: &Path, shard: &Shard, vocab_size: u64, eos_token_id: u32) -> Result<Self> {
+    pub fn open(
+        path: &Path,
+        shard: &impl PromptRanks,
+        vocab_size: u64,
+        eos_token_id: u32,
+    ) -> Result<Self> {
         let (width, tok_cnt) = (shard.width(), shard.tok_cnt());
-        let map = crate::index::shard::map_file(path)?;
+        let map = map_file(path)?;
         let corrupt = |why: String| IndexError::Corrupt(format!("{}: {why}", path.display()));
         if map.len() < HEADER_BYTES || &map[..8] != MAGIC {
             return Err(corrupt("not a next-token table (bad header)".into()));
@@ -359,10 +147,7 @@ impl NextTable {
             if !ordered || !sized || range.is_empty() || range.hi > tok_cnt || first != next_pair {
                 return Err(corrupt(format!("entry {i} is out of place")));
             }
-            let prompt = shard.suffix_prefix(range.lo, prompt_bytes as usize);
-            if prompt.len() != prompt_bytes as usize
-                || shard.find(prompt, shard.full_range(), 0) != range
-            {
+            if shard.prompt_range(range.lo, prompt_bytes as usize) != Some(range) {
                 return Err(corrupt(format!(
                     "entry {i} is not the range of a prompt (a table of another index?)"
                 )));

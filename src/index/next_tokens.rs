@@ -12,7 +12,8 @@
 //!   once) was measured too, for sub-ranges below 4 to 32 ranks: never faster, up to 1.6× slower,
 //!   because ranges that are not in the table are short or have long runs.
 
-use crate::index::shard::{NextKey, RankRange, Shard, END};
+use crate::index::ranks::RankRange;
+use crate::index::shard::{NextKey, Shard, END};
 use crate::index::{IndexError, Result};
 
 /// How many reads pass between two checks for an interrupt.

@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 
 use crate::index::query::{Matches, Spread};
+use crate::index::ranks::RankRange;
 use crate::index::sampling;
-use crate::index::shard::{RankRange, Shard};
+use crate::index::shard::Shard;
 use crate::index::{Index, Result};
 
 /// One suffix array's next tokens after a prompt, in suffix-array order and run-length coded:

@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::index::next_tokens;
+use crate::index::ranks::RankRange;
 use crate::index::sampling;
-use crate::index::shard::{NextKey, RankRange, Shard};
+use crate::index::shard::{NextKey, Shard};
 use crate::index::{Index, IndexError, Result};
 
 /// Longest query accepted, in tokens: far beyond any useful n, small enough to bound the work.
@@ -379,32 +380,6 @@ impl Index {
         } else {
             Spread::Several
         }
-    }
-
-    /// The longest suffix of `prompt` that occurs in the corpus, with its matches.
-    pub(crate) fn longest_suffix(&self, prompt: &[u32]) -> (usize, Matches) {
-        crate::index::suffix::longest_suffix(self, prompt)
-    }
-
-    pub fn infgram_prob(&self, prompt: &[u32], cont: u32) -> Result<InfgramProbResult> {
-        self.check_ids(prompt)?;
-        self.check_ids(&[cont])?;
-        let (suffix_len, m) = self.longest_suffix(prompt);
-        Ok(InfgramProbResult {
-            prob: self.prob_given(&m, cont),
-            suffix_len,
-            sparse: self.is_sparse(&m),
-        })
-    }
-
-    pub fn infgram_ntd(
-        &self,
-        prompt: &[u32],
-        max_support: Option<u64>,
-    ) -> Result<InfgramNtdResult> {
-        self.check_ids(prompt)?;
-        let (suffix_len, m) = self.longest_suffix(prompt);
-        self.infgram_ntd_given(suffix_len, &m, max_support)
     }
 
     /// The ∞-gram distribution of a suffix of `suffix_len` tokens already located.

@@ -8,14 +8,14 @@
 //! are: each run's search would otherwise pay its full depth of misses. It costs 16 bytes per
 //! `STRIDE` tokens and one read of every `STRIDE`-th suffix at open.
 
-use crate::index::shard::{RankRange, Shard};
+use crate::index::ranks::RankRange;
 
 /// Ranks between two samples: the suffix-array search left at each end of a query of at most 16
 /// bytes takes log2(STRIDE) steps.
-const STRIDE: u64 = 32;
+pub(crate) const STRIDE: u64 = 32;
 
 /// Bytes of a sample's key.
-const KEY_BYTES: usize = 16;
+pub(crate) const KEY_BYTES: usize = 16;
 
 pub struct RankSamples {
     /// Key of rank `i * STRIDE`, for every such rank of the shard, in rank order.
@@ -31,14 +31,13 @@ fn key(bytes: &[u8]) -> u128 {
 }
 
 impl RankSamples {
-    /// Reads every `STRIDE`-th suffix of `shard`, on the calling thread: runs are sampled on the
-    /// compactor's thread, which must not take the cores requests run on.
-    pub fn sample(shard: &Shard) -> Self {
-        let keys = (0..shard.tok_cnt())
-            .step_by(STRIDE as usize)
-            .map(|rank| key(shard.suffix_prefix(rank, KEY_BYTES)))
-            .collect();
-        Self { keys }
+    /// The samples of a shard from the first bytes of every `STRIDE`-th suffix, in rank order,
+    /// read on the calling thread: runs are sampled on the compactor's thread, which must not take
+    /// the cores requests run on.
+    pub fn of_prefixes<'a>(prefixes: impl Iterator<Item = &'a [u8]>) -> Self {
+        Self {
+            keys: prefixes.map(key).collect(),
+        }
     }
 
     /// Where the suffixes starting with `query` can be in `within`, as the samples tell it: their
@@ -97,7 +96,7 @@ pub struct Bounded {
 mod tests {
     use crate::corpus::{Content, InputDoc};
     use crate::index::build::{build, BuildOptions};
-    use crate::index::shard::RankRange;
+    use crate::index::ranks::RankRange;
     use crate::index::{Index, OpenOptions, TokenWidth};
     use rand::{Rng, SeedableRng};
 

@@ -3,36 +3,20 @@
 //! Nothing here allocates per lookup or loads a file into RAM; the OS pages in what is touched.
 
 use std::cmp::Ordering;
-use std::fs::File;
 use std::path::Path;
 
 use memmap2::Mmap;
 
-use crate::index::format::{ptr_size_for, ShardPaths, TokenWidth};
-use crate::index::next_table::NextTable;
-use crate::index::rank_samples::RankSamples;
+use crate::index::format::{map_file, ptr_size_for, ShardPaths, TokenWidth};
+use crate::index::next_table::{NextTable, PromptRanks};
+use crate::index::rank_samples::{RankSamples, KEY_BYTES, STRIDE};
+use crate::index::ranks::RankRange;
 use crate::index::IndexError;
 
 /// The token after a match, as a sortable key: `END` for a match at the very end of the shard (which
 /// sorts first in its range, being a prefix of every other suffix there), else the token value.
 pub type NextKey = u64;
 pub const END: NextKey = u64::MAX;
-
-/// A half-open range of suffix-array ranks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct RankRange {
-    pub lo: u64,
-    pub hi: u64,
-}
-
-impl RankRange {
-    pub fn len(&self) -> u64 {
-        self.hi - self.lo
-    }
-    pub fn is_empty(&self) -> bool {
-        self.hi <= self.lo
-    }
-}
 
 pub struct Shard {
     tokens: Mmap,
@@ -47,13 +31,6 @@ pub struct Shard {
     next_table: Option<NextTable>,
     /// Every few ranks' first bytes in RAM, when the opener asked for them.
     rank_samples: Option<RankSamples>,
-}
-
-pub(crate) fn map_file(path: &Path) -> Result<Mmap, IndexError> {
-    let file = File::open(path).map_err(|e| IndexError::io(path, e))?;
-    // SAFETY: index files are immutable once built; a concurrent writer would be a usage error that
-    // the size checks at open time and `index verify` are there to catch.
-    unsafe { Mmap::map(&file) }.map_err(|e| IndexError::io(path, e))
 }
 
 /// Checks every u64 of an offsets file in order with `valid(previous, current)`: one pass over the
@@ -173,7 +150,10 @@ impl Shard {
     }
     /// Samples the shard's ranks, so that searches start in RAM ([`RankSamples`]).
     pub fn sample_ranks(&mut self) {
-        self.rank_samples = Some(RankSamples::sample(self));
+        let keys = (0..self.tok_cnt)
+            .step_by(STRIDE as usize)
+            .map(|rank| self.suffix_prefix(rank, KEY_BYTES));
+        self.rank_samples = Some(RankSamples::of_prefixes(keys));
     }
     /// Tokens in the shard, separators included.
     pub fn tok_cnt(&self) -> u64 {
@@ -437,4 +417,17 @@ fn first_rank(mut lo: u64, mut hi: u64, past: impl Fn(u64) -> bool) -> u64 {
         }
     }
     lo
+}
+
+impl PromptRanks for Shard {
+    fn width(&self) -> TokenWidth {
+        self.width
+    }
+    fn tok_cnt(&self) -> u64 {
+        self.tok_cnt
+    }
+    fn prompt_range(&self, lo: u64, bytes: usize) -> Option<RankRange> {
+        let prompt = self.suffix_prefix(lo, bytes);
+        (prompt.len() == bytes).then(|| self.find(prompt, self.full_range(), 0))
+    }
 }

@@ -7,11 +7,10 @@
 
 use std::ops::Range;
 
-use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::corpus::{Content, InputDoc};
-use crate::index::build::BuildOptions;
+use crate::index::format::ShardSetRecord;
 use crate::index::{IndexError, Result};
 
 /// Shard `shard` of a set of `shards`, as `K/N` on the command line.
@@ -111,32 +110,7 @@ pub fn survey(docs: impl Iterator<Item = Result<InputDoc>>) -> Result<CorpusSurv
     })
 }
 
-/// The manifest's record of a shard built as one of a set.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ShardSetRecord {
-    /// Equal for every shard of one set: the input's content, N, and everything that decides what
-    /// a token id means or which documents are kept (see [`ShardSetRecord::new`]).
-    pub set_id: String,
-    pub shard: u32,
-    pub shards: u32,
-    /// Documents of the whole input, before decontamination (this shard's are
-    /// [`ShardSplit::documents`] of them).
-    pub corpus_documents: u64,
-}
-
 impl ShardSetRecord {
-    /// The record of shard `split` of a build with `opts`, whose input `survey` read.
-    pub fn for_build(split: ShardSplit, survey: &CorpusSurvey, opts: &BuildOptions) -> Self {
-        let settings = serde_json::json!({
-            "tokenizer": opts.tokenizer.map(|t| t.fingerprint().to_string()),
-            "token_width": opts.width.bytes(),
-            "eos": opts.eos_token_id,
-            "vocab": opts.vocab_size,
-            "decontamination": opts.decontaminate.map(|d| d.record()),
-        });
-        Self::new(split, survey, &settings.to_string())
-    }
-
     /// `settings` are the build's choices that change the shards' content beyond the input
     /// (tokenizer fingerprint, token width, eos, vocabulary, decontamination), in a stable text form.
     pub fn new(split: ShardSplit, survey: &CorpusSurvey, settings: &str) -> Self {

@@ -4,7 +4,7 @@
 //! most the old length: the cost depends on the match length, never on how long the sequence is.
 //! Dense scoring, decoding sessions and the drafter stand on it.
 
-use crate::index::query::{InfgramNtdResult, Matches};
+use crate::index::query::{InfgramNtdResult, InfgramProbResult, Matches};
 use crate::index::sampling;
 use crate::index::shard::{NextKey, Shard, END};
 use crate::index::{Index, Result};
@@ -92,6 +92,35 @@ impl Occurrences for Index {
             }
         }
         Some(longest)
+    }
+}
+
+/// The ∞-gram's answers, which start from the longest occurring suffix of the prompt.
+impl Index {
+    /// The longest suffix of `prompt` that occurs in the corpus, with its matches.
+    pub(crate) fn longest_suffix(&self, prompt: &[u32]) -> (usize, Matches) {
+        longest_suffix(self, prompt)
+    }
+
+    pub fn infgram_prob(&self, prompt: &[u32], cont: u32) -> Result<InfgramProbResult> {
+        self.check_ids(prompt)?;
+        self.check_ids(&[cont])?;
+        let (suffix_len, m) = self.longest_suffix(prompt);
+        Ok(InfgramProbResult {
+            prob: self.prob_given(&m, cont),
+            suffix_len,
+            sparse: self.is_sparse(&m),
+        })
+    }
+
+    pub fn infgram_ntd(
+        &self,
+        prompt: &[u32],
+        max_support: Option<u64>,
+    ) -> Result<InfgramNtdResult> {
+        self.check_ids(prompt)?;
+        let (suffix_len, m) = self.longest_suffix(prompt);
+        self.infgram_ntd_given(suffix_len, &m, max_support)
     }
 }
 

@@ -14,8 +14,9 @@ use std::ops::Range;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::index::docs::{Document, SearchOptions};
-use crate::index::{Index, IndexError, Result};
+use crate::index::docs::{search_docs_cnf, Document, DocumentIndex, SearchOptions};
+use crate::index::suffix::{Counted, Occurrences};
+use crate::index::{IndexError, Result};
 
 /// Longest text traced at once (tokens): one search per token, each up to the span's length.
 pub const MAX_TRACE_TOKENS: usize = 8192;
@@ -56,98 +57,104 @@ pub struct TraceSpan {
     pub documents: Vec<Document>,
 }
 
-impl Index {
-    /// The maximal spans of `ids` of at least `min_len` tokens that occur in the reference data.
-    pub fn trace(&self, ids: &[u32], opts: TraceOptions) -> Result<Vec<TraceSpan>> {
-        if ids.len() > MAX_TRACE_TOKENS {
-            return Err(IndexError::Invalid(format!(
-                "a trace takes at most {MAX_TRACE_TOKENS} tokens, not {}",
-                ids.len()
-            )));
+/// The maximal spans of `ids` of at least `min_len` tokens that occur in `index`: written once
+/// for every index that follows matches and finds documents (suffix arrays and compressed ones).
+pub(crate) fn trace<I>(index: &I, ids: &[u32], opts: TraceOptions) -> Result<Vec<TraceSpan>>
+where
+    I: Occurrences + DocumentIndex + Sync,
+{
+    if ids.len() > MAX_TRACE_TOKENS {
+        return Err(IndexError::Invalid(format!(
+            "a trace takes at most {MAX_TRACE_TOKENS} tokens, not {}",
+            ids.len()
+        )));
+    }
+    index.check_query(ids)?;
+    // Chunks of starts in parallel; within one, e(i) ≥ e(i − 1) lets each search start from
+    // what the last one found, so a chunk costs O(its length) searches, not O(length × span).
+    let signal = crate::interrupt::current();
+    let chunk = ids.len().div_ceil(rayon::current_num_threads()).max(32);
+    let starts: Vec<usize> = (0..ids.len()).step_by(chunk).collect();
+    let ends: Vec<(usize, u64)> = starts
+        .par_iter()
+        .map(|&from| {
+            let to = (from + chunk).min(ids.len());
+            crate::interrupt::run_under(signal.as_ref(), || longest_spans(index, ids, from..to))
+        })
+        .collect::<Result<Vec<_>>>()?
+        .concat();
+    let mut spans = Vec::new();
+    let mut prev_end = 0;
+    for (start, &(len, count)) in ends.iter().enumerate() {
+        let end = start + len;
+        if end > prev_end && len >= opts.min_len.max(1) {
+            spans.push((start, end, count));
         }
-        self.check_ids(ids)?;
-        // Chunks of starts in parallel; within one, e(i) ≥ e(i − 1) lets each search start from
-        // what the last one found, so a chunk costs O(its length) searches, not O(length × span).
-        let signal = crate::interrupt::current();
-        let chunk = ids.len().div_ceil(rayon::current_num_threads()).max(32);
-        let starts: Vec<usize> = (0..ids.len()).step_by(chunk).collect();
-        let ends: Vec<(usize, u64)> = starts
-            .par_iter()
-            .map(|&from| {
-                let to = (from + chunk).min(ids.len());
-                crate::interrupt::run_under(signal.as_ref(), || self.longest_spans(ids, from..to))
-            })
-            .collect::<Result<Vec<_>>>()?
-            .concat();
-        let mut spans = Vec::new();
-        let mut prev_end = 0;
-        for (start, &(len, count)) in ends.iter().enumerate() {
-            let end = start + len;
-            if end > prev_end && len >= opts.min_len.max(1) {
-                spans.push((start, end, count));
-            }
-            prev_end = prev_end.max(end);
-        }
-        let shown: u64 = spans
-            .iter()
-            .map(|&(_, _, count)| count.min(opts.max_documents as u64))
-            .sum::<u64>()
-            .saturating_mul(opts.max_disp_len as u64);
-        if shown > opts.max_shown_tokens {
-            return Err(IndexError::Invalid(format!(
+        prev_end = prev_end.max(end);
+    }
+    let shown: u64 = spans
+        .iter()
+        .map(|&(_, _, count)| count.min(opts.max_documents as u64))
+        .sum::<u64>()
+        .saturating_mul(opts.max_disp_len as u64);
+    if shown > opts.max_shown_tokens {
+        return Err(IndexError::Invalid(format!(
                 "the {} spans' documents would show {shown} tokens, more than {}: ask for fewer or shorter documents, or longer spans",
                 spans.len(),
                 opts.max_shown_tokens
             )));
-        }
-        let search = SearchOptions {
-            maxnum: opts.max_documents,
-            max_disp_len: opts.max_disp_len,
-            ..SearchOptions::default()
-        };
-        spans
-            .into_par_iter()
-            .map(|(start, end, count)| {
-                let documents = if opts.max_documents == 0 {
-                    Vec::new()
-                } else {
-                    crate::interrupt::run_under(signal.as_ref(), || {
-                        self.search_docs(&ids[start..end], search)
-                    })?
-                    .documents
-                };
-                Ok(TraceSpan {
-                    start,
-                    end,
-                    count,
-                    documents,
-                })
+    }
+    let search = SearchOptions {
+        maxnum: opts.max_documents,
+        max_disp_len: opts.max_disp_len,
+        ..SearchOptions::default()
+    };
+    spans
+        .into_par_iter()
+        .map(|(start, end, count)| {
+            let documents = if opts.max_documents == 0 {
+                Vec::new()
+            } else {
+                crate::interrupt::run_under(signal.as_ref(), || {
+                    search_docs_cnf(index, &[vec![ids[start..end].to_vec()]], search)
+                })?
+                .documents
+            };
+            Ok(TraceSpan {
+                start,
+                end,
+                count,
+                documents,
             })
-            .collect()
-    }
+        })
+        .collect()
+}
 
-    /// For each start in `starts`, the length of the longest span of `ids` from it that occurs,
-    /// and its count: the span the last start found, less its first token, is located (it
-    /// occurs), then grown one token at a time inside its own ranges.
-    fn longest_spans(&self, ids: &[u32], starts: Range<usize>) -> Result<Vec<(usize, u64)>> {
-        let mut out = Vec::with_capacity(starts.len());
-        let mut carried = 0;
-        for i in starts {
-            if crate::interrupt::interrupted() {
-                return Err(IndexError::Interrupted);
-            }
-            let mut matches = self.locate(self.encode(&ids[i..i + carried]));
-            let (mut len, mut count) = (carried, matches.count());
-            while let Some(&next) = ids.get(i + len) {
-                self.grow(&mut matches, next);
-                match matches.count() {
-                    0 => break,
-                    grown => (len, count) = (len + 1, grown),
-                }
-            }
-            out.push((len, count));
-            carried = len.saturating_sub(1);
+/// For each start in `starts`, the length of the longest span of `ids` from it that occurs,
+/// and its count: the span the last start found, less its first token, is located (it
+/// occurs), then grown one token at a time inside its own ranges.
+fn longest_spans<I: Occurrences + ?Sized>(
+    index: &I,
+    ids: &[u32],
+    starts: Range<usize>,
+) -> Result<Vec<(usize, u64)>> {
+    let mut out = Vec::with_capacity(starts.len());
+    let mut carried = 0;
+    for i in starts {
+        if crate::interrupt::interrupted() {
+            return Err(IndexError::Interrupted);
         }
-        Ok(out)
+        let mut matches = index.matches_of(&ids[i..i + carried]);
+        let (mut len, mut count) = (carried, matches.count());
+        while let Some(&next) = ids.get(i + len) {
+            index.grow_matches(&mut matches, next);
+            match matches.count() {
+                0 => break,
+                grown => (len, count) = (len + 1, grown),
+            }
+        }
+        out.push((len, count));
+        carried = len.saturating_sub(1);
     }
+    Ok(out)
 }

@@ -13,6 +13,9 @@ const OVERFLOW: f32 = 88.0;
 ///
 /// `e^x = 2^n · e^r` with `n = round(x·log₂e)` and `|r| ≤ ln2/2`, `r` taken off in two parts of
 /// ln 2 so that it stays exact; `e^r ≈ 1 + r + r²·P(r)` with Cephes' `expf` minimax coefficients.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA (callers check with `is_x86_feature_detected!` before dispatch).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn exp(x: __m256) -> __m256 {

@@ -49,6 +49,10 @@ const GELU_SCALE: f32 = 0.797_884_6;
 const GELU_CUBIC: f32 = 0.044_715;
 
 /// `out = act(gate) · up`, eight lanes at a time, the tail padded with zeros.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA (checked by [`gated`] before the call). Nothing else: each load
+/// and store covers an eight-float chunk cut with bounds checks, so a short `up` or `out` panics.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn gated_lanes(activation: Activation, gate: &[f32], up: &[f32], out: &mut [f32]) {

@@ -63,7 +63,7 @@ pub(super) fn response(tree: DraftTree) -> pb::DraftResponse {
 /// A sequence for `context` with the extras a request asked for (`live` is filled in here), each
 /// checked.
 pub(super) fn sequence(s: &State, context: Vec<u32>, extras: Extras) -> Result<Sequence, Status> {
-    if s.reference.byte_index().is_some() && s.model.is_none() {
+    if s.reference.over_bytes() && s.model.is_none() {
         return Err(Status::failed_precondition(
             "sessions and drafts over a byte-level index follow a model's tokens: set `model` in \
              the sidecar's config",

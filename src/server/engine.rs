@@ -10,87 +10,21 @@ use super::config::Limits;
 use super::{check_len, check_max_support, index_status, pb, State};
 use crate::index::backoff::{Backoff, Weighting};
 use crate::index::docs::{Cnf, Document, SearchOptions, SearchResult};
-use crate::index::fm::CompressedIndex;
 use crate::index::hints::HintOptions;
-use crate::index::query::{InfgramNtdResult, NtdResult};
 use crate::index::trace::TraceOptions;
-use crate::index::{Index, IndexError};
 use crate::mix::MixingParams;
 use crate::model::Model;
 
-/// The index an engine call reads: a suffix-array one, or a compressed one for the calls that
-/// it answers (the others ask [`State::index`], which refuses with a message).
-pub(super) enum EitherIndex<'a> {
-    SuffixArray(&'a Index),
-    Compressed(&'a CompressedIndex),
-}
-
-impl EitherIndex<'_> {
-    fn count(&self, ids: &[u32]) -> Result<u64, IndexError> {
-        match self {
-            EitherIndex::SuffixArray(i) => i.count(ids),
-            EitherIndex::Compressed(c) => c.count(ids),
-        }
-    }
-
-    fn check_ids(&self, ids: &[u32]) -> Result<(), IndexError> {
-        match self {
-            EitherIndex::SuffixArray(i) => i.check_ids(ids),
-            EitherIndex::Compressed(c) => c.check_ids(ids),
-        }
-    }
-
-    fn ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult, IndexError> {
-        match self {
-            EitherIndex::SuffixArray(i) => i.ntd(prompt, max_support),
-            EitherIndex::Compressed(c) => c.ntd(prompt, max_support),
-        }
-    }
-
-    fn infgram_ntd(
-        &self,
-        prompt: &[u32],
-        max_support: Option<u64>,
-    ) -> Result<InfgramNtdResult, IndexError> {
-        match self {
-            EitherIndex::SuffixArray(i) => i.infgram_ntd(prompt, max_support),
-            EitherIndex::Compressed(c) => c.infgram_ntd(prompt, max_support),
-        }
-    }
-
-    /// Folder, shards, tokens, documents, vocabulary size and eos id, as `Info` reports them.
-    fn summary(&self) -> (String, usize, u64, u64, u64, u32) {
-        match self {
-            EitherIndex::SuffixArray(i) => (
-                i.dir().display().to_string(),
-                i.num_shards(),
-                i.total_tokens(),
-                i.total_documents(),
-                i.vocab_size(),
-                i.eos_token_id(),
-            ),
-            EitherIndex::Compressed(c) => (
-                c.dir().display().to_string(),
-                c.num_shards(),
-                c.total_tokens(),
-                c.total_documents(),
-                c.vocab_size(),
-                c.eos_token_id(),
-            ),
-        }
-    }
-}
-
 pub(super) fn info(s: &State) -> Result<pb::InfoResponse, Status> {
-    let (dir, shards, tokens, documents, vocab_size, eos_token_id) = s.either_index()?.summary();
+    let corpus = s.corpus()?;
     Ok(pb::InfoResponse {
         version: env!("CARGO_PKG_VERSION").into(),
-        index_dir: dir,
-        index_shards: shards as u32,
-        index_tokens: tokens,
-        index_documents: documents,
-        vocab_size,
-        eos_token_id,
+        index_dir: corpus.dir().display().to_string(),
+        index_shards: corpus.num_shards() as u32,
+        index_tokens: corpus.total_tokens(),
+        index_documents: corpus.total_documents(),
+        vocab_size: corpus.vocab_size(),
+        eos_token_id: corpus.eos_token_id(),
         tokenizer_fingerprint: s.tokenizer.fingerprint().to_string(),
         cpu_model: s.cpu.model.clone(),
         cpu_features: s.cpu.features.iter().map(|f| f.to_string()).collect(),
@@ -153,7 +87,7 @@ pub(super) fn detokenize(
     r: pb::DetokenizeRequest,
 ) -> Result<pb::DetokenizeResponse, Status> {
     let ids = r.ids;
-    s.either_index()?.check_ids(&ids).map_err(index_status)?;
+    s.corpus()?.check_ids(&ids).map_err(index_status)?;
     let text = s
         .tokenizer
         .decode(&ids)
@@ -164,7 +98,7 @@ pub(super) fn detokenize(
 pub(super) fn count(s: &State, r: pb::CountRequest) -> Result<pb::CountResponse, Status> {
     let ids = r.ids;
     s.check_len("the n-gram", ids.len())?;
-    let count = s.either_index()?.count(&ids).map_err(index_status)?;
+    let count = s.corpus()?.count(&ids).map_err(index_status)?;
     Ok(pb::CountResponse {
         count,
         partial: None,
@@ -181,14 +115,14 @@ pub(super) fn next_token_distribution(
     let (ntd, suffix_len, sparse) = match r.infinite {
         true => {
             let a = s
-                .either_index()?
+                .corpus()?
                 .infgram_ntd(&r.prompt, max_support)
                 .map_err(index_status)?;
             (a.ntd, a.suffix_len, a.sparse)
         }
         false => {
             let a = s
-                .either_index()?
+                .corpus()?
                 .ntd(&r.prompt, max_support)
                 .map_err(index_status)?;
             let sparse = a.dist.len() == 1;
@@ -215,11 +149,10 @@ pub(super) fn search_documents(
     r: pb::SearchDocumentsRequest,
 ) -> Result<pb::SearchDocumentsResponse, Status> {
     let (cnf, opts) = search_request(&s.limits, r)?;
-    let found = match s.either_index()? {
-        EitherIndex::SuffixArray(i) => i.search_docs_cnf(&cnf, opts),
-        EitherIndex::Compressed(c) => c.search_docs_cnf(&cnf, opts),
-    }
-    .map_err(index_status)?;
+    let found = s
+        .corpus()?
+        .search_docs_cnf(&cnf, opts)
+        .map_err(index_status)?;
     Ok(search_response(found, None))
 }
 
@@ -350,8 +283,8 @@ pub(super) fn generate(s: &State, r: pb::GenerateRequest) -> Result<pb::Generate
         },
         ..defaults
     };
-    let index = s.index()?;
-    let made = index
+    let made = s
+        .corpus()?
         .backoff_generate(
             &r.prompt,
             &spec,
@@ -410,7 +343,7 @@ pub(super) fn trace(s: &State, r: pb::TraceRequest) -> Result<pb::TraceResponse,
         )));
     }
     check_answer_size(&s.limits, opts.max_documents, opts.max_disp_len)?;
-    let spans = s.index()?.trace(&ids, opts).map_err(index_status)?;
+    let spans = s.corpus()?.trace(&ids, opts).map_err(index_status)?;
     Ok(pb::TraceResponse {
         spans: spans
             .into_iter()
@@ -458,7 +391,7 @@ pub(super) fn hints(s: &State, r: pb::HintsRequest) -> Result<pb::HintsResponse,
             opts.samples, s.limits.max_message_bytes
         )));
     }
-    let index = s.index()?;
+    let index = s.corpus()?;
     let signal = crate::interrupt::current();
     let hinted = r
         .sequences

@@ -8,7 +8,7 @@ use infini_sidecar::index::build::{build, BuildOptions};
 use infini_sidecar::index::docs::SearchOptions;
 use infini_sidecar::index::fm::suffix::FmSuffixMatch;
 use infini_sidecar::index::fm::CompressedIndex;
-use infini_sidecar::index::next_table::NextTableSpec;
+use infini_sidecar::index::format::NextTableSpec;
 use infini_sidecar::index::suffix::SuffixMatch;
 use infini_sidecar::index::{Index, IndexError, OpenOptions, TokenWidth};
 use proptest::prelude::*;

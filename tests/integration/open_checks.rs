@@ -7,7 +7,7 @@ use std::path::Path;
 
 use infini_sidecar::corpus::{Content, InputDoc};
 use infini_sidecar::index::build::{build, BuildOptions};
-use infini_sidecar::index::next_table::NextTableSpec;
+use infini_sidecar::index::format::NextTableSpec;
 use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
 
 /// A small index of several shards, with a next-token table of its prompts seen 3 times or more when

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeSet;
 
+use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::trace::TraceOptions;
 use proptest::prelude::*;
 

@@ -26,7 +26,7 @@ use crate::index::docs::{
 };
 use crate::index::format::{ptr_size_for, TokenWidth, TOKENIZER_FILE};
 use crate::index::query::check_vocabulary;
-use crate::index::shard::RankRange;
+use crate::index::ranks::RankRange;
 use crate::index::{Index, IndexError, Result};
 use crate::tokenizer::Tokenizer;
 

@@ -12,8 +12,9 @@ use crate::index::next_tokens::token_of_key;
 use crate::index::query::{
     FindResult, InfgramNtdResult, InfgramProbResult, NtdResult, ProbResult, Spread,
 };
+use crate::index::ranks::RankRange;
 use crate::index::sampling;
-use crate::index::shard::{NextKey, RankRange};
+use crate::index::shard::NextKey;
 use crate::index::suffix::{longest_suffix, Counted, Occurrences};
 use crate::index::Result;
 

@@ -20,8 +20,9 @@ use crate::index::fm::bits::{BitsBuilder, CompressedBits};
 use crate::index::fm::file::{WordReader, Words};
 use crate::index::fm::wavelet::HuffmanWavelet;
 use crate::index::format::TokenWidth;
+use crate::index::ranks::RankRange;
 use crate::index::sa::{TokenBuf, MAX_SHARD_TOKENS};
-use crate::index::shard::{NextKey, RankRange, END};
+use crate::index::shard::{NextKey, END};
 use crate::index::{IndexError, Result};
 
 /// Every `SAMPLE_EVERY`-th text position keeps its row's position, so locating a match walks at

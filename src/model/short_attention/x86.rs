@@ -38,6 +38,11 @@ const BLOCK_BYTES: usize = 8 * 1024;
 /// 10–12 ns a key and row, where its 16 multiply-adds take about 6 ns. A row's
 /// arithmetic does not depend on the blocks: a key's score does not depend on its neighbours, and
 /// the values are added in key order into sums kept in `out` between blocks.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA (checked by `short_attention::attend_rows` before dispatch).
+/// Lengths need no promise: every access is bounds-checked (a short slice panics or is left out,
+/// never read or written past its end).
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn attend_rows<const C: usize>(rows: &[Row], out: &mut [f32]) {
     let d = 8 * C;
@@ -88,6 +93,10 @@ pub(super) unsafe fn attend_rows<const C: usize>(rows: &[Row], out: &mut [f32]) 
 }
 
 /// Adds each value (`d` floats) under its weight into `sums`, in order.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA. Lengths are bounds-checked ([`load`]): `sums` and each value
+/// short of `8·C` floats panic.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn accumulate<'v, const C: usize>(
@@ -114,6 +123,10 @@ unsafe fn accumulate<'v, const C: usize>(
 }
 
 /// One query against one key, before scaling: `C` multiply-adds, then [`sum_one`].
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA. Lengths are bounds-checked ([`load`]): `query` or `key` short of
+/// `8·C` floats panics.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot<const C: usize>(query: &[f32], key: &[f32]) -> f32 {
@@ -126,6 +139,10 @@ unsafe fn dot<const C: usize>(query: &[f32], key: &[f32]) -> f32 {
 
 /// Scaled scores of the row's query against consecutive keys (`d` floats each), into `out`: eight
 /// keys side by side, the rest one at a time.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA. Lengths are bounds-checked: scores go only into whole chunks of
+/// `out`, and a query short of `8·C` floats panics.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn score<const C: usize>(row: &Row, keys: &[f32], out: &mut [f32]) {
@@ -153,6 +170,10 @@ unsafe fn score<const C: usize>(row: &Row, keys: &[f32], out: &mut [f32]) {
 }
 
 /// Floats `8c..8c+8` of `v`.
+///
+/// # Safety
+/// The CPU supports AVX (true wherever this module's AVX2 and FMA functions run). The range is
+/// bounds-checked: a `v` short of `8c + 8` floats panics.
 #[inline(always)]
 unsafe fn load(v: &[f32], c: usize) -> __m256 {
     _mm256_loadu_ps(v[LANES * c..LANES * (c + 1)].as_ptr())
@@ -160,6 +181,9 @@ unsafe fn load(v: &[f32], c: usize) -> __m256 {
 
 /// Lane `r` holds the sum of `acc[r]`'s lanes, added as [`sum_one`] adds them: pairs, pairs of
 /// pairs within each 128-bit half, then the two halves.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; no memory is touched.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn sum_lanes(acc: [__m256; LANES]) -> __m256 {
@@ -173,6 +197,9 @@ unsafe fn sum_lanes(acc: [__m256; LANES]) -> __m256 {
 }
 
 /// The sum of one vector's lanes, in [`sum_lanes`]'s tree.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; no memory is touched.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn sum_one(a: __m256) -> f32 {
@@ -185,6 +212,10 @@ unsafe fn sum_one(a: __m256) -> f32 {
 
 /// Replaces scores by `exp(score − max)` and returns their sum: eight at a time, the last few
 /// padded with −∞ (which give 0), the lanes' running sums added in [`sum_one`]'s tree.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA. Any length of `scores` is sound: loads and stores cover whole
+/// eight-float chunks or a padded copy of the tail.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn exponentiate(scores: &mut [f32]) -> f32 {
     let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));

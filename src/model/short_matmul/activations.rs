@@ -88,6 +88,10 @@ fn block_scale(amax: f32) -> (f32, f32) {
 }
 
 /// [`quantize_block`] in eight lanes, bit for bit.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C (every x86 flavour is checked for them). `x` needs no promise:
+/// the loads read `x[..QK]`, taken with a check (a shorter `x` gives a zero block).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn quantize_block_avx2(x: &[f32]) -> ActBlock {

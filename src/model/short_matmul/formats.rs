@@ -225,8 +225,16 @@ pub(super) trait Interleaved: Sync + Send + Sized {
     }
 
     /// Scales of half `h` as eight f32 lanes (F16C where they are stored as f16).
+    ///
+    /// # Safety
+    /// The CPU has AVX and F16C (every x86 flavour is checked for AVX2, FMA and F16C). `h` needs
+    /// no promise: impls ignore it or index with a bounds check.
     #[cfg(target_arch = "x86_64")]
     unsafe fn scale_lanes(&self, h: usize) -> std::arch::x86_64::__m256;
+    /// Minimums as eight f32 lanes (zeros for formats without one).
+    ///
+    /// # Safety
+    /// The CPU has AVX and F16C (every x86 flavour is checked for AVX2, FMA and F16C).
     #[cfg(target_arch = "x86_64")]
     unsafe fn min_lanes(&self) -> std::arch::x86_64::__m256;
 }
@@ -237,6 +245,9 @@ pub(super) trait Stored: Copy + Send + Sync {
     fn store(v: f32) -> Self;
     fn load(self) -> f32;
     /// Eight values as f32 lanes (F16C for f16).
+    ///
+    /// # Safety
+    /// The CPU has AVX and F16C (every x86 flavour is checked for AVX2, FMA and F16C).
     #[cfg(target_arch = "x86_64")]
     unsafe fn lanes(v: &[Self; LANES]) -> std::arch::x86_64::__m256;
 }
@@ -248,6 +259,10 @@ impl Stored for f16 {
     fn load(self) -> f32 {
         self.to_f32()
     }
+    /// Eight f16s widened by `vcvtph2ps`.
+    ///
+    /// # Safety
+    /// The CPU has AVX and F16C; nothing about `v`, whose type is exactly the 16 bytes loaded.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn lanes(v: &[Self; LANES]) -> std::arch::x86_64::__m256 {
@@ -263,6 +278,10 @@ impl Stored for f32 {
     fn load(self) -> f32 {
         self
     }
+    /// Eight f32s, loaded as they are.
+    ///
+    /// # Safety
+    /// The CPU has AVX; nothing about `v`, whose type is exactly the 32 bytes loaded.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn lanes(v: &[Self; LANES]) -> std::arch::x86_64::__m256 {
@@ -320,11 +339,19 @@ impl<S: Stored, const Q8_1_SUM: bool> Interleaved for NibbleGroup<S, Q8_1_SUM> {
             a.ds
         }
     }
+    /// The blocks' scales `d` (one per block: `h` is ignored).
+    ///
+    /// # Safety
+    /// The CPU has AVX and F16C (as [`Stored::lanes`]).
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn scale_lanes(&self, _: usize) -> std::arch::x86_64::__m256 {
         S::lanes(&self.d)
     }
+    /// The blocks' minimums `m`.
+    ///
+    /// # Safety
+    /// The CPU has AVX and F16C (as [`Stored::lanes`]).
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn min_lanes(&self) -> std::arch::x86_64::__m256 {
@@ -366,11 +393,19 @@ impl<const OFFSET_: i32> Interleaved for ByteGroup<OFFSET_> {
     fn min(&self, _: usize) -> f32 {
         0.0
     }
+    /// The blocks' f16 scales `d` (one per block: `h` is ignored).
+    ///
+    /// # Safety
+    /// The CPU has AVX and F16C.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn scale_lanes(&self, _: usize) -> std::arch::x86_64::__m256 {
         f16::lanes(&self.d)
     }
+    /// Zeros: the format has no minimum.
+    ///
+    /// # Safety
+    /// The CPU has AVX.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn min_lanes(&self) -> std::arch::x86_64::__m256 {
@@ -408,11 +443,19 @@ impl Interleaved for Q6KGroup {
     fn min(&self, _: usize) -> f32 {
         0.0
     }
+    /// Half `h`'s scales `d·sc`.
+    ///
+    /// # Safety
+    /// The CPU has AVX; `h` is bounds-checked (above 1 it panics).
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn scale_lanes(&self, h: usize) -> std::arch::x86_64::__m256 {
         f32::lanes(&self.d[h])
     }
+    /// Zeros: the format has no minimum.
+    ///
+    /// # Safety
+    /// The CPU has AVX.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn min_lanes(&self) -> std::arch::x86_64::__m256 {

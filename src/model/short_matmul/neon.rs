@@ -14,6 +14,10 @@ use super::formats::{Interleaved, Packing, LANES};
 /// A flavour's products of sixteen signed weight bytes (four for each of four columns) with the
 /// same four signed activation bytes for every column, added to each column's i32 lane.
 trait Products {
+    /// Adds each column's four products to its lane of `sum`.
+    ///
+    /// # Safety
+    /// The CPU has the flavour's features (`dotprod` for [`Dot`]; none beyond NEON for the rest).
     unsafe fn dot(sum: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x4_t;
 }
 
@@ -22,6 +26,10 @@ trait Products {
 struct Dot;
 
 impl Products for Dot {
+    /// One `sdot`.
+    ///
+    /// # Safety
+    /// The CPU has `dotprod` (`KernelFlavour::check`, in `from_qtensor`).
     #[inline]
     #[target_feature(enable = "dotprod")]
     unsafe fn dot(mut sum: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x4_t {
@@ -41,6 +49,10 @@ impl Products for Dot {
 struct Widening;
 
 impl Products for Widening {
+    /// Widening multiplies and pairwise additions.
+    ///
+    /// # Safety
+    /// None beyond NEON, which every aarch64 CPU has; no memory is touched.
     #[inline(always)]
     unsafe fn dot(sum: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x4_t {
         // Columns 0 and 1, then 2 and 3: four i16 products each, exact (|w·a| ≤ 128·127).
@@ -52,6 +64,9 @@ impl Products for Widening {
 }
 
 /// A stored byte taken signed: as it is, or flipped back from Q8_0's +128.
+///
+/// # Safety
+/// None beyond NEON, which every aarch64 CPU has; no memory is touched.
 #[inline(always)]
 unsafe fn signed<W: Interleaved>(bytes: uint8x16_t) -> int8x16_t {
     if W::OFFSET == 128 {
@@ -63,6 +78,10 @@ unsafe fn signed<W: Interleaved>(bytes: uint8x16_t) -> int8x16_t {
 
 /// The signed weight bytes of pair `t`'s two chunks (see [`Packing::pair_inputs`]), columns 0–3
 /// and 4–7 of each.
+///
+/// # Safety
+/// `t < 4` and `w.qs()` holds `W::PACKING.len()` bytes (as every [`Interleaved`] does), so the
+/// 16-byte loads (`32t`, `32t + 16` for nibbles; `64t` to `64t + 48` for bytes) stay inside it.
 #[inline(always)]
 unsafe fn chunks<W: Interleaved>(w: &W, t: usize) -> [[int8x16_t; 2]; 2] {
     let qs = w.qs().as_ptr();
@@ -99,6 +118,10 @@ unsafe fn chunks<W: Interleaved>(w: &W, t: usize) -> [[int8x16_t; 2]; 2] {
 
 /// `G` rows (`acts[r·kb..]`) against one column group's blocks: `out[r·LANES + c]`. The caller
 /// has checked that `acts` holds `G·kb` blocks and `out` `G·LANES` floats (`holds_rows`).
+///
+/// # Safety
+/// The CPU has `P`'s features; `acts` holds at least `G·kb` blocks (`kb = weights.len()`, read
+/// unchecked) and `out` at least `G·LANES` floats (stored by pointer).
 #[inline(always)]
 unsafe fn rows_kernel<W: Interleaved, P: Products, const G: usize>(
     weights: &[W],

@@ -15,13 +15,22 @@ use super::formats::{Interleaved, Packing, LANES};
 /// sums every [`Products::pairs_per_settle`] pairs.
 trait Products {
     /// Adds both chunks' products to a partial accumulator, for weights of at most `MAX_QUANT`.
+    ///
+    /// # Safety
+    /// The CPU has the flavour's features (those of the `rows_*` entry point that uses it).
     unsafe fn pair(partial: __m256i, w: [__m256i; 2], a: [__m256i; 2]) -> __m256i;
     /// Adds a partial accumulator to i32 sums.
+    ///
+    /// # Safety
+    /// The CPU has the flavour's features (those of the `rows_*` entry point that uses it).
     unsafe fn settle(sum: __m256i, partial: __m256i) -> __m256i;
     /// How many pairs a partial accumulator holds without overflow.
     fn pairs_per_settle(max_quant: i32) -> usize;
     /// For 8-bit quants stored +128 (Q8_0), straight into the i32 sums; adds `SIGNED_BIAS·Σa`
     /// beyond the signed products, which the caller takes off.
+    ///
+    /// # Safety
+    /// The CPU has the flavour's features (those of the `rows_*` entry point that uses it).
     unsafe fn pair_biased(sum: __m256i, w: [__m256i; 2], a: [__m256i; 2]) -> __m256i;
     const SIGNED_BIAS: i32;
 }
@@ -30,6 +39,10 @@ trait Products {
 struct Vnni<const EVEX: bool>;
 
 impl<const EVEX: bool> Products for Vnni<EVEX> {
+    /// Two `vpdpbusd`s.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 VNNI and AVX-512VL (`EVEX`) or AVX-VNNI (otherwise).
     #[inline(always)]
     unsafe fn pair(partial: __m256i, w: [__m256i; 2], a: [__m256i; 2]) -> __m256i {
         let dot = |s, w, a| match EVEX {
@@ -38,6 +51,10 @@ impl<const EVEX: bool> Products for Vnni<EVEX> {
         };
         dot(dot(partial, w[0], a[0]), w[1], a[1])
     }
+    /// One i32 addition.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
     #[inline(always)]
     unsafe fn settle(sum: __m256i, partial: __m256i) -> __m256i {
         _mm256_add_epi32(sum, partial)
@@ -45,6 +62,10 @@ impl<const EVEX: bool> Products for Vnni<EVEX> {
     fn pairs_per_settle(_: i32) -> usize {
         4
     }
+    /// [`Products::pair`] straight into the i32 sums.
+    ///
+    /// # Safety
+    /// As [`Products::pair`]: AVX-512 VNNI and AVX-512VL (`EVEX`) or AVX-VNNI (otherwise).
     #[inline(always)]
     unsafe fn pair_biased(sum: __m256i, w: [__m256i; 2], a: [__m256i; 2]) -> __m256i {
         Self::pair(sum, w, a)
@@ -59,6 +80,10 @@ impl<const EVEX: bool> Products for Vnni<EVEX> {
 struct Avx2;
 
 impl Avx2 {
+    /// Adds i16 pairs, widened and summed pairwise into i32, to `sum`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
     #[inline(always)]
     unsafe fn widen(sum: __m256i, pairs: __m256i) -> __m256i {
         _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
@@ -66,6 +91,10 @@ impl Avx2 {
 }
 
 impl Products for Avx2 {
+    /// Two `vpmaddubsw`s added into the i16 partials.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
     #[inline(always)]
     unsafe fn pair(partial: __m256i, w: [__m256i; 2], a: [__m256i; 2]) -> __m256i {
         let both = _mm256_add_epi16(
@@ -74,6 +103,10 @@ impl Products for Avx2 {
         );
         _mm256_add_epi16(partial, both)
     }
+    /// [`Avx2::widen`].
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
     #[inline(always)]
     unsafe fn settle(sum: __m256i, partial: __m256i) -> __m256i {
         Self::widen(sum, partial)
@@ -82,6 +115,10 @@ impl Products for Avx2 {
         // A pair adds at most 4 products of |w·a| ≤ 127·max_quant to an i16 lane.
         (i16::MAX as i32 / (4 * 127 * max_quant)).clamp(1, 4) as usize
     }
+    /// Signed products chunk by chunk, each widened into the i32 sums.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
     #[inline(always)]
     unsafe fn pair_biased(mut sum: __m256i, w: [__m256i; 2], a: [__m256i; 2]) -> __m256i {
         for (w, a) in w.into_iter().zip(a) {
@@ -96,6 +133,10 @@ impl Products for Avx2 {
 }
 
 /// The unsigned weight bytes of pair `t`'s two chunks (see [`Packing::pair_inputs`]).
+///
+/// # Safety
+/// The CPU has AVX2; `t < 4` and `w.qs()` holds `W::PACKING.len()` bytes (as every
+/// [`Interleaved`] does), so the unaligned 32-byte loads at `32t` or `64t` stay inside it.
 #[inline(always)]
 unsafe fn chunks<W: Interleaved>(w: &W, t: usize) -> [__m256i; 2] {
     let qs = w.qs().as_ptr();
@@ -117,6 +158,10 @@ unsafe fn chunks<W: Interleaved>(w: &W, t: usize) -> [__m256i; 2] {
 
 /// `G` rows (`acts[r·kb..]`) against one column group's blocks: `out[r·LANES + c]`. The caller
 /// has checked that `acts` holds `G·kb` blocks and `out` `G·LANES` floats (`holds_rows`).
+///
+/// # Safety
+/// The CPU has AVX2, FMA, F16C and `P`'s features; `acts` holds at least `G·kb` blocks
+/// (`kb = weights.len()`, read unchecked) and `out` at least `G·LANES` floats (stored by pointer).
 #[inline(always)]
 unsafe fn rows_kernel<W: Interleaved, P: Products, const G: usize>(
     weights: &[W],
@@ -174,6 +219,11 @@ unsafe fn rows_kernel<W: Interleaved, P: Products, const G: usize>(
     }
 }
 
+/// [`rows_kernel`] with AVX-512 VNNI's `vpdpbusd`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA, F16C, AVX-512 VNNI and AVX-512VL (`KernelFlavour::check`, in
+/// `from_qtensor`); `acts` holds `G·kb` blocks and `out` `G·LANES` floats (`holds_rows`).
 #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
 pub(super) unsafe fn rows_avx512_vnni<W: Interleaved, const G: usize>(
     weights: &[W],
@@ -183,6 +233,11 @@ pub(super) unsafe fn rows_avx512_vnni<W: Interleaved, const G: usize>(
     rows_kernel::<W, Vnni<true>, G>(weights, acts, out)
 }
 
+/// [`rows_kernel`] with AVX-VNNI's `vpdpbusd`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA, F16C and AVX-VNNI (`KernelFlavour::check`, in `from_qtensor`); `acts`
+/// holds `G·kb` blocks and `out` `G·LANES` floats (`holds_rows`).
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 pub(super) unsafe fn rows_avx_vnni<W: Interleaved, const G: usize>(
     weights: &[W],
@@ -192,6 +247,11 @@ pub(super) unsafe fn rows_avx_vnni<W: Interleaved, const G: usize>(
     rows_kernel::<W, Vnni<false>, G>(weights, acts, out)
 }
 
+/// [`rows_kernel`] with AVX2's `vpmaddubsw` and `vpmaddwd`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C (`KernelFlavour::check`, in `from_qtensor`); `acts` holds `G·kb`
+/// blocks and `out` `G·LANES` floats (`holds_rows`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows_avx2<W: Interleaved, const G: usize>(
     weights: &[W],

@@ -110,7 +110,7 @@ impl RouterService {
                 }
                 let evidence = Evidence {
                     index: None,
-                    compressed: None,
+                    corpus: None,
                     reference: Arc::new(reference::RemoteReference::new(
                         Arc::clone(&self.shards),
                         &members,

@@ -1,0 +1,85 @@
+//! One mapping from the library's typed errors to gRPC statuses.
+
+use tonic::Status;
+
+use super::State;
+use crate::evidence::EvidenceError;
+use crate::index::IndexError;
+use crate::interrupt::{StopReason, StopSignal};
+use crate::live::LiveError;
+use crate::mix::MixError;
+use crate::model::ModelError;
+
+/// What a request gets when its work was stopped by its [`StopSignal`]; [`on_pool`] turns it into
+/// the status that says why.
+pub(super) fn stopped() -> Status {
+    Status::cancelled("the work was stopped")
+}
+
+pub(super) fn index_status(e: IndexError) -> Status {
+    match e {
+        IndexError::Invalid(m) => Status::invalid_argument(m),
+        IndexError::Unsupported(m) => Status::failed_precondition(m),
+        IndexError::Interrupted => stopped(),
+        IndexError::Remote { code, message } => Status::new(code, message),
+        other => Status::internal(other.to_string()),
+    }
+}
+
+pub(super) fn evidence_status(e: EvidenceError) -> Status {
+    match e {
+        EvidenceError::Index(e) => index_status(e),
+        EvidenceError::Mix(e) => mix_status(e),
+        EvidenceError::Model(e) => model_status(e),
+    }
+}
+
+pub(super) fn live_status(e: LiveError) -> Status {
+    match e {
+        LiveError::Invalid(m) => Status::invalid_argument(m),
+        LiveError::Full(m) => Status::resource_exhausted(m),
+        LiveError::Index(e) => index_status(e),
+        other => Status::internal(other.to_string()),
+    }
+}
+
+pub(super) fn mix_status(e: MixError) -> Status {
+    match e {
+        MixError::Invalid(m) => Status::invalid_argument(m),
+        MixError::Index(e) => index_status(e),
+        other => Status::internal(other.to_string()),
+    }
+}
+
+pub(super) fn model_status(e: ModelError) -> Status {
+    match e {
+        ModelError::Invalid(m) => Status::invalid_argument(m),
+        ModelError::Interrupted => stopped(),
+        other => Status::internal(other.to_string()),
+    }
+}
+
+/// The status of work that `signal` stopped (a deadline, the client leaving, or the drain deadline
+/// of a shutdown); other outcomes pass unchanged.
+pub(super) fn stop_status<T>(
+    state: &State,
+    signal: &StopSignal,
+    outcome: Result<T, Status>,
+) -> Result<T, Status> {
+    match (outcome, signal.reason()) {
+        (Err(status), Some(reason)) if status.code() == tonic::Code::Cancelled => {
+            Err(match reason {
+                _ if *state.closing.borrow() => closing_status(),
+                StopReason::Deadline => {
+                    Status::deadline_exceeded("the deadline passed before the work was done")
+                }
+                StopReason::Cancelled => Status::cancelled("the client went away"),
+            })
+        }
+        (outcome, _) => outcome,
+    }
+}
+
+pub(super) fn closing_status() -> Status {
+    Status::unavailable("the sidecar is shutting down")
+}

@@ -1,0 +1,478 @@
+//! Every kind of index through every entry point (issue 50): mini-Pile documents indexed in
+//! SmolLM2's tokens and in bytes, each as a suffix array and compressed, and each suffix array
+//! built again as three shards behind a router. Through `query` (every op) and `serve` (every engine
+//! RPC), each kind answers as the suffix-array index over the same text does, or refuses with the
+//! message the README documents for that cell.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use infini_sidecar::server::config::ServeConfig;
+use infini_sidecar::server::pb;
+use infini_sidecar::server::pb::sidecar_client::SidecarClient;
+use serde_json::{json, Value};
+use tonic::transport::Channel;
+
+use crate::cluster::{corpus, router, shard_server};
+use crate::common::server::{config, start, Running};
+use crate::common::smollm2_gguf;
+
+const SHARDS: usize = 3;
+
+fn sidecar(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_infini-sidecar"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap()
+}
+
+fn succeeds(args: &[&str]) -> String {
+    let out = sidecar(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `index build` of `input` into `out` in SmolLM2's tokens or in bytes; with `shard`, shard K of
+/// three.
+fn build(input: &Path, out: &Path, bytes: bool, shard: Option<usize>) {
+    let (input, out) = (input.display().to_string(), out.display().to_string());
+    let tokenizer = smollm2_gguf().display().to_string();
+    let mut args = vec![
+        "index",
+        "build",
+        "--input",
+        &input,
+        "--out",
+        &out,
+        "--memory-gib",
+        "1",
+    ];
+    match bytes {
+        true => args.push("--bytes"),
+        false => args.extend(["--tokenizer", &tokenizer]),
+    }
+    let part = shard.map(|k| format!("{k}/{SHARDS}"));
+    if let Some(part) = &part {
+        args.extend(["--shard", part]);
+    }
+    succeeds(&args);
+}
+
+fn compress(from: &Path, to: &Path) {
+    let (from, to) = (from.display().to_string(), to.display().to_string());
+    succeeds(&[
+        "index",
+        "compress",
+        "--threads",
+        "1",
+        "--index",
+        &from,
+        "--out",
+        &to,
+    ]);
+}
+
+/// One text's indexes of one granularity: the suffix array (the oracle), its compressed form, and
+/// the three shards of a router.
+struct Kinds {
+    sa: PathBuf,
+    fm: PathBuf,
+    shards: Vec<PathBuf>,
+}
+
+fn kinds(dir: &Path, input: &Path, name: &str, bytes: bool) -> Kinds {
+    let sa = dir.join(format!("{name}-sa"));
+    build(input, &sa, bytes, None);
+    let fm = dir.join(format!("{name}-fm"));
+    compress(&sa, &fm);
+    let shards = (0..SHARDS)
+        .map(|k| {
+            let out = dir.join(format!("{name}-shard-{k}"));
+            build(input, &out, bytes, Some(k));
+            out
+        })
+        .collect();
+    Kinds { sa, fm, shards }
+}
+
+/// Answers of `query` over `index`, one JSON value per query.
+fn query(dir: &Path, index: &Path, queries: &[Value]) -> Vec<Value> {
+    let input = dir.join("queries.jsonl");
+    let lines: Vec<String> = queries.iter().map(Value::to_string).collect();
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let out = succeeds(&[
+        "query",
+        "--index",
+        &index.display().to_string(),
+        "--input",
+        &input.display().to_string(),
+    ]);
+    out.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A document of the suffix-array index longer than `len` tokens, as its ids.
+fn a_document(dir: &Path, sa: &Path, len: usize) -> Vec<u32> {
+    (3..40)
+        .map(|doc_ix| {
+            let got = query(dir, sa, &[json!({"op": "get_doc", "doc_ix": doc_ix})]);
+            serde_json::from_value::<Vec<u32>>(got[0]["token_ids"].clone()).unwrap()
+        })
+        .find(|ids| ids.len() > len)
+        .expect("a long enough document")
+}
+
+/// Where in `doc` a 6-gram starts that occurs more than once but rarely enough that a compressed
+/// index visits all its places (a broad one it refuses, below).
+fn a_rare_gram(dir: &Path, sa: &Path, doc: &[u32]) -> usize {
+    let counts = query(
+        dir,
+        sa,
+        &(20..80)
+            .map(|at| json!({"op": "count", "ids": &doc[at..at + GRAM]}))
+            .collect::<Vec<_>>(),
+    );
+    let rare = |c: &Value| (2..=500).contains(&c["count"].as_u64().unwrap());
+    20 + counts.iter().position(rare).expect("a rare 6-gram")
+}
+
+const GRAM: usize = 6;
+
+/// Every op of the query protocol, over pieces of `doc` (ids of the index's granularity); the
+/// n-gram queried starts at `at`, a rare one of `other` at `rare`.
+fn every_op(doc: &[u32], other: &[u32], at: usize, rare: usize) -> Vec<Value> {
+    let gram = &doc[at..at + GRAM];
+    let traced: Vec<u32> = [&doc[10..70], &other[5..40], &doc[100..130]].concat();
+    vec![
+        json!({"op": "count", "ids": gram}),
+        json!({"op": "count", "ids": []}),
+        json!({"op": "prob", "prompt": &doc[at..at + 3], "cont": doc[at + 3]}),
+        json!({"op": "ntd", "prompt": &doc[at..at + 2]}),
+        json!({"op": "ntd", "prompt": &doc[at + 1..at + 2], "max_support": 4}),
+        json!({"op": "infgram_prob", "prompt": &doc[..60], "cont": doc[60]}),
+        json!({"op": "infgram_ntd", "prompt": &doc[..60]}),
+        json!({"op": "infgram_ntd", "prompt": &doc[..61], "max_support": 3}),
+        json!({"op": "find", "ids": gram}),
+        json!({"op": "search_docs", "ids": gram, "maxnum": 3, "max_disp_len": 20}),
+        json!({"op": "search_docs", "cnf": [[gram], [&doc[at..at + GRAM + 1], &other[rare..rare + GRAM]]], "maxnum": 2}),
+        json!({"op": "get_doc", "doc_ix": 7}),
+        json!({"op": "score", "ids": &doc[..90]}),
+        json!({"op": "trace", "ids": traced, "min_len": 4, "maxnum": 2, "max_disp_len": 16}),
+        json!({"op": "hints", "ids": &doc[..30]}),
+        json!({"op": "count", "ids": [1u64 << 31]}),
+        json!({"op": "search_docs", "ids": &doc[at..at + 1], "max_clause_freq": 10}),
+    ]
+}
+
+/// A compressed index's answer to `op` beside the suffix array's: equal, but for `find`, whose
+/// ranks are the compressed index's own rows (the counts and range lengths agree), and `hints`,
+/// refused naming the suffix array.
+fn assert_answers_alike(op: &Value, got: &Value, want: &Value) {
+    match op["op"].as_str().unwrap() {
+        "find" => {
+            assert_eq!(got["cnt"], want["cnt"], "{op}");
+            let lens = |v: &Value| -> Vec<u64> {
+                (v["segment_by_shard"].as_array().unwrap().iter())
+                    .map(|r| r[1].as_u64().unwrap() - r[0].as_u64().unwrap())
+                    .collect()
+            };
+            assert_eq!(lens(got), lens(want), "{op}");
+        }
+        "hints" => {
+            assert!(want.get("hints").is_some(), "{want}");
+            let error = got["error"].as_str().unwrap_or_default();
+            assert!(error.contains("needs a suffix-array index"), "{got}");
+        }
+        // A search the suffix array subsamples, in its rank order.
+        "search_docs" if want["approx"] == json!(true) => {
+            let error = got["error"].as_str().unwrap_or_default();
+            assert!(error.contains("search the suffix-array index"), "{got}");
+        }
+        _ => assert_eq!(got, want, "{op}"),
+    }
+}
+
+/// `query` over each kind and granularity: every op answered as the suffix array answers it.
+#[test]
+fn query_answers_over_every_kind_of_index() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = corpus(tmp.path());
+    for (name, bytes) in [("tokens", false), ("bytes", true)] {
+        let sa = tmp.path().join(format!("{name}-sa"));
+        let fm = tmp.path().join(format!("{name}-fm"));
+        build(&input, &sa, bytes, None);
+        compress(&sa, &fm);
+        let doc = a_document(tmp.path(), &sa, 140);
+        let other = a_document(tmp.path(), &sa, 60 + doc.len()).split_off(60);
+        let at = a_rare_gram(tmp.path(), &sa, &doc);
+        let rare = a_rare_gram(tmp.path(), &sa, &other);
+        let ops = every_op(&doc, &other, at, rare);
+        let want = query(tmp.path(), &sa, &ops);
+        let got = query(tmp.path(), &fm, &ops);
+        for ((op, got), want) in ops.iter().zip(&got).zip(&want) {
+            if op["op"] != "hints" && op["ids"] != json!([1u64 << 31]) {
+                assert!(want.get("error").is_none(), "{name} {op}: {want}");
+            }
+            assert_answers_alike(op, got, want);
+        }
+        // The trace found spans from both documents; the broad search was subsampled.
+        let spans = want[13]["spans"].as_array().unwrap();
+        assert!(spans.len() >= 2, "{name}: {spans:?}");
+        assert_eq!(want[16]["approx"], json!(true), "{name}: {}", want[16]);
+    }
+}
+
+/// A call's answer, or its refusal's code and message.
+type Answer<T> = Result<T, (tonic::Code, String)>;
+
+fn answer<T>(r: Result<tonic::Response<T>, tonic::Status>) -> Answer<T> {
+    r.map(tonic::Response::into_inner)
+        .map_err(|s| (s.code(), s.message().to_string()))
+}
+
+/// The engine RPCs of `sidecar.v1` a client makes of any index: their answers, in order, as text
+/// (the messages differ in type).
+async fn engine_calls(
+    client: &mut SidecarClient<Channel>,
+    doc: &[u32],
+    other: &[u32],
+    (at, rare): (usize, usize),
+) -> Vec<String> {
+    let gram = doc[at..at + GRAM].to_vec();
+    let ntd = |prompt: &[u32], infinite, max_support| pb::NextTokenDistributionRequest {
+        prompt: prompt.to_vec(),
+        infinite,
+        max_support,
+        ..Default::default()
+    };
+    let search = pb::SearchDocumentsRequest {
+        cnf: vec![
+            pb::Clause {
+                ngrams: vec![pb::NGram { ids: gram.clone() }],
+            },
+            pb::Clause {
+                ngrams: vec![
+                    pb::NGram {
+                        ids: doc[at..at + GRAM + 1].to_vec(),
+                    },
+                    pb::NGram {
+                        ids: other[rare..rare + GRAM].to_vec(),
+                    },
+                ],
+            },
+        ],
+        maxnum: 2,
+        max_disp_len: 20,
+        ..Default::default()
+    };
+    let trace = pb::TraceRequest {
+        ids: [&doc[10..70], &other[5..40]].concat(),
+        min_len: 4,
+        maxnum: 2,
+        max_disp_len: 16,
+        ..Default::default()
+    };
+    let draft = pb::DraftRequest {
+        target: Some(pb::draft_request::Target::Context(pb::TokenIds {
+            ids: doc[..50].to_vec(),
+        })),
+        options: Some(pb::DraftOptions {
+            tree_budget: 16,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    let mut info = client.info(pb::InfoRequest {}).await.unwrap().into_inner();
+    info.index_dir.clear();
+    out.push(format!("{info:?}"));
+    let text = client
+        .detokenize(pb::DetokenizeRequest {
+            ids: doc[..30].to_vec(),
+        })
+        .await;
+    out.push(format!("{:?}", answer(text)));
+    out.push(format!(
+        "{:?}",
+        answer(
+            client
+                .count(pb::CountRequest {
+                    ids: gram.clone(),
+                    ..Default::default()
+                })
+                .await
+        )
+    ));
+    for r in [
+        ntd(&doc[at..at + 2], false, 0),
+        ntd(&doc[..60], true, 0),
+        ntd(&doc[..61], true, 3),
+    ] {
+        out.push(format!(
+            "{:?}",
+            answer(client.next_token_distribution(r).await)
+        ));
+    }
+    out.push(format!(
+        "{:?}",
+        answer(client.search_documents(search).await)
+    ));
+    out.push(format!("{:?}", answer(client.trace(trace).await)));
+    let score = pb::ScoreRequest {
+        documents: vec![pb::ScoreDocument {
+            token_ids: doc[..90].to_vec(),
+            ..Default::default()
+        }],
+        per_token: true,
+        ..Default::default()
+    };
+    out.push(match answer(client.score(score).await) {
+        Ok(mut stream) => format!("{:?}", stream.message().await),
+        Err(e) => format!("{e:?}"),
+    });
+    // Drafts: their first tokens and probabilities come from the same samples over both kinds.
+    out.push(match answer(client.draft(draft).await) {
+        Ok(d) => format!("{} {:?}", d.match_len, roots(&d)),
+        Err(e) => format!("{e:?}"),
+    });
+    out
+}
+
+fn assert_calls_alike(got: &[String], want: &[String], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (got, want)) in got.iter().zip(want).enumerate() {
+        assert_eq!(got, want, "{what}: call {i}");
+    }
+}
+
+/// A distribution's answer less its tokens.
+fn without_dist(answer: &str) -> String {
+    match (answer.find("dist: ["), answer.find("], approx")) {
+        (Some(from), Some(to)) => format!("{}{}", &answer[..from], &answer[to + 3..]),
+        _ => answer.to_string(),
+    }
+}
+
+fn roots(d: &pb::DraftResponse) -> Vec<(u32, u64)> {
+    (d.parents.iter().zip(&d.token_ids).zip(&d.probs))
+        .filter(|((&p, _), _)| p < 0)
+        .map(|((_, &t), &p)| (t, (p * 1e9).round() as u64))
+        .collect()
+}
+
+/// What only a suffix array answers: back-off generation and training hints.
+async fn suffix_array_calls(client: &mut SidecarClient<Channel>, doc: &[u32]) -> Vec<Answer<()>> {
+    let generate = pb::GenerateRequest {
+        prompt: doc[..20].to_vec(),
+        max_new_tokens: 8,
+        ..Default::default()
+    };
+    let hints = pb::HintsRequest {
+        sequences: vec![pb::TokenIds {
+            ids: doc[..30].to_vec(),
+        }],
+        ..Default::default()
+    };
+    vec![
+        answer(client.generate(generate).await).map(|_| ()),
+        answer(client.hints(hints).await).map(|_| ()),
+    ]
+}
+
+fn serving(index: PathBuf, dir: &Path) -> ServeConfig {
+    ServeConfig {
+        mixing: None,
+        ..config(dir, index, false)
+    }
+}
+
+/// `serve` over each kind and granularity, and a router over three suffix-array shard servers:
+/// every engine call answered as a single suffix-array sidecar answers it; a compressed index
+/// refuses back-off generation and hints naming the suffix array, and a shard server refuses to
+/// start over a compressed index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_answers_over_every_kind_of_index() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = corpus(tmp.path());
+    for (name, bytes) in [("tokens", false), ("bytes", true)] {
+        let kinds = kinds(tmp.path(), &input, name, bytes);
+        let doc = a_document(tmp.path(), &kinds.sa, 140);
+        let other = a_document(tmp.path(), &kinds.sa, 60 + doc.len()).split_off(60);
+        let at = (
+            a_rare_gram(tmp.path(), &kinds.sa, &doc),
+            a_rare_gram(tmp.path(), &kinds.sa, &other),
+        );
+        let mut sa: Running = start(serving(kinds.sa.clone(), tmp.path())).await;
+        let mut fm: Running = start(serving(kinds.fm.clone(), tmp.path())).await;
+        let want = engine_calls(&mut sa.client, &doc, &other, at).await;
+        assert!(
+            want.iter().all(|a| !a.starts_with("Err")) || bytes,
+            "{name}: {want:?}"
+        );
+        let got = engine_calls(&mut fm.client, &doc, &other, at).await;
+        assert_calls_alike(&got, &want, name);
+        for a in suffix_array_calls(&mut sa.client, &doc).await {
+            assert!(a.is_ok(), "{name}: {a:?}");
+        }
+        for a in suffix_array_calls(&mut fm.client, &doc).await {
+            let (code, message) = a.unwrap_err();
+            assert_eq!(code, tonic::Code::FailedPrecondition, "{message}");
+            assert!(message.contains("needs a suffix-array index"), "{message}");
+        }
+
+        // Three shard servers behind a router answer as the single index.
+        let mut held = Vec::new();
+        let mut addrs = Vec::new();
+        for (k, shard) in kinds.shards.iter().enumerate() {
+            let (process, addr) = shard_server(tmp.path(), &format!("{name}-{k}"), shard).await;
+            held.push(process);
+            addrs.push(addr.to_string());
+        }
+        let (_router, mut routed, _) =
+            router(tmp.path(), &format!("{name}-router"), &addrs, "").await;
+        let mut got = engine_calls(&mut routed, &doc, &other, at).await;
+        let mut want = want.clone();
+        // The router names no folder and counts its shards.
+        got.remove(0);
+        want.remove(0);
+        // Every engine call but a trace, which a router refuses (the README's table says so).
+        assert!(got[6].contains("Unimplemented"), "{}", got[6]);
+        got[6] = want[6].clone();
+        // A subsampled distribution is the one of the shards' joined index, sampled in its own
+        // order (`tests/integration/cluster.rs` compares it so): its count and suffix agree.
+        for answers in [&mut got, &mut want] {
+            answers[4] = without_dist(&answers[4]);
+        }
+        assert_calls_alike(&got[..8], &want[..8], &format!("{name} router"));
+
+        // A shard server over a compressed index refuses to start, saying why.
+        let fm_shard = tmp.path().join(format!("{name}-fm-shard-0"));
+        compress(&kinds.shards[0], &fm_shard);
+        let config = tmp.path().join(format!("{name}-fm-shard.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "bind = \"127.0.0.1:0\"\nindex = \"{}\"\n[cluster]\nrole = \"shard\"\n[live]\nenabled = false\n",
+                fm_shard.display()
+            ),
+        )
+        .unwrap();
+        let out = sidecar(&["serve", "--config", &config.display().to_string()]);
+        assert!(!out.status.success());
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            log.contains("a shard server answers its routers from a suffix-array index"),
+            "{log}"
+        );
+        for running in [sa, fm] {
+            let _ = running.stop.send(());
+            running.task.await.unwrap().unwrap();
+        }
+    }
+}
