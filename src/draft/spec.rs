@@ -13,8 +13,28 @@ use serde::Serialize;
 
 use super::{DraftOptions, DraftTree, Extras, Sequence};
 use crate::evidence::ReferenceData;
+use crate::index::IndexError;
+use crate::live::LiveError;
 use crate::model::{ModelError, Transformer, MAX_EXACT_ROWS, SHORT_PASS_ROWS};
 use crate::softmax::softmax;
+
+/// Why speculative decoding stopped: the model's failure or the reference data's.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    /// The live namespace the sequence drafts from and learns into.
+    #[error(transparent)]
+    Live(#[from] LiveError),
+}
+
+impl From<candle_core::Error> for DecodeError {
+    fn from(e: candle_core::Error) -> Self {
+        DecodeError::Model(e.into())
+    }
+}
 
 /// Rows verified per pass on the CPU, pending token included: an exact pass, computed row for row
 /// as one-token decoding computes it, so greedy output stays bit-identical. Other devices verify in
@@ -235,7 +255,7 @@ pub fn decode(
     prompt: &[u32],
     opts: &SpecOptions,
     extras: Extras,
-) -> Result<SpecRun, anyhow::Error> {
+) -> Result<SpecRun, DecodeError> {
     crate::model::on_rayon_worker(|| decode_here(model, reference, prompt, opts, extras))
 }
 
@@ -245,7 +265,7 @@ fn decode_here(
     prompt: &[u32],
     opts: &SpecOptions,
     extras: Extras,
-) -> Result<SpecRun, anyhow::Error> {
+) -> Result<SpecRun, DecodeError> {
     let Some((&last, head)) = prompt.split_last() else {
         return Err(ModelError::Invalid("empty prompt".into()).into());
     };
@@ -269,7 +289,7 @@ fn decode_here(
     let t = Instant::now();
     let mut drafter = opts
         .draft
-        .map(|d| -> Result<_, anyhow::Error> {
+        .map(|d| -> Result<_, DecodeError> {
             let seq = Sequence::new(reference, prompt.to_vec())?.with_extras(extras)?;
             Ok((seq, d))
         })

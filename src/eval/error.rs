@@ -1,6 +1,7 @@
 //! Errors of the evaluator: the layers it drives, and its own (inputs, saved records, output).
 
 use crate::corpus::CorpusError;
+use crate::draft::spec::DecodeError;
 use crate::evidence::EvidenceError;
 use crate::index::IndexError;
 use crate::mix::MixError;
@@ -59,21 +60,15 @@ impl EvalError {
             _ => false,
         }
     }
+}
 
-    /// Speculative decoding ([`crate::draft::spec::decode`]) reports the model's and the index's
-    /// errors as one `anyhow::Error`: they are told apart again here.
-    pub(crate) fn from_decode(e: anyhow::Error) -> Self {
-        let e = match e.downcast::<ModelError>() {
-            Ok(e) => return e.into(),
-            Err(e) => e,
-        };
-        let e = match e.downcast::<IndexError>() {
-            Ok(e) => return e.into(),
-            Err(e) => e,
-        };
-        match e.downcast::<candle_core::Error>() {
-            Ok(e) => ModelError::from(e).into(),
-            Err(e) => EvalError::Invalid(format!("decoding: {e:#}")),
+/// What stopped speculative decoding ([`crate::draft::spec::decode`]), as the evaluator reports it.
+impl From<DecodeError> for EvalError {
+    fn from(e: DecodeError) -> Self {
+        match e {
+            DecodeError::Model(e) => e.into(),
+            DecodeError::Index(e) => e.into(),
+            DecodeError::Live(e) => EvalError::Invalid(format!("decoding: {e}")),
         }
     }
 }

@@ -11,7 +11,7 @@ use super::records::{Collector, DomainRecords};
 use super::report::{build_report, PplReport};
 use super::{EvalError, Result};
 use crate::index::Index;
-use crate::mix::fit::{fit_gate, fit_split, perplexity, split_lambdas, TokenEvidence};
+use crate::mix::fit::{fit_gate, fit_split, perplexity, split_lambdas, ScoredToken};
 use crate::mix::params::{FitRecord, DEFAULT_DECODE_MAX_MATCH};
 use crate::mix::{DomainLambdas, GateOptions, LambdaRule, MixingParams};
 use crate::model::{Model, WindowOptions};
@@ -100,7 +100,7 @@ pub fn fit(
     gate: Option<GateOptions>,
 ) -> Result<MixingParams> {
     let domains = pairing.records(inputs)?;
-    let evidence: Vec<TokenEvidence> = domains
+    let evidence: Vec<ScoredToken> = domains
         .iter()
         .flat_map(|d| d.tokens.iter().map(|t| t.evidence()))
         .collect();
@@ -110,7 +110,7 @@ pub fn fit(
         .iter()
         .filter(|d| d.tokens.len() >= MIN_DOMAIN_TOKENS)
     {
-        let ev: Vec<TokenEvidence> = d.tokens.iter().map(|t| t.evidence()).collect();
+        let ev: Vec<ScoredToken> = d.tokens.iter().map(|t| t.evidence()).collect();
         let (lambda_sparse, lambda_dense) = fit_split(&ev);
         by_domain.insert(
             d.domain.clone(),

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::records::DomainRecords;
 use crate::evidence::{self, mix_tokens, usable_lambda, MixedToken, TokenRecord};
-use crate::mix::fit::{perplexity, TokenEvidence};
+use crate::mix::fit::{perplexity, ScoredToken};
 use crate::mix::{improvement_percent, LambdaRule, MixError, MixingParams};
 use crate::tokenizer::Tokenizer;
 
@@ -207,7 +207,7 @@ fn summarise(
     mixed: &RuleMixtures,
     tokenizer: &Tokenizer,
 ) -> Summary {
-    let unmixed: Vec<TokenEvidence> = tokens.iter().map(|t| t.evidence()).collect();
+    let unmixed: Vec<ScoredToken> = tokens.iter().map(|t| t.evidence()).collect();
     let neural = perplexity(&unmixed, &vec![0.0; unmixed.len()]);
     let split = evidence::perplexity(&mixed.split);
     let domain_split = evidence::perplexity(&mixed.domain_split);

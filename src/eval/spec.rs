@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::documents::EvalDocument;
-use super::{EvalError, Result};
+use super::Result;
 use crate::draft::spec::{decode, SpecOptions, SpecRun};
 use crate::draft::{DraftOptions, DraftSource, Extras};
 use crate::evidence::ReferenceData;
@@ -140,8 +140,7 @@ pub fn run(
                     prompt,
                     &spec,
                     Extras::default(),
-                )
-                .map_err(EvalError::from_decode)?;
+                )?;
                 if i == 0 {
                     baseline = run.tokens.clone();
                 }

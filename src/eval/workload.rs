@@ -248,8 +248,7 @@ pub fn run(
             &prompt,
             &spec(None),
             Extras::default(),
-        )
-        .map_err(EvalError::from_decode)?;
+        )?;
         bar.inc(r.max_new_tokens as u64);
         let mut runs = Vec::new();
         for (config, live) in CONFIGURATIONS.iter().zip(&lives) {
@@ -263,8 +262,7 @@ pub fn run(
                 source: config.source,
                 ..*draft
             }));
-            let run = decode(model.transformer(), index, &prompt, &opts, extras)
-                .map_err(EvalError::from_decode)?;
+            let run = decode(model.transformer(), index, &prompt, &opts, extras)?;
             bar.inc(r.max_new_tokens as u64);
             runs.push(request_run(config.name, &run, &plain));
         }

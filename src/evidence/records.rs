@@ -8,7 +8,7 @@ use super::bytes;
 use super::{EvidenceError, ReferenceData};
 use crate::index::dense::TokenScore;
 use crate::mix::features::{gate_features, GateFeatures, InfgramContext, NeuralContext};
-use crate::mix::fit::TokenEvidence;
+use crate::mix::fit::ScoredToken;
 use crate::model::{Model, WindowOptions};
 
 /// Version of [`TokenRecord`] and of the gate features in it: bump when either changes, so saved
@@ -35,8 +35,8 @@ impl TokenRecord {
         (self.neural_logprob as f64).exp()
     }
 
-    pub fn evidence(&self) -> TokenEvidence {
-        TokenEvidence {
+    pub fn evidence(&self) -> ScoredToken {
+        ScoredToken {
             p_infgram: self.infgram_prob,
             p_neural: self.neural_prob(),
             sparse: self.sparse,

@@ -25,13 +25,24 @@ pub enum IndexError {
     Unsupported(String),
     #[error("interrupted")]
     Interrupted,
-    /// The shard servers behind a router failed to answer (a shard down, its deadline passed): the
-    /// status they gave, passed on as it is.
+    /// The shard servers behind a router failed to answer (a shard down, its deadline passed):
+    /// their error, passed on as it is (the server that made it reads its status back).
     #[error("{message}")]
-    Remote { code: tonic::Code, message: String },
+    Remote {
+        message: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl IndexError {
+    /// A remote source's failure, told by `message`.
+    pub fn remote(source: impl std::error::Error + Send + Sync + 'static, message: &str) -> Self {
+        IndexError::Remote {
+            message: message.to_string(),
+            source: Box::new(source),
+        }
+    }
+
     pub fn io(path: &Path, source: std::io::Error) -> Self {
         IndexError::Io {
             path: path.display().to_string(),

@@ -10,7 +10,7 @@ use super::{mixed_prob, responsibility, MixError, LAMBDA_MAX, LAMBDA_MIN};
 
 /// One scored token, as fitting and evaluation need it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TokenEvidence {
+pub struct ScoredToken {
     /// ∞-gram probability of the actual token.
     pub p_infgram: f64,
     /// Neural probability of the actual token.
@@ -23,7 +23,7 @@ const EM_MAX_ROUNDS: usize = 500;
 const EM_TOLERANCE: f64 = 1e-10;
 
 /// The λ that maximises the likelihood of these tokens.
-pub fn fit_lambda<'a>(tokens: impl Iterator<Item = &'a TokenEvidence> + Clone) -> f64 {
+pub fn fit_lambda<'a>(tokens: impl Iterator<Item = &'a ScoredToken> + Clone) -> f64 {
     let n = tokens.clone().count();
     if n == 0 {
         return 0.5;
@@ -46,7 +46,7 @@ pub fn fit_lambda<'a>(tokens: impl Iterator<Item = &'a TokenEvidence> + Clone) -
 }
 
 /// The paper's two λ: (λ for sparse ∞-gram estimates, λ for the rest), each fitted on its tokens.
-pub fn fit_split(tokens: &[TokenEvidence]) -> (f64, f64) {
+pub fn fit_split(tokens: &[ScoredToken]) -> (f64, f64) {
     (
         fit_lambda(tokens.iter().filter(|t| t.sparse)),
         fit_lambda(tokens.iter().filter(|t| !t.sparse)),
@@ -54,7 +54,7 @@ pub fn fit_split(tokens: &[TokenEvidence]) -> (f64, f64) {
 }
 
 /// λ of each token under the two-λ rule.
-pub fn split_lambdas(tokens: &[TokenEvidence], split: (f64, f64)) -> Vec<f64> {
+pub fn split_lambdas(tokens: &[ScoredToken], split: (f64, f64)) -> Vec<f64> {
     tokens
         .iter()
         .map(|t| if t.sparse { split.0 } else { split.1 })
@@ -63,7 +63,7 @@ pub fn split_lambdas(tokens: &[TokenEvidence], split: (f64, f64)) -> Vec<f64> {
 
 /// Trains the gate by EM rounds starting from the two-λ rule (see [`Gate`] for why).
 pub fn fit_gate(
-    tokens: &[TokenEvidence],
+    tokens: &[ScoredToken],
     split: (f64, f64),
     options: GateOptions,
 ) -> Result<Gate, MixError> {
@@ -84,7 +84,7 @@ pub fn fit_gate(
 }
 
 /// Mean negative log-likelihood (nats) of tokens under per-token λ.
-pub fn mean_nll(tokens: &[TokenEvidence], lambdas: &[f64]) -> f64 {
+pub fn mean_nll(tokens: &[ScoredToken], lambdas: &[f64]) -> f64 {
     if tokens.is_empty() {
         return 0.0;
     }
@@ -96,7 +96,7 @@ pub fn mean_nll(tokens: &[TokenEvidence], lambdas: &[f64]) -> f64 {
         / tokens.len() as f64
 }
 
-pub fn perplexity(tokens: &[TokenEvidence], lambdas: &[f64]) -> f64 {
+pub fn perplexity(tokens: &[ScoredToken], lambdas: &[f64]) -> f64 {
     mean_nll(tokens, lambdas).exp()
 }
 
@@ -104,8 +104,8 @@ pub fn perplexity(tokens: &[TokenEvidence], lambdas: &[f64]) -> f64 {
 mod tests {
     use super::*;
 
-    fn token(p_infgram: f64, p_neural: f64, sparse: bool) -> TokenEvidence {
-        TokenEvidence {
+    fn token(p_infgram: f64, p_neural: f64, sparse: bool) -> ScoredToken {
+        ScoredToken {
             p_infgram,
             p_neural,
             sparse,
@@ -116,7 +116,7 @@ mod tests {
     /// EM's λ against a fine grid search of the same likelihood.
     #[test]
     fn em_finds_the_grid_optimum() {
-        let tokens: Vec<TokenEvidence> = (0..200)
+        let tokens: Vec<ScoredToken> = (0..200)
             .map(|i| {
                 let p_inf = if i % 3 == 0 {
                     0.9
@@ -142,9 +142,9 @@ mod tests {
 
     #[test]
     fn lambda_follows_which_side_is_right() {
-        let good: Vec<TokenEvidence> = (0..50).map(|_| token(1.0, 0.01, true)).collect();
+        let good: Vec<ScoredToken> = (0..50).map(|_| token(1.0, 0.01, true)).collect();
         assert!(fit_lambda(good.iter()) > 0.98);
-        let bad: Vec<TokenEvidence> = (0..50).map(|_| token(0.0, 0.3, false)).collect();
+        let bad: Vec<ScoredToken> = (0..50).map(|_| token(0.0, 0.3, false)).collect();
         assert!(fit_lambda(bad.iter()) < 0.01);
     }
 }

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use tonic::{Response, Status, Streaming};
 
+use super::observe::record_work;
 use super::status::{closing_status, stop_status, stopped};
 use super::{SidecarService, State};
 use crate::interrupt::StopSignal;
@@ -47,17 +48,25 @@ pub(super) async fn on_pool<T: Send + 'static>(
     let stop_on_drop = StopOnDrop(signal.clone());
     let worker_state = Arc::clone(state);
     let worker_signal = signal.clone();
+    let sent = Instant::now();
     let worker = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        worker_signal.run(|| {
+        let started = Instant::now();
+        let outcome = worker_signal.run(|| {
             if worker_signal.is_stopped() {
                 return Err(stopped());
             }
             work(&worker_state)
-        })
+        });
+        (outcome, started)
     });
     let outcome = tokio::select! {
-        joined = worker => joined.map_err(|e| Status::internal(format!("worker failed: {e}")))?,
+        joined = worker => {
+            let (outcome, started) =
+                joined.map_err(|e| Status::internal(format!("worker failed: {e}")))?;
+            record_work(started - sent, started.elapsed());
+            outcome
+        }
         _ = state.closed() => {
             signal.cancel();
             Err(closing_status())

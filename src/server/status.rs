@@ -21,7 +21,10 @@ pub(super) fn index_status(e: IndexError) -> Status {
         IndexError::Invalid(m) => Status::invalid_argument(m),
         IndexError::Unsupported(m) => Status::failed_precondition(m),
         IndexError::Interrupted => stopped(),
-        IndexError::Remote { code, message } => Status::new(code, message),
+        IndexError::Remote { message, source } => match source.downcast::<Status>() {
+            Ok(status) => *status,
+            Err(_) => Status::unavailable(message),
+        },
         other => Status::internal(other.to_string()),
     }
 }

@@ -517,3 +517,18 @@ fn decontamination_settings_that_drop_documents_for_no_reason_are_refused() {
         assert!(err.contains(says), "{flag} {value}: {err}");
     }
 }
+
+/// A log written to a pipe (or a file) is plain text: no colour codes, even without `NO_COLOR`.
+#[test]
+fn logs_to_a_pipe_are_plain_text() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = token_file(tmp.path());
+    let out = build_from(&file, &tmp.path().join("idx").display().to_string(), &[])
+        .env_remove("NO_COLOR")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("INFO"), "{log}");
+    assert!(!log.contains('\u{1b}'), "{log:?}");
+}

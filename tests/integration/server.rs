@@ -642,3 +642,56 @@ async fn generate_and_trace_answer_as_the_library_does() {
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     let _ = stop.send(());
 }
+
+/// Every call runs in an `rpc` span: with DEBUG on, its end is logged with the method, the bytes
+/// read and written, and the time its work waited for a worker and ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_is_logged_with_its_sizes_and_stages() {
+    let tmp = tempfile::tempdir().unwrap();
+    let index = build_index(tmp.path());
+    let path = tmp.path().join("serve.toml");
+    let toml = format!(
+        "bind = \"127.0.0.1:0\"\nindex = \"{}\"\n[live]\nenabled = false\n",
+        index.display()
+    );
+    std::fs::write(&path, toml).unwrap();
+    let (mut child, addr, log) =
+        common::server::spawn_serve_with(&path, &[("RUST_LOG", "infini_sidecar=debug")]).await;
+    let mut client = pb::sidecar_client::SidecarClient::new(common::server::connect(addr).await);
+    let ids = vec![29u32, 34, 30];
+    client
+        .count(pb::CountRequest {
+            ids: ids.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let line = (0..200)
+        .find_map(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            let log = log.lock().unwrap();
+            log.lines()
+                .find(|l| l.contains("method=\"Count\"") && l.contains(" call "))
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| panic!("no Count call logged: {}", log.lock().unwrap()));
+    let _ = child.kill();
+    let _ = child.wait();
+    // The request: a 5-byte gRPC frame header and the message (a tag, a length, three ids).
+    let field = |name: &str| -> u64 {
+        let at = line
+            .find(&format!("{name}="))
+            .unwrap_or_else(|| panic!("{name}: {line}"));
+        let digits: String = line[at + name.len() + 1..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().unwrap_or_else(|_| panic!("{name}: {line}"))
+    };
+    assert_eq!(field("read"), 5 + 2 + 3, "{line}");
+    assert!(field("written") > 5, "{line}");
+    // The work's stages, as numbers (a count of three ids may well take under a microsecond).
+    field("queued_us");
+    field("work_us");
+    assert!(line.contains("code=Ok"), "{line}");
+}

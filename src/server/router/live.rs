@@ -26,10 +26,8 @@ pub(crate) struct RemoteLive {
 }
 
 fn remote(status: Status) -> LiveError {
-    LiveError::Index(IndexError::Remote {
-        code: status.code(),
-        message: status.message().to_string(),
-    })
+    let message = status.message().to_string();
+    LiveError::Index(IndexError::remote(status, &message))
 }
 
 impl RemoteLive {

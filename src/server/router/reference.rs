@@ -41,10 +41,8 @@ pub(crate) struct RemoteReference {
 }
 
 fn remote(status: Status) -> IndexError {
-    IndexError::Remote {
-        code: status.code(),
-        message: status.message().to_string(),
-    }
+    let message = status.message().to_string();
+    IndexError::remote(status, &message)
 }
 
 fn merge_error(e: merge::Overflow) -> IndexError {
@@ -70,13 +68,10 @@ impl RemoteReference {
         let members = self.shards.members().map_err(remote)?;
         let now = &members.layout.first().set_id;
         if *now != self.set_id {
-            return Err(IndexError::Remote {
-                code: tonic::Code::Unavailable,
-                message: format!(
-                    "the shard set changed (set {now}, not {}): restart the router to mix over it",
-                    self.set_id
-                ),
-            });
+            return Err(remote(Status::unavailable(format!(
+                "the shard set changed (set {now}, not {}): restart the router to mix over it",
+                self.set_id
+            ))));
         }
         Ok(members)
     }
@@ -142,10 +137,9 @@ fn gate_context(
 }
 
 fn changed_set() -> MixError {
-    MixError::Index(IndexError::Remote {
-        code: tonic::Code::Unavailable,
-        message: "the shard set changed between two calls of one request".into(),
-    })
+    MixError::Index(remote(Status::unavailable(
+        "the shard set changed between two calls of one request",
+    )))
 }
 
 impl ReferenceData for RemoteReference {

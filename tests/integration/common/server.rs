@@ -205,15 +205,31 @@ pub fn free_port() -> std::net::SocketAddr {
 /// The real binary serving `config` (a TOML file whose `bind` port is 0), and where it listens once
 /// it says so on its log; the log is drained in the background.
 pub async fn spawn_serve(config: &Path) -> (std::process::Child, std::net::SocketAddr) {
+    let (child, addr, _) = spawn_serve_with(config, &[]).await;
+    (child, addr)
+}
+
+/// [`spawn_serve`] with more environment variables, and the log as it grows.
+pub async fn spawn_serve_with(
+    config: &Path,
+    envs: &[(&str, &str)],
+) -> (
+    std::process::Child,
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::Mutex<String>>,
+) {
     use std::io::BufRead;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_infini-sidecar"))
         .args(["serve", "--config"])
         .arg(config)
         .env("NO_COLOR", "1")
+        .envs(envs.iter().copied())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let mut log = std::io::BufReader::new(child.stderr.take().unwrap());
+    let kept = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let keeper = std::sync::Arc::clone(&kept);
     let addr = tokio::task::spawn_blocking(move || {
         let mut line = String::new();
         loop {
@@ -222,14 +238,21 @@ pub async fn spawn_serve(config: &Path) -> (std::process::Child, std::net::Socke
             if let Some((_, at)) = line.split_once("serving on ") {
                 let addr: std::net::SocketAddr = at.trim().parse().unwrap();
                 // Keep draining the log so the server never blocks on a full pipe.
-                std::thread::spawn(move || std::io::copy(&mut log, &mut std::io::sink()));
+                std::thread::spawn(move || {
+                    for line in log.lines() {
+                        let Ok(line) = line else { break };
+                        let mut kept = keeper.lock().unwrap();
+                        kept.push_str(&line);
+                        kept.push('\n');
+                    }
+                });
                 return addr;
             }
         }
     })
     .await
     .unwrap();
-    (child, addr)
+    (child, addr, kept)
 }
 
 /// A `Mix` of the sidecar's own model after `context`, top 8.
