@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 
 use infini_sidecar::draft::{spec, DraftOptions};
 use infini_sidecar::eval::backoff::{self as eval_backoff, BackoffEvalOptions};
-use infini_sidecar::eval::contamination::{self, ContaminationOptions};
+use infini_sidecar::eval::contamination::{self, ContaminationOptions, ContaminationReport};
 use infini_sidecar::eval::documents::{
     load_documents, load_documents_with, EvalDocument, TokenBudget,
 };
@@ -21,7 +21,10 @@ use infini_sidecar::eval::spec::{self as eval_spec, SpecEvalOptions};
 use infini_sidecar::eval::workload;
 use infini_sidecar::evidence::byte_reference;
 use infini_sidecar::index::backoff::{Backoff, Weighting};
+use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::decontam;
+use infini_sidecar::index::fm::{self, CompressedIndex};
+use infini_sidecar::index::suffix::Occurrences;
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::mix::{GateOptions, LambdaRule, MixingParams};
 use infini_sidecar::model::{Model, ModelError, WindowOptions};
@@ -621,7 +624,7 @@ pub struct BackoffEvalArgs {
 /// The documents of `inputs` cut into `index`'s tokens (bytes for a byte-level index), and its
 /// tokenizer.
 fn index_documents(
-    index: &Index,
+    index: &dyn Corpus,
     inputs: &[PathBuf],
     budget: TokenBudget,
 ) -> Result<(Vec<EvalDocument>, Tokenizer)> {
@@ -692,9 +695,12 @@ pub struct ContaminationArgs {
     format: text::Format,
 }
 
-fn run_contamination(args: ContaminationArgs) -> Result<()> {
-    let index = Index::open(&args.index, &OpenOptions::default())?;
-    let (items, _) = index_documents(&index, &args.inputs, TokenBudget::All)?;
+/// The contamination report of `args`' benchmark against `index`, of either kind.
+fn contamination_report<I: Corpus + Occurrences>(
+    index: &I,
+    args: &ContaminationArgs,
+) -> Result<ContaminationReport> {
+    let (items, _) = index_documents(index, &args.inputs, TokenBudget::All)?;
     let ngram = args.ngram.unwrap_or(match index.is_byte_level() {
         true => contamination::BYTE_NGRAM,
         false => contamination::TOKEN_NGRAM,
@@ -704,7 +710,14 @@ fn run_contamination(args: ContaminationArgs) -> Result<()> {
         threshold: args.threshold,
         max_documents: args.max_documents,
     };
-    let report = contamination::report(&index, &items, &opts)?;
+    Ok(contamination::report(index, &items, &opts)?)
+}
+
+fn run_contamination(args: ContaminationArgs) -> Result<()> {
+    let report = match fm::is_compressed(&args.index) {
+        true => contamination_report(&CompressedIndex::open(&args.index)?, &args)?,
+        false => contamination_report(&Index::open(&args.index, &OpenOptions::default())?, &args)?,
+    };
     let md = contamination::markdown(&report, args.worst);
     let written = match &args.out_dir {
         Some(dir) => write_results(dir, "contamination", &report, &md)?,

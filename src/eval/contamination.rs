@@ -16,10 +16,11 @@ use serde::Serialize;
 
 use super::documents::EvalDocument;
 use super::{EvalError, Result};
-use crate::index::docs::SearchOptions;
+use crate::index::corpus::Corpus;
+use crate::index::docs::{SearchOptions, SearchResult};
 use crate::index::query::MAX_QUERY_TOKENS;
-use crate::index::suffix::SuffixMatch;
-use crate::index::{Index, IndexError};
+use crate::index::suffix::{Occurrences, SuffixMatch};
+use crate::index::IndexError;
 
 /// The decontamination rule's n-gram over an index of text cut into tokens: 13 tokens (the paper's).
 pub const TOKEN_NGRAM: usize = crate::index::decontam::DEFAULT_NGRAM;
@@ -105,8 +106,8 @@ pub struct Skipped {
 }
 
 /// The report of `items` (tokenized as the index is) against `index`, items in parallel.
-pub fn report(
-    index: &Index,
+pub fn report<I: Corpus + Occurrences>(
+    index: &I,
     items: &[EvalDocument],
     opts: &ContaminationOptions,
 ) -> Result<ContaminationReport> {
@@ -166,10 +167,13 @@ pub fn report(
 }
 
 /// One item's n-gram share and longest match (module notes), and that match's documents.
-pub fn item(index: &Index, doc: &EvalDocument, opts: &ContaminationOptions) -> Result<ItemReport> {
+pub fn item<I: Corpus + Occurrences>(
+    index: &I,
+    doc: &EvalDocument,
+    opts: &ContaminationOptions,
+) -> Result<ItemReport> {
     let tokens = &doc.tokens;
-    index
-        .check_ids(tokens)
+    Corpus::check_ids(index, tokens)
         .map_err(|e| EvalError::Invalid(format!("item {} of {}: {e}", doc.index, doc.path)))?;
     let mut matched = SuffixMatch::new(index);
     let (mut found, mut longest, mut longest_end) = (0, 0, 0);
@@ -200,7 +204,21 @@ pub fn item(index: &Index, doc: &EvalDocument, opts: &ContaminationOptions) -> R
                 max_disp_len: 0,
                 ..SearchOptions::default()
             };
-            let found = index.search_docs(span, search)?;
+            // A compressed index refuses a search it cannot visit whole: the span's count stands
+            // without its documents then.
+            let found = match index.search_docs_cnf(&[vec![span.to_vec()]], search) {
+                Err(IndexError::Unsupported(why)) => {
+                    tracing::warn!(
+                        item = doc.index,
+                        "{why}: the longest match's documents left out"
+                    );
+                    SearchResult {
+                        cnt: index.count(span)?,
+                        ..SearchResult::default()
+                    }
+                }
+                found => found?,
+            };
             let sources = found
                 .documents
                 .into_iter()

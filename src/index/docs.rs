@@ -58,7 +58,7 @@ pub struct Document {
     pub text: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SearchResult {
     /// The reference engine's `cnt`, a number of matches rather than documents: for a single n-gram
     /// its occurrences, for one clause the occurrences of all its n-grams. With several clauses, the

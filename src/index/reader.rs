@@ -74,8 +74,9 @@ impl Index {
         let n_shards = shard_count(dir);
         if n_shards == 0 && crate::index::fm::is_compressed(dir) {
             return Err(IndexError::Invalid(format!(
-                "{}: a compressed index (`index compress`): this reads suffix-array indexes; \
-                 `serve` and `index info` take it, or use the index it was compressed from",
+                "{}: a compressed index (`index compress`): this needs a suffix-array index; use \
+                 the index it was compressed from (the README's table of entry points says which \
+                 take either)",
                 dir.display()
             )));
         }

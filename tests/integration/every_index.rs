@@ -128,6 +128,29 @@ fn a_document(dir: &Path, sa: &Path, len: usize) -> Vec<u32> {
         .expect("a long enough document")
 }
 
+/// A benchmark of three items: two lifted from the indexed documents (contaminated), one not.
+fn bench_items(input: &Path) -> String {
+    let text = std::fs::read_to_string(input).unwrap();
+    let docs: Vec<Value> = text
+        .lines()
+        .take(40)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let lifted = |i: usize| {
+        let t = docs[i]["text"].as_str().unwrap();
+        t.chars().take(600).collect::<String>()
+    };
+    let items = [
+        lifted(5),
+        lifted(30),
+        "Purple giraffes compose sonnets about quantum marmalade every other Thursday.".into(),
+    ];
+    items
+        .iter()
+        .map(|t| json!({"text": t, "meta": {"pile_set_name": "bench"}}).to_string() + "\n")
+        .collect()
+}
+
 /// Where in `doc` a 6-gram starts that occurs more than once but rarely enough that a compressed
 /// index visits all its places (a broad one it refuses, below).
 fn a_rare_gram(dir: &Path, sa: &Path, doc: &[u32]) -> usize {
@@ -221,6 +244,46 @@ fn query_answers_over_every_kind_of_index() {
             }
             assert_answers_alike(op, got, want);
         }
+        // `eval contamination`: the same report, the folder it names aside; `eval backoff` needs
+        // the suffix array's ranges, and says so.
+        let bench = tmp.path().join("bench.jsonl");
+        std::fs::write(&bench, bench_items(&input)).unwrap();
+        let report = |index: &Path| -> Value {
+            let (index, bench) = (index.display().to_string(), bench.display().to_string());
+            let out = succeeds(&[
+                "eval",
+                "contamination",
+                "--index",
+                &index,
+                "--input",
+                &bench,
+                "--json",
+            ]);
+            let mut report: Value = serde_json::from_str(&out).unwrap();
+            report["index"] = Value::Null;
+            report
+        };
+        let want_report = report(&sa);
+        assert!(
+            want_report["summaries"][0]["contaminated"]
+                .as_u64()
+                .unwrap()
+                > 0,
+            "{want_report}"
+        );
+        assert_eq!(report(&fm), want_report, "{name}");
+        let refused = sidecar(&[
+            "eval",
+            "backoff",
+            "--index",
+            &fm.display().to_string(),
+            "--input",
+            &bench.display().to_string(),
+        ]);
+        assert!(!refused.status.success());
+        let said = String::from_utf8_lossy(&refused.stderr);
+        assert!(said.contains("this needs a suffix-array index"), "{said}");
+
         // The trace found spans from both documents; the broad search was subsampled.
         let spans = want[13]["spans"].as_array().unwrap();
         assert!(spans.len() >= 2, "{name}: {spans:?}");
