@@ -193,6 +193,17 @@ impl ShardAnswer<spb::CountRequest> for spb::CountAnswer {
     }
 }
 
+impl ShardAnswer<spb::SpanLengthsRequest> for spb::SpanLengthsAnswer {
+    fn validate(&self, ask: &spb::SpanLengthsRequest, _shard: &ShardIdentity) -> Result {
+        length("span lengths", self.lengths.len(), ask.ids.len())?;
+        // The span from start i ends within the text.
+        check(
+            (self.lengths.iter().enumerate()).all(|(i, &n)| i + n as usize <= ask.ids.len()),
+            "a span runs past the end of the text",
+        )
+    }
+}
+
 impl ShardAnswer<spb::ContinuationsRequest> for spb::ContinuationsAnswer {
     fn validate(&self, ask: &spb::ContinuationsRequest, shard: &ShardIdentity) -> Result {
         let prompt_len = ask.prompt.len();

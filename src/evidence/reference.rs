@@ -9,7 +9,7 @@ use crate::index::dense::TokenScore;
 use crate::index::fm::suffix::FmSuffixMatch;
 use crate::index::fm::CompressedIndex;
 use crate::index::query::InfgramNtdResult;
-use crate::index::suffix::SuffixMatch;
+use crate::index::suffix::{Occurrences, SuffixMatch};
 use crate::index::{Index, IndexError};
 use crate::mix::features::InfgramContext;
 use crate::mix::{MixError, NeuralDistribution};
@@ -161,34 +161,6 @@ fn followed_elsewhere() -> IndexError {
 }
 
 impl Followed {
-    fn local(&self) -> Result<&SuffixMatch, IndexError> {
-        match self {
-            Followed::Local(m) => Ok(m),
-            _ => Err(followed_elsewhere()),
-        }
-    }
-
-    fn local_mut(&mut self) -> Result<&mut SuffixMatch, IndexError> {
-        match self {
-            Followed::Local(m) => Ok(m),
-            _ => Err(followed_elsewhere()),
-        }
-    }
-
-    fn compressed(&self) -> Result<&FmSuffixMatch, IndexError> {
-        match self {
-            Followed::Compressed(m) => Ok(m),
-            _ => Err(followed_elsewhere()),
-        }
-    }
-
-    fn compressed_mut(&mut self) -> Result<&mut FmSuffixMatch, IndexError> {
-        match self {
-            Followed::Compressed(m) => Ok(m),
-            _ => Err(followed_elsewhere()),
-        }
-    }
-
     /// The shards' answer a router keeps.
     pub(crate) fn remote(&self) -> Result<&InfgramNtdResult, IndexError> {
         match self {
@@ -213,79 +185,93 @@ impl Followed {
     }
 }
 
-impl ReferenceData for Index {
-    fn vocab_size(&self) -> u64 {
-        Index::vocab_size(self)
-    }
-
-    fn check_ids(&self, ids: &[u32]) -> Result<(), IndexError> {
-        Index::check_ids(self, ids)
-    }
-
-    fn byte_index(&self) -> Option<&Index> {
-        self.is_byte_level().then_some(self)
-    }
-
-    fn infgram(&self, context: &[u32]) -> Result<InfgramNtdResult, IndexError> {
-        self.infgram_ntd(context, None)
-    }
-
-    fn context_after(
+/// An index in this process, of either kind: it follows a sequence with a [`SuffixMatch`] over its
+/// own matches, so one [`ReferenceData`] serves both (a compressed index's drafts' tokens after the
+/// first aside: `FmSuffixMatch::continuations` says why). Over bytes it gives no decoding steps: a
+/// byte-level index mixes through `ByteReference`, which reads suffix arrays.
+pub(crate) trait LocalReference: Corpus + Occurrences + Sized {
+    /// A followed sequence's match held as this kind's, and read back.
+    fn hold(m: SuffixMatch<Self::Matches>) -> Followed;
+    fn held(followed: &Followed) -> Option<&SuffixMatch<Self::Matches>>;
+    fn held_mut(followed: &mut Followed) -> Option<&mut SuffixMatch<Self::Matches>>;
+    /// The ∞-gram distribution after a followed match.
+    fn infgram_after(&self, m: &SuffixMatch<Self::Matches>)
+        -> Result<InfgramNtdResult, IndexError>;
+    /// What followed a followed match: up to `samples` occurrences, `depth` tokens each.
+    fn continue_after(
         &self,
-        context: &[u32],
-        infgram: &InfgramNtdResult,
-    ) -> Result<InfgramContext, MixError> {
-        InfgramContext::after(self, context, infgram)
-    }
-
-    fn document(&self, tokens: &[u32]) -> Result<(Vec<TokenScore>, Vec<InfgramContext>), MixError> {
-        let scores = self.score(tokens)?;
-        let contexts = InfgramContext::for_document(self, tokens, &scores)?;
-        Ok((scores, contexts))
-    }
-
-    fn follow(&self, seq: &[u32]) -> Result<Followed, IndexError> {
-        Ok(Followed::Local(SuffixMatch::of(self, seq)?))
-    }
-
-    fn advance(&self, followed: &mut Followed, seq: &[u32], from: usize) -> Result<(), IndexError> {
-        let m = followed.local_mut()?;
-        for end in from + 1..=seq.len() {
-            m.advance(self, &seq[..end]);
-        }
-        Ok(())
-    }
-
-    fn truncate(&self, followed: &mut Followed, seq: &[u32]) -> Result<(), IndexError> {
-        followed.local_mut()?.truncate(self, seq);
-        Ok(())
-    }
-
-    fn infgram_followed(&self, followed: &Followed) -> Result<InfgramNtdResult, IndexError> {
-        followed.local()?.infgram_ntd(self, None)
-    }
-
-    fn continuations(
-        &self,
-        followed: &Followed,
-        _seq: &[u32],
+        m: &SuffixMatch<Self::Matches>,
         samples: usize,
         depth: usize,
-    ) -> Result<Vec<Vec<u32>>, IndexError> {
-        Ok(followed.local()?.continuations(self, samples, depth))
+    ) -> Vec<Vec<u32>>;
+    /// The byte-level index to read through a model's tokens, if this is one (a suffix array).
+    fn as_byte_index(&self) -> Option<&Index> {
+        None
     }
 }
 
-/// A compressed index answers as the suffix-array index of the same text does (its drafts'
-/// tokens after the first aside: `FmSuffixMatch::continuations` says why). Over bytes it gives
-/// no decoding steps: a byte-level index mixes through `ByteReference`, which reads suffix arrays.
-impl ReferenceData for CompressedIndex {
+impl LocalReference for Index {
+    fn hold(m: SuffixMatch) -> Followed {
+        Followed::Local(m)
+    }
+    fn held(followed: &Followed) -> Option<&SuffixMatch> {
+        match followed {
+            Followed::Local(m) => Some(m),
+            _ => None,
+        }
+    }
+    fn held_mut(followed: &mut Followed) -> Option<&mut SuffixMatch> {
+        match followed {
+            Followed::Local(m) => Some(m),
+            _ => None,
+        }
+    }
+    fn infgram_after(&self, m: &SuffixMatch) -> Result<InfgramNtdResult, IndexError> {
+        m.infgram_ntd(self, None)
+    }
+    fn continue_after(&self, m: &SuffixMatch, samples: usize, depth: usize) -> Vec<Vec<u32>> {
+        m.continuations(self, samples, depth)
+    }
+    fn as_byte_index(&self) -> Option<&Index> {
+        self.is_byte_level().then_some(self)
+    }
+}
+
+impl LocalReference for CompressedIndex {
+    fn hold(m: FmSuffixMatch) -> Followed {
+        Followed::Compressed(m)
+    }
+    fn held(followed: &Followed) -> Option<&FmSuffixMatch> {
+        match followed {
+            Followed::Compressed(m) => Some(m),
+            _ => None,
+        }
+    }
+    fn held_mut(followed: &mut Followed) -> Option<&mut FmSuffixMatch> {
+        match followed {
+            Followed::Compressed(m) => Some(m),
+            _ => None,
+        }
+    }
+    fn infgram_after(&self, m: &FmSuffixMatch) -> Result<InfgramNtdResult, IndexError> {
+        Ok(m.infgram_ntd(self, None))
+    }
+    fn continue_after(&self, m: &FmSuffixMatch, samples: usize, depth: usize) -> Vec<Vec<u32>> {
+        m.continuations(self, samples, depth)
+    }
+}
+
+impl<T: LocalReference> ReferenceData for T {
     fn vocab_size(&self) -> u64 {
-        CompressedIndex::vocab_size(self)
+        Corpus::vocab_size(self)
     }
 
     fn check_ids(&self, ids: &[u32]) -> Result<(), IndexError> {
-        CompressedIndex::check_ids(self, ids)
+        Corpus::check_ids(self, ids)
+    }
+
+    fn byte_index(&self) -> Option<&Index> {
+        self.as_byte_index()
     }
 
     fn over_bytes(&self) -> bool {
@@ -311,11 +297,11 @@ impl ReferenceData for CompressedIndex {
     }
 
     fn follow(&self, seq: &[u32]) -> Result<Followed, IndexError> {
-        Ok(Followed::Compressed(FmSuffixMatch::of(self, seq)?))
+        Ok(T::hold(SuffixMatch::of(self, seq)?))
     }
 
     fn advance(&self, followed: &mut Followed, seq: &[u32], from: usize) -> Result<(), IndexError> {
-        let m = followed.compressed_mut()?;
+        let m = T::held_mut(followed).ok_or_else(followed_elsewhere)?;
         for end in from + 1..=seq.len() {
             m.advance(self, &seq[..end]);
         }
@@ -323,12 +309,14 @@ impl ReferenceData for CompressedIndex {
     }
 
     fn truncate(&self, followed: &mut Followed, seq: &[u32]) -> Result<(), IndexError> {
-        followed.compressed_mut()?.truncate(self, seq);
+        T::held_mut(followed)
+            .ok_or_else(followed_elsewhere)?
+            .truncate(self, seq);
         Ok(())
     }
 
     fn infgram_followed(&self, followed: &Followed) -> Result<InfgramNtdResult, IndexError> {
-        Ok(followed.compressed()?.infgram_ntd(self, None))
+        self.infgram_after(T::held(followed).ok_or_else(followed_elsewhere)?)
     }
 
     fn continuations(
@@ -338,6 +326,7 @@ impl ReferenceData for CompressedIndex {
         samples: usize,
         depth: usize,
     ) -> Result<Vec<Vec<u32>>, IndexError> {
-        Ok(followed.compressed()?.continuations(self, samples, depth))
+        let m = T::held(followed).ok_or_else(followed_elsewhere)?;
+        Ok(self.continue_after(m, samples, depth))
     }
 }

@@ -1,5 +1,8 @@
 //! The infini-gram engine: suffix-array indexes over tokenized text, built in shards, served from
-//! memory maps, answering n-gram and ∞-gram queries (paper §2, §3, App. A).
+//! memory maps, answering n-gram and ∞-gram queries (paper §2, §3, App. A). By side: the files
+//! (`format`, `ranks`), the suffix-array read side (`reader`, `shard`, `query`, `suffix`, ...), the
+//! compressed side (`fm`), the build side (`build`, `sa`, `split`, `next_table_build`, `decontam`)
+//! and what is built on any index (`corpus`, `trace`, `docs`, `dense`, `hints`, `backoff`).
 
 pub mod backoff;
 pub mod build;

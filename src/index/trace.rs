@@ -63,47 +63,14 @@ pub(crate) fn trace<I>(index: &I, ids: &[u32], opts: TraceOptions) -> Result<Vec
 where
     I: Occurrences + DocumentIndex + Sync,
 {
-    if ids.len() > MAX_TRACE_TOKENS {
-        return Err(IndexError::Invalid(format!(
-            "a trace takes at most {MAX_TRACE_TOKENS} tokens, not {}",
-            ids.len()
-        )));
-    }
-    index.check_query(ids)?;
-    // Chunks of starts in parallel; within one, e(i) ≥ e(i − 1) lets each search start from
-    // what the last one found, so a chunk costs O(its length) searches, not O(length × span).
+    let lengths = span_lengths(index, ids)?;
+    let spans: Vec<(usize, usize, u64)> =
+        maximal_spans(lengths.iter().map(|&(len, _)| len), opts.min_len)
+            .into_iter()
+            .map(|(start, end)| (start, end, lengths[start].1))
+            .collect();
+    check_shown(&spans.iter().map(|s| s.2).collect::<Vec<_>>(), opts)?;
     let signal = crate::interrupt::current();
-    let chunk = ids.len().div_ceil(rayon::current_num_threads()).max(32);
-    let starts: Vec<usize> = (0..ids.len()).step_by(chunk).collect();
-    let ends: Vec<(usize, u64)> = starts
-        .par_iter()
-        .map(|&from| {
-            let to = (from + chunk).min(ids.len());
-            crate::interrupt::run_under(signal.as_ref(), || longest_spans(index, ids, from..to))
-        })
-        .collect::<Result<Vec<_>>>()?
-        .concat();
-    let mut spans = Vec::new();
-    let mut prev_end = 0;
-    for (start, &(len, count)) in ends.iter().enumerate() {
-        let end = start + len;
-        if end > prev_end && len >= opts.min_len.max(1) {
-            spans.push((start, end, count));
-        }
-        prev_end = prev_end.max(end);
-    }
-    let shown: u64 = spans
-        .iter()
-        .map(|&(_, _, count)| count.min(opts.max_documents as u64))
-        .sum::<u64>()
-        .saturating_mul(opts.max_disp_len as u64);
-    if shown > opts.max_shown_tokens {
-        return Err(IndexError::Invalid(format!(
-                "the {} spans' documents would show {shown} tokens, more than {}: ask for fewer or shorter documents, or longer spans",
-                spans.len(),
-                opts.max_shown_tokens
-            )));
-    }
     let search = SearchOptions {
         maxnum: opts.max_documents,
         max_disp_len: opts.max_disp_len,
@@ -128,6 +95,68 @@ where
             })
         })
         .collect()
+}
+
+/// For every start of `ids`, the length of the longest span from it that occurs in `index`, and
+/// its count. A router takes each start's longest over its shards: a span occurs in the shards
+/// together exactly when it occurs in one of them.
+pub fn span_lengths<I>(index: &I, ids: &[u32]) -> Result<Vec<(usize, u64)>>
+where
+    I: Occurrences + Sync + ?Sized,
+{
+    if ids.len() > MAX_TRACE_TOKENS {
+        return Err(IndexError::Invalid(format!(
+            "a trace takes at most {MAX_TRACE_TOKENS} tokens, not {}",
+            ids.len()
+        )));
+    }
+    index.check_query(ids)?;
+    // Chunks of starts in parallel; within one, e(i) ≥ e(i − 1) lets each search start from
+    // what the last one found, so a chunk costs O(its length) searches, not O(length × span).
+    let signal = crate::interrupt::current();
+    let chunk = ids.len().div_ceil(rayon::current_num_threads()).max(32);
+    let starts: Vec<usize> = (0..ids.len()).step_by(chunk).collect();
+    Ok(starts
+        .par_iter()
+        .map(|&from| {
+            let to = (from + chunk).min(ids.len());
+            crate::interrupt::run_under(signal.as_ref(), || longest_spans(index, ids, from..to))
+        })
+        .collect::<Result<Vec<_>>>()?
+        .concat())
+}
+
+/// The maximal spans `(start, end)` of at least `min_len` tokens, from each start's longest span
+/// (module notes).
+pub fn maximal_spans(lengths: impl Iterator<Item = usize>, min_len: usize) -> Vec<(usize, usize)> {
+    let mut spans = Vec::new();
+    let mut prev_end = 0;
+    for (start, len) in lengths.enumerate() {
+        let end = start + len;
+        if end > prev_end && len >= min_len.max(1) {
+            spans.push((start, end));
+        }
+        prev_end = prev_end.max(end);
+    }
+    spans
+}
+
+/// Refuses spans of these counts whose documents would show more than `opts.max_shown_tokens`,
+/// before any document is read.
+pub fn check_shown(counts: &[u64], opts: TraceOptions) -> Result<()> {
+    let shown: u64 = counts
+        .iter()
+        .map(|&count| count.min(opts.max_documents as u64))
+        .sum::<u64>()
+        .saturating_mul(opts.max_disp_len as u64);
+    if shown > opts.max_shown_tokens {
+        return Err(IndexError::Invalid(format!(
+            "the {} spans' documents would show {shown} tokens, more than {}: ask for fewer or shorter documents, or longer spans",
+            counts.len(),
+            opts.max_shown_tokens
+        )));
+    }
+    Ok(())
 }
 
 /// For each start in `starts`, the length of the longest span of `ids` from it that occurs,

@@ -6,33 +6,24 @@
 use serde::{Deserialize, Serialize};
 
 use super::MixError;
+use crate::index::corpus::Corpus;
 use crate::index::dense::TokenScore;
-use crate::index::fm::CompressedIndex;
 use crate::index::query::{InfgramNtdResult, NtdResult};
-use crate::index::{Index, IndexError};
+use crate::index::IndexError;
 
 /// What the gate's view of a context reads of an index: counts, and the distribution after a
-/// suffix sampled to at most `max_support` matches. Both kinds of index answer them alike.
+/// suffix sampled to at most `max_support` matches. Every [`Corpus`] answers it.
 pub trait ContextCounts {
     fn count(&self, ids: &[u32]) -> Result<u64, IndexError>;
     fn ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult, IndexError>;
 }
 
-impl ContextCounts for Index {
+impl<C: Corpus + ?Sized> ContextCounts for C {
     fn count(&self, ids: &[u32]) -> Result<u64, IndexError> {
-        Index::count(self, ids)
+        Corpus::count(self, ids)
     }
     fn ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult, IndexError> {
-        Index::ntd(self, prompt, max_support)
-    }
-}
-
-impl ContextCounts for CompressedIndex {
-    fn count(&self, ids: &[u32]) -> Result<u64, IndexError> {
-        CompressedIndex::count(self, ids)
-    }
-    fn ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult, IndexError> {
-        CompressedIndex::ntd(self, prompt, max_support)
+        Corpus::ntd(self, prompt, max_support)
     }
 }
 
@@ -91,7 +82,7 @@ pub struct NeuralContext {
 impl InfgramContext {
     /// The context of the token scored by `score`, whose preceding tokens are `prefix`.
     pub fn new(
-        index: &impl ContextCounts,
+        index: &(impl ContextCounts + ?Sized),
         prefix: &[u32],
         score: &TokenScore,
     ) -> Result<Self, MixError> {
@@ -102,7 +93,7 @@ impl InfgramContext {
 
     /// The context from the matched suffix's sampled `support`, counting the shorter suffixes.
     fn counted(
-        index: &impl ContextCounts,
+        index: &(impl ContextCounts + ?Sized),
         prefix: &[u32],
         score: &TokenScore,
         support: &NtdResult,
@@ -149,7 +140,7 @@ impl InfgramContext {
     /// decoding step: the next token is not known yet). An exact distribution of at most
     /// [`SUPPORT_SAMPLES`] matches is the sample itself, so the search is not repeated.
     pub fn after(
-        index: &impl ContextCounts,
+        index: &(impl ContextCounts + ?Sized),
         prefix: &[u32],
         infgram: &InfgramNtdResult,
     ) -> Result<Self, MixError> {
@@ -162,7 +153,7 @@ impl InfgramContext {
 
     /// Contexts of every position of a document, from its dense scores.
     pub fn for_document(
-        index: &impl ContextCounts,
+        index: &(impl ContextCounts + ?Sized),
         tokens: &[u32],
         scores: &[TokenScore],
     ) -> Result<Vec<Self>, MixError> {

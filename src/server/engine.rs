@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use rayon::prelude::*;
 use tonic::Status;
 
+use super::checks::check_text;
 use super::config::Limits;
 use super::{check_len, check_max_support, index_status, pb, State};
 use crate::index::backoff::{Backoff, Weighting};
@@ -14,6 +15,7 @@ use crate::index::hints::HintOptions;
 use crate::index::trace::TraceOptions;
 use crate::mix::MixingParams;
 use crate::model::Model;
+use crate::tokenizer::Tokenizer;
 
 pub(super) fn info(s: &State) -> Result<pb::InfoResponse, Status> {
     let corpus = s.corpus()?;
@@ -313,6 +315,30 @@ pub(super) fn generate(s: &State, r: pb::GenerateRequest) -> Result<pb::Generate
 }
 
 pub(super) fn trace(s: &State, r: pb::TraceRequest) -> Result<pb::TraceResponse, Status> {
+    let (ids, opts) = trace_request(&s.limits, &s.tokenizer, r)?;
+    let spans = s.corpus()?.trace(&ids, opts).map_err(index_status)?;
+    let spans = spans
+        .into_iter()
+        .map(|span| {
+            let documents = span.documents.into_iter().map(document).collect();
+            trace_span(
+                &s.tokenizer,
+                &ids,
+                (span.start, span.end, span.count),
+                documents,
+            )
+        })
+        .collect();
+    Ok(pb::TraceResponse { spans, ids })
+}
+
+/// A `Trace` request's ids (its text in `tokenizer`'s tokens) and options, checked against the
+/// limits before any work.
+pub(super) fn trace_request(
+    limits: &Limits,
+    tokenizer: &Tokenizer,
+    r: pb::TraceRequest,
+) -> Result<(Vec<u32>, TraceOptions), Status> {
     let ids = match (r.ids.is_empty(), r.text.is_empty()) {
         (false, false) => {
             return Err(Status::invalid_argument(
@@ -320,46 +346,46 @@ pub(super) fn trace(s: &State, r: pb::TraceRequest) -> Result<pb::TraceResponse,
             ))
         }
         (true, false) => {
-            s.check_text("the traced text", &r.text)?;
-            s.tokenizer
+            check_text(limits, "the traced text", &r.text)?;
+            tokenizer
                 .encode(&r.text)
                 .map_err(|e| Status::invalid_argument(format!("tokenizing the text: {e}")))?
         }
         _ => r.ids,
     };
-    check_len(&s.limits, "the traced sequence", ids.len())?;
+    check_len(limits, "the traced sequence", ids.len())?;
     let defaults = TraceOptions::default();
     let or_default = |v: u32, d: usize| if v == 0 { d } else { v as usize };
     let opts = TraceOptions {
         min_len: or_default(r.min_len, defaults.min_len),
         max_documents: or_default(r.maxnum, defaults.max_documents),
         max_disp_len: or_default(r.max_disp_len, defaults.max_disp_len),
-        max_shown_tokens: s.limits.max_message_bytes as u64 / BYTES_PER_SHOWN_TOKEN,
+        max_shown_tokens: limits.max_message_bytes as u64 / BYTES_PER_SHOWN_TOKEN,
     };
-    if opts.max_documents > s.limits.max_top_k {
+    if opts.max_documents > limits.max_top_k {
         return Err(Status::invalid_argument(format!(
             "maxnum must be at most {}",
-            s.limits.max_top_k
+            limits.max_top_k
         )));
     }
-    check_answer_size(&s.limits, opts.max_documents, opts.max_disp_len)?;
-    let spans = s.corpus()?.trace(&ids, opts).map_err(index_status)?;
-    Ok(pb::TraceResponse {
-        spans: spans
-            .into_iter()
-            .map(|span| pb::TraceSpan {
-                start: span.start as u32,
-                end: span.end as u32,
-                count: span.count,
-                text: s
-                    .tokenizer
-                    .decode(&ids[span.start..span.end])
-                    .unwrap_or_default(),
-                documents: span.documents.into_iter().map(document).collect(),
-            })
-            .collect(),
-        ids,
-    })
+    check_answer_size(limits, opts.max_documents, opts.max_disp_len)?;
+    Ok((ids, opts))
+}
+
+/// One span `(start, end, count)` of `ids` in an answer, with its text and documents.
+pub(super) fn trace_span(
+    tokenizer: &Tokenizer,
+    ids: &[u32],
+    (start, end, count): (usize, usize, u64),
+    documents: Vec<pb::Document>,
+) -> pb::TraceSpan {
+    pb::TraceSpan {
+        start: start as u32,
+        end: end as u32,
+        count,
+        text: tokenizer.decode(&ids[start..end]).unwrap_or_default(),
+        documents,
+    }
 }
 
 /// Most bytes an answer spends on a hinted position beyond its tokens: its suffix length, count

@@ -41,10 +41,12 @@ const METHODS: &[&str] = &[
     "Batch",
     "Generate",
     "Trace",
+    "Hints",
     // sidecar.shard.v1, on shard servers.
     "Describe",
     "Continuations",
     "ScoreTokens",
+    "SpanLengths",
 ];
 
 fn method_of(path: &str) -> &'static str {

@@ -13,6 +13,7 @@ use super::{check_max_support, deadline_of, index_status, live_status, SidecarSe
 use crate::index::docs::SearchOptions;
 use crate::index::partial::LocalSample;
 use crate::index::query::Spread;
+use crate::index::trace;
 use crate::index::Index;
 use crate::live::namespace::check_name;
 use crate::live::{Appended, LiveStore, Piece};
@@ -355,6 +356,22 @@ impl spb::shard_server::Shard for SidecarService {
         let deadline = deadline_of(&request);
         let r = request.into_inner();
         self.run(deadline, move |s| search(s, r)).await
+    }
+
+    async fn span_lengths(
+        &self,
+        request: Request<spb::SpanLengthsRequest>,
+    ) -> Result<Response<spb::SpanLengthsAnswer>, Status> {
+        let deadline = deadline_of(&request);
+        let r = request.into_inner();
+        self.run(deadline, move |s| {
+            s.check_len("the traced sequence", r.ids.len())?;
+            let lengths = trace::span_lengths(s.index()?, &r.ids).map_err(index_status)?;
+            Ok(spb::SpanLengthsAnswer {
+                lengths: lengths.into_iter().map(|(len, _)| len as u32).collect(),
+            })
+        })
+        .await
     }
 
     async fn live_append(

@@ -49,6 +49,8 @@ enum Mode {
     OovDraft,
     /// Documents numbered 2^64 − 1 with their needle at 2^63.
     SearchBad,
+    /// Spans that run past the end of the traced text.
+    SpanPastEnd,
 }
 
 const BIG: u32 = 4_000_000_000;
@@ -183,6 +185,18 @@ impl Shard for Corrupting {
         })
     }
 
+    async fn span_lengths(
+        &self,
+        r: Request<spb::SpanLengthsRequest>,
+    ) -> Result<Response<spb::SpanLengthsAnswer>, Status> {
+        let answer = self.upstream.clone().span_lengths(r.into_inner()).await;
+        self.serve(answer, |mode, a| {
+            if mode == Mode::SpanPastEnd {
+                a.lengths.fill(BIG);
+            }
+        })
+    }
+
     async fn live_append(
         &self,
         r: Request<spb::LiveAppendRequest>,
@@ -209,21 +223,31 @@ enum Call {
     Mix,
     Draft,
     Search,
+    Trace,
 }
 
-const CALLS: [Call; 5] = [Call::Count, Call::Ntd, Call::Mix, Call::Draft, Call::Search];
+const CALLS: [Call; 6] = [
+    Call::Count,
+    Call::Ntd,
+    Call::Mix,
+    Call::Draft,
+    Call::Search,
+    Call::Trace,
+];
 
 /// The calls each mode corrupts an answer of.
 fn corrupted_calls(mode: Mode) -> &'static [Call] {
     match mode {
         Mode::Honest => &[],
-        // A search counts its n-grams first.
-        Mode::CountMax | Mode::CountShort => &[Call::Count, Call::Search],
+        // A search counts its n-grams first, and a trace its spans.
+        Mode::CountMax | Mode::CountShort => &[Call::Count, Call::Search, Call::Trace],
         Mode::OovDist | Mode::OovSingle | Mode::ZeroCnt | Mode::HugeLen | Mode::CntMax => {
             &[Call::Ntd, Call::Mix, Call::Draft]
         }
         Mode::OovDraft => &[Call::Draft],
-        Mode::SearchBad => &[Call::Search],
+        // A trace finds its spans' documents by a search.
+        Mode::SearchBad => &[Call::Search, Call::Trace],
+        Mode::SpanPastEnd => &[Call::Trace],
     }
 }
 
@@ -234,6 +258,7 @@ enum Answer {
     Mix(pb::MixResponse),
     Draft(pb::DraftResponse),
     Search(pb::SearchDocumentsResponse),
+    Trace(pb::TraceResponse),
 }
 
 async fn call(
@@ -306,6 +331,18 @@ async fn call(
                     maxnum: 2,
                     max_disp_len: 40,
                     allow_partial,
+                    ..Default::default()
+                })
+                .await?
+                .into_inner(),
+        ),
+        Call::Trace => Answer::Trace(
+            client
+                .trace(pb::TraceRequest {
+                    ids: context.to_vec(),
+                    min_len: 4,
+                    maxnum: 1,
+                    max_disp_len: 8,
                     ..Default::default()
                 })
                 .await?
@@ -476,6 +513,7 @@ async fn a_replica_that_answers_nonsense_is_down_and_never_relayed() {
         Mode::CntMax,
         Mode::OovDraft,
         Mode::SearchBad,
+        Mode::SpanPastEnd,
     ];
 
     // With an honest replica beside it, every answer is the oracle's. Each (mode, call) gets a

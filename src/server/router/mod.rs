@@ -16,7 +16,9 @@ use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::config::{Limits, ServeConfig};
-use super::engine::{neural_info, search_request, search_response, token_probs};
+use super::engine::{
+    neural_info, search_request, search_response, token_probs, trace_request, trace_span,
+};
 use super::metrics::Metrics;
 use super::pb::sidecar_server::Sidecar;
 use super::{
@@ -28,6 +30,7 @@ use crate::cluster::wire::{continuations_of, search_of};
 use crate::cpu::CpuInfo;
 use crate::index::docs::{self, PartialSearch};
 use crate::index::partial::PartialContinuations;
+use crate::index::trace;
 pub(crate) use shards::ShardSet;
 use shards::{Answered, Members};
 
@@ -274,6 +277,65 @@ impl RouterService {
         }
         Ok(search_response(found, partial_of(missing)))
     }
+
+    /// Maximal matching spans over every shard: each start's longest span is the longest of the
+    /// shards' (a span occurs in them together exactly when it occurs in one), its count the
+    /// shards' sum, its documents the merged search's. Every shard must answer: a span's
+    /// maximality depends on all of them.
+    async fn trace(
+        &self,
+        members: &Members,
+        deadline: Option<Instant>,
+        r: pb::TraceRequest,
+    ) -> Result<pb::TraceResponse, Status> {
+        let (ids, opts) = trace_request(&self.limits, &members.tokenizer, r)?;
+        if ids.len() > trace::MAX_TRACE_TOKENS {
+            return Err(Status::invalid_argument(format!(
+                "a trace takes at most {} tokens, not {}",
+                trace::MAX_TRACE_TOKENS,
+                ids.len()
+            )));
+        }
+        let ask = spb::SpanLengthsRequest { ids: ids.clone() };
+        let fanned = self
+            .shards
+            .fan_out(members, deadline, &ask, |mut c, r| async move {
+                c.span_lengths(r).await
+            })
+            .await?;
+        let mut longest = vec![0usize; ids.len()];
+        for (_, answer) in fanned.complete(false)?.parts {
+            for (l, &n) in longest.iter_mut().zip(&answer.lengths) {
+                *l = (*l).max(n as usize);
+            }
+        }
+        let spans = trace::maximal_spans(longest.into_iter(), opts.min_len);
+        let grams: Vec<Vec<u32>> = spans.iter().map(|&(a, b)| ids[a..b].to_vec()).collect();
+        let counted = self.counts(members, deadline, grams.clone(), false).await?;
+        let counts = sum_counts(&counted.parts, grams.len(), |_| true).map_err(unmergeable)?;
+        trace::check_shown(&counts, opts).map_err(super::index_status)?;
+        let searches = grams.into_iter().map(|gram| async move {
+            if opts.max_documents == 0 {
+                return Ok(Vec::new());
+            }
+            let search = pb::SearchDocumentsRequest {
+                cnf: vec![pb::Clause {
+                    ngrams: vec![pb::NGram { ids: gram }],
+                }],
+                maxnum: opts.max_documents as u32,
+                max_disp_len: opts.max_disp_len as u32,
+                ..Default::default()
+            };
+            Ok::<_, Status>(self.search(members, deadline, search).await?.documents)
+        });
+        let documents = futures_util::future::try_join_all(searches).await?;
+        let spans = (spans.into_iter().zip(counts).zip(documents))
+            .map(|(((start, end), count), documents)| {
+                trace_span(&members.tokenizer, &ids, (start, end, count), documents)
+            })
+            .collect();
+        Ok(pb::TraceResponse { spans, ids })
+    }
 }
 
 /// Each of `n` n-grams' count summed over the shards `keep` keeps (each part: shard, counts).
@@ -435,9 +497,13 @@ impl Sidecar for RouterService {
 
     async fn trace(
         &self,
-        _request: Request<pb::TraceRequest>,
+        request: Request<pb::TraceRequest>,
     ) -> Result<Response<pb::TraceResponse>, Status> {
-        Err(single_index_only("Trace"))
+        let deadline = deadline_of(&request);
+        let (m, _permit) = self.begin()?;
+        self.trace(&m, deadline, request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn hints(
