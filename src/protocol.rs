@@ -193,7 +193,7 @@ fn answer_query(index: &dyn Corpus, q: &Map<String, Value>) -> Result<String, St
                 },
             };
             let ids = ids_or_text(index, q)?;
-            let (hints, cost) = index.hints(&ids, &opts).map_err(e)?;
+            let (hints, cost) = index.suffix_array("training hints").and_then(|i| i.hints(&ids, &opts)).map_err(e)?;
             to_text(json!({"tokens": ids.len(), "hints": hints, "cost": cost}))
         }
         other => Err(format!("unknown op {other:?} (count, prob, ntd, infgram_prob, infgram_ntd, find, search_docs, get_doc, score, trace, hints)")),

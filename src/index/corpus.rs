@@ -7,11 +7,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::index::backoff::{Backoff, BackoffGeneration};
 use crate::index::dense::TokenScore;
 use crate::index::docs::{Document, SearchOptions, SearchResult};
 use crate::index::fm::CompressedIndex;
-use crate::index::hints::{Hint, HintCost, HintOptions};
 use crate::index::query::{FindResult, InfgramNtdResult, InfgramProbResult, NtdResult, ProbResult};
 use crate::index::trace::{self, TraceOptions, TraceSpan};
 use crate::index::{Index, IndexError, OpenOptions, Result, TokenWidth};
@@ -59,38 +57,22 @@ pub trait Corpus: Send + Sync {
         self.tokenizer().is_some_and(Tokenizer::is_utf8_bytes)
     }
 
-    /// Training hints ([`crate::index::hints`]): they sample occurrences in the suffix array's
-    /// rank order, which only a suffix array keeps.
-    fn hints(&self, _seq: &[u32], _opts: &HintOptions) -> Result<(Vec<Hint>, HintCost)> {
-        Err(needs_suffix_array(self, "training hints"))
-    }
-
-    /// The ∞-gram's own generation with selective back-off ([`crate::index::backoff`]): its
-    /// levels are kept as suffix-array ranges.
-    fn backoff_generate(
-        &self,
-        _prompt: &[u32],
-        _spec: &Backoff,
-        _max_new: usize,
-        _temperature: f64,
-        _seed: u64,
-    ) -> Result<BackoffGeneration> {
-        Err(needs_suffix_array(self, "back-off generation"))
+    /// The suffix-array index itself, for what only it answers: training hints
+    /// ([`crate::index::hints`]) sample occurrences in its rank order, and back-off generation
+    /// ([`crate::index::backoff`]) keeps its levels as its ranges. Another kind refuses, naming
+    /// `what` was asked and the index to use instead.
+    fn suffix_array(&self, what: &str) -> Result<&Index> {
+        Err(IndexError::Unsupported(format!(
+            "{what} needs a suffix-array index, and {} is a compressed one: use the index it \
+             was compressed from",
+            self.dir().display()
+        )))
     }
 
     /// Touches every page, so the first queries are not slower than the rest; the bytes read.
     fn warm_up(&self) -> u64 {
         0
     }
-}
-
-/// The refusal of what only a suffix array answers, naming the index to use instead.
-fn needs_suffix_array(corpus: &(impl Corpus + ?Sized), what: &str) -> IndexError {
-    IndexError::Unsupported(format!(
-        "{what} needs a suffix-array index, and {} is a compressed one: use the index it was \
-         compressed from",
-        corpus.dir().display()
-    ))
 }
 
 /// Forwards the answers every kind gives natively to the kind's own methods.
@@ -170,18 +152,8 @@ impl Corpus for Index {
     fn is_byte_level(&self) -> bool {
         Index::is_byte_level(self)
     }
-    fn hints(&self, seq: &[u32], opts: &HintOptions) -> Result<(Vec<Hint>, HintCost)> {
-        Index::hints(self, seq, opts)
-    }
-    fn backoff_generate(
-        &self,
-        prompt: &[u32],
-        spec: &Backoff,
-        max_new: usize,
-        temperature: f64,
-        seed: u64,
-    ) -> Result<BackoffGeneration> {
-        Index::backoff_generate(self, prompt, spec, max_new, temperature, seed)
+    fn suffix_array(&self, _what: &str) -> Result<&Index> {
+        Ok(self)
     }
     fn warm_up(&self) -> u64 {
         Index::warm_up(self)

@@ -287,6 +287,8 @@ pub(super) fn generate(s: &State, r: pb::GenerateRequest) -> Result<pb::Generate
     };
     let made = s
         .corpus()?
+        .suffix_array("back-off generation")
+        .map_err(index_status)?
         .backoff_generate(
             &r.prompt,
             &spec,
@@ -417,7 +419,10 @@ pub(super) fn hints(s: &State, r: pb::HintsRequest) -> Result<pb::HintsResponse,
             opts.samples, s.limits.max_message_bytes
         )));
     }
-    let index = s.corpus()?;
+    let index = s
+        .corpus()?
+        .suffix_array("training hints")
+        .map_err(index_status)?;
     let signal = crate::interrupt::current();
     let hinted = r
         .sequences
