@@ -22,6 +22,9 @@
 //!   those of shards 0..k, so with a build split by `--shard K/N` (contiguous runs of the input)
 //!   every document keeps its number in a single index over the same input. Searches take two
 //!   round trips: the counts of every clause decide the strides a single index would use.
+//! - **Maximal spans** (`Trace`): the longest span from a start that occurs in the corpus is the
+//!   longest any shard holds, for the same reason as the ∞-gram; each shard sends its lengths
+//!   (`SpanLengths`), then the spans' counts add up and their documents come from the search.
 //! - **The gate's features** of a position are its ∞-gram match (merged as above), counts of its
 //!   last k tokens (they add up; a shard sends those up to its own match, longer ones do not occur
 //!   in it) and a subsample of what followed the match (each shard sends its suffix arrays' fine
