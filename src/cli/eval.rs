@@ -19,7 +19,7 @@ use infini_sidecar::eval::per_token::write_per_token;
 use infini_sidecar::eval::report as eval_report;
 use infini_sidecar::eval::spec::{self as eval_spec, SpecEvalOptions};
 use infini_sidecar::eval::workload;
-use infini_sidecar::evidence::byte_reference;
+use infini_sidecar::evidence::{byte_reference, EvidenceIndex};
 use infini_sidecar::index::backoff::{Backoff, Weighting};
 use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::decontam;
@@ -220,8 +220,14 @@ fn open_pairing(args: &PairingArgs) -> Result<(Model, Index)> {
     Ok((model, index))
 }
 
-fn eval_setup(args: &EvalArgs) -> Result<(Model, Index, EvalInputs)> {
-    let (model, index) = open_pairing(&args.pairing)?;
+/// `eval fit` and `eval ppl` read an index of either kind.
+fn eval_setup(args: &EvalArgs) -> Result<(Model, Box<dyn EvidenceIndex>, EvalInputs)> {
+    let model = load_model(&args.pairing.model)?;
+    let path = &args.pairing.index;
+    let index: Box<dyn EvidenceIndex> = match fm::is_compressed(path) {
+        true => Box::new(CompressedIndex::open(path)?),
+        false => Box::new(Index::open(path, &OpenOptions::default())?),
+    };
     let inputs = EvalInputs {
         inputs: args.pairing.inputs.clone(),
         max_tokens_per_domain: args.max_tokens,
@@ -244,7 +250,7 @@ fn run_fit(args: FitArgs) -> Result<()> {
         min_samples_leaf: args.gate_min_samples_leaf,
         ..GateOptions::default()
     });
-    let params = experiment::fit(&Pairing::new(&model, &index)?, &inputs, gate)?;
+    let params = experiment::fit(&Pairing::new(&model, &*index)?, &inputs, gate)?;
     params.save(&args.out)?;
     let summary = FitSummary::new(&args.out, &params)?;
     args.format.print(&summary, || {
@@ -255,7 +261,7 @@ fn run_fit(args: FitArgs) -> Result<()> {
 fn run_ppl(args: PplArgs) -> Result<()> {
     let (model, index, inputs) = eval_setup(&args.eval)?;
     let params = MixingParams::load(&args.mixing)?;
-    let (report, domains) = experiment::ppl(&Pairing::new(&model, &index)?, &inputs, &params)?;
+    let (report, domains) = experiment::ppl(&Pairing::new(&model, &*index)?, &inputs, &params)?;
     let mut written = Vec::new();
     if let Some(path) = &args.per_token {
         write_per_token(

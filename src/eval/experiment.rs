@@ -10,7 +10,7 @@ use super::documents::{load_documents, TokenBudget};
 use super::records::{Collector, DomainRecords};
 use super::report::{build_report, PplReport};
 use super::{EvalError, Result};
-use crate::index::Index;
+use crate::evidence::EvidenceIndex;
 use crate::mix::fit::{fit_gate, fit_split, perplexity, split_lambdas, ScoredToken};
 use crate::mix::params::{FitRecord, DEFAULT_DECODE_MAX_MATCH};
 use crate::mix::{DomainLambdas, GateOptions, LambdaRule, MixingParams};
@@ -23,20 +23,27 @@ pub const MIN_DOMAIN_TOKENS: usize = 500;
 /// model's tokenizer when scoring, see `evidence::bytes`).
 pub struct Pairing<'a> {
     pub model: &'a Model,
-    pub index: &'a Index,
+    pub index: &'a dyn EvidenceIndex,
 }
 
 impl<'a> Pairing<'a> {
-    pub fn new(model: &'a Model, index: &'a Index) -> Result<Self> {
-        if index.is_byte_level() {
-            return Ok(Self { model, index });
+    /// A model and an index of either kind; over bytes, a suffix-array index: a model's tokens
+    /// follow a byte-level index by reading its suffix arrays.
+    pub fn new(model: &'a Model, index: &'a dyn EvidenceIndex) -> Result<Self> {
+        match (index.is_byte_level(), index.byte_index()) {
+            (true, Some(_)) => Ok(Self { model, index }),
+            (true, None) => Err(EvalError::Invalid(format!(
+                "{} is a compressed byte-level index: a model's tokens follow a byte-level index \
+                 by reading its suffix arrays; use the index it was compressed from",
+                index.dir().display()
+            ))),
+            (false, _) => Self::same_tokenizer(model, index),
         }
-        Self::same_tokenizer(model, index)
     }
 
     /// A pairing for the decoding jobs that read token answers of the index (generation, workload
     /// replays): refuses a byte-level index.
-    pub fn same_tokenizer(model: &'a Model, index: &'a Index) -> Result<Self> {
+    pub fn same_tokenizer(model: &'a Model, index: &'a dyn EvidenceIndex) -> Result<Self> {
         if index.is_byte_level() {
             return Err(EvalError::Invalid(format!(
                 "the index at {} is byte-level: generation and workload replays need one built with \
@@ -44,13 +51,13 @@ impl<'a> Pairing<'a> {
                 index.dir().display()
             )));
         }
-        let Some(record) = index.manifest().and_then(|m| m.tokenizer.as_ref()) else {
+        let Some(tokenizer) = index.tokenizer() else {
             return Err(EvalError::Invalid(format!(
                 "the index at {} records no tokenizer, so it cannot be paired with a model",
                 index.dir().display()
             )));
         };
-        model.check_tokenizer(&record.fingerprint, "the index")?;
+        model.check_tokenizer(tokenizer.fingerprint(), "the index")?;
         Ok(Self { model, index })
     }
 

@@ -9,8 +9,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use super::documents::EvalDocument;
 use super::{EvalError, Result};
-use crate::evidence::{document_records, TokenRecord, RECORD_FORMAT};
-use crate::index::Index;
+use crate::evidence::{document_records, EvidenceIndex, TokenRecord, RECORD_FORMAT};
 use crate::model::{Model, WindowOptions};
 use crate::progress::token_bar;
 
@@ -30,7 +29,7 @@ pub struct DomainRecords {
 /// Scores documents with the model (window protocol) and the index (dense ∞-gram scoring).
 pub struct Collector<'a> {
     pub model: &'a Model,
-    pub index: &'a Index,
+    pub index: &'a dyn EvidenceIndex,
     pub window: WindowOptions,
     /// Where finished domains are saved and looked up; none keeps everything in memory.
     pub work_dir: Option<PathBuf>,

@@ -15,7 +15,7 @@ pub use mixing::{
     DecodeStep, MixedToken, StepInfgram, StepLambda,
 };
 pub use records::{document_records, DocumentRecords, TokenRecord, RECORD_FORMAT};
-pub use reference::{Followed, ReferenceData};
+pub use reference::{EvidenceIndex, Followed, ReferenceData};
 
 use crate::index::IndexError;
 use crate::mix::MixError;

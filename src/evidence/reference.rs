@@ -99,6 +99,12 @@ pub trait ReferenceData: Send + Sync {
     ) -> Result<Vec<Vec<u32>>, IndexError>;
 }
 
+/// An index in this process as the evaluator reads it: its shape and answers ([`Corpus`]) and the
+/// evidence it gives scoring ([`ReferenceData`]); either kind of index is one.
+pub trait EvidenceIndex: Corpus + ReferenceData {}
+
+impl<T: Corpus + ReferenceData> EvidenceIndex for T {}
+
 /// A byte-level index's token answers are over bytes, not a model's tokens: only a reference that
 /// reads it through the model's tokenizer ([`super::ByteReference`]) gives a decoding step.
 fn refuse_bytes(reference: &(impl ReferenceData + ?Sized)) -> Result<(), IndexError> {

@@ -291,6 +291,61 @@ fn query_answers_over_every_kind_of_index() {
     }
 }
 
+/// `eval fit` and `eval ppl` with SmolLM2 over a compressed index of tokens: the same fitted mixing
+/// and the same report as over the suffix-array index; over a compressed byte index, refused.
+#[test]
+fn eval_ppl_over_every_kind_of_index() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = corpus(tmp.path());
+    let test_docs = crate::common::assets().join("minipile/test.jsonl");
+    let eval = |op: &str, index: &Path, extra: &[&str]| {
+        let (index, docs) = (index.display().to_string(), test_docs.display().to_string());
+        let model = smollm2_gguf().display().to_string();
+        let mut args = vec!["eval", op, "--cpu", "--max-tokens", "60", "--model", &model];
+        args.extend(["--index", &index, "--input", &docs, "--json"]);
+        args.extend(extra);
+        sidecar(&args)
+    };
+    let json = |out: std::process::Output| -> Value {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        // The folder and the seconds differ; every figure does not.
+        v["index"] = Value::Null;
+        v["timing"] = Value::Null;
+        v
+    };
+    for (name, bytes) in [("tokens", false), ("bytes", true)] {
+        let sa = tmp.path().join(format!("{name}-sa"));
+        let fm = tmp.path().join(format!("{name}-fm"));
+        build(&input, &sa, bytes, None);
+        compress(&sa, &fm);
+        let mixing = tmp.path().join(format!("{name}-mixing.json"));
+        let m = mixing.display().to_string();
+        json(eval("fit", &sa, &["--gate-trees", "4", "--out", &m]));
+        let want = json(eval("ppl", &sa, &["--mixing", &m]));
+        if bytes {
+            let refused = eval("ppl", &fm, &["--mixing", &m]);
+            assert!(!refused.status.success());
+            let said = String::from_utf8_lossy(&refused.stderr);
+            assert!(said.contains("compressed byte-level index"), "{said}");
+            continue;
+        }
+        let m_fm = tmp.path().join("fm-mixing.json");
+        let fitted = m_fm.display().to_string();
+        json(eval("fit", &fm, &["--gate-trees", "4", "--out", &fitted]));
+        let lambdas = |p: &Path| -> Value {
+            let v: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+            json!([v["lambda_sparse"], v["lambda_dense"]])
+        };
+        assert_eq!(lambdas(&m_fm), lambdas(&mixing));
+        assert_eq!(json(eval("ppl", &fm, &["--mixing", &m])), want);
+    }
+}
+
 /// A call's answer, or its refusal's code and message.
 type Answer<T> = Result<T, (tonic::Code, String)>;
 
