@@ -210,10 +210,6 @@ pub(crate) trait LocalReference: Corpus + Occurrences + Sized {
         samples: usize,
         depth: usize,
     ) -> Vec<Vec<u32>>;
-    /// The byte-level index to read through a model's tokens, if this is one (a suffix array).
-    fn as_byte_index(&self) -> Option<&Index> {
-        None
-    }
 }
 
 impl LocalReference for Index {
@@ -237,9 +233,6 @@ impl LocalReference for Index {
     }
     fn continue_after(&self, m: &SuffixMatch, samples: usize, depth: usize) -> Vec<Vec<u32>> {
         m.continuations(self, samples, depth)
-    }
-    fn as_byte_index(&self) -> Option<&Index> {
-        self.is_byte_level().then_some(self)
     }
 }
 
@@ -276,8 +269,9 @@ impl<T: LocalReference> ReferenceData for T {
         Corpus::check_ids(self, ids)
     }
 
+    /// A byte-level suffix array is read through a model's tokens (a compressed one is not).
     fn byte_index(&self) -> Option<&Index> {
-        self.as_byte_index()
+        self.as_suffix_array().filter(|i| i.is_byte_level())
     }
 
     fn over_bytes(&self) -> bool {

@@ -173,14 +173,7 @@ impl Index {
                 Weighting::Counts => w,
                 Weighting::Distributions => w / m,
             };
-            let fresh;
-            let dist = if level.suffix_len == 0 {
-                self.unigram()?
-            } else {
-                fresh = self.ntd_given(&level.matches, None)?.dist;
-                &fresh
-            };
-            for (&token, &c) in dist {
+            for (&token, &c) in self.exact_counts(&level.matches)?.iter() {
                 *mixed.entry(token).or_default() += scale * c as f64;
             }
             den += scale * m;
@@ -191,17 +184,6 @@ impl Index {
             *p *= keep / den;
         }
         Ok(mixed)
-    }
-}
-
-impl Index {
-    /// Every token's count after the empty prompt, worked out at the first call and kept.
-    pub(crate) fn unigram(&self) -> Result<&BTreeMap<u32, u64>> {
-        if let Some(dist) = self.unigram.get() {
-            return Ok(dist);
-        }
-        let dist = self.counted(&self.everything())?;
-        Ok(self.unigram.get_or_init(|| dist))
     }
 }
 

@@ -21,7 +21,7 @@
 
 use crate::index::query::Matches;
 use crate::index::ranks::RankRange;
-use crate::index::suffix::SuffixMatch;
+use crate::index::suffix::{longest_suffix, SuffixMatch};
 use crate::index::{Index, IndexError, Result};
 use crate::tokenizer::{Spelling, Tokenizer, BYTE_EOS};
 
@@ -46,7 +46,7 @@ impl Index {
             .rposition(|&b| u32::from(b) >= BYTE_EOS)
             .map_or(0, |i| i + 1);
         let ids: Vec<u32> = text[start..].iter().map(|&b| u32::from(b)).collect();
-        let (suffix_len, matches) = self.longest_suffix(&ids);
+        let (suffix_len, matches) = longest_suffix(self, &ids);
         Ok(ByteContext {
             suffix_len,
             matches,

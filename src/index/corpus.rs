@@ -57,16 +57,23 @@ pub trait Corpus: Send + Sync {
         self.tokenizer().is_some_and(Tokenizer::is_utf8_bytes)
     }
 
-    /// The suffix-array index itself, for what only it answers: training hints
+    /// The suffix-array index itself, when this is one.
+    fn as_suffix_array(&self) -> Option<&Index> {
+        None
+    }
+
+    /// The suffix-array index, for what only it answers: training hints
     /// ([`crate::index::hints`]) sample occurrences in its rank order, and back-off generation
     /// ([`crate::index::backoff`]) keeps its levels as its ranges. Another kind refuses, naming
     /// `what` was asked and the index to use instead.
     fn suffix_array(&self, what: &str) -> Result<&Index> {
-        Err(IndexError::Unsupported(format!(
-            "{what} needs a suffix-array index, and {} is a compressed one: use the index it \
-             was compressed from",
-            self.dir().display()
-        )))
+        self.as_suffix_array().ok_or_else(|| {
+            IndexError::Unsupported(format!(
+                "{what} needs a suffix-array index, and {} is a compressed one: use the index it \
+                 was compressed from",
+                self.dir().display()
+            ))
+        })
     }
 
     /// Touches every page, so the first queries are not slower than the rest; the bytes read.
@@ -149,11 +156,8 @@ macro_rules! native_answers {
 impl Corpus for Index {
     native_answers!();
 
-    fn is_byte_level(&self) -> bool {
-        Index::is_byte_level(self)
-    }
-    fn suffix_array(&self, _what: &str) -> Result<&Index> {
-        Ok(self)
+    fn as_suffix_array(&self) -> Option<&Index> {
+        Some(self)
     }
     fn warm_up(&self) -> u64 {
         Index::warm_up(self)

@@ -268,15 +268,11 @@ impl Index {
             let n = n.saturating_sub(excluded.get(&token).copied().unwrap_or(0));
             (n > 0).then_some((token, n))
         };
-        Ok(match matches.bytes.is_empty() {
-            true => self.unigram()?.iter().filter_map(kept).collect(),
-            false => self
-                .ntd_given(matches, None)?
-                .dist
-                .iter()
-                .filter_map(kept)
-                .collect(),
-        })
+        Ok(self
+            .exact_counts(matches)?
+            .iter()
+            .filter_map(kept)
+            .collect())
     }
 
     /// `samples` next tokens of occurrences drawn uniformly from the matches less the excluded.

@@ -8,6 +8,7 @@ use crate::index::query::{Matches, Spread};
 use crate::index::ranks::RankRange;
 use crate::index::sampling;
 use crate::index::shard::Shard;
+use crate::index::suffix::longest_suffix;
 use crate::index::{Index, Result};
 
 /// One suffix array's next tokens after a prompt, in suffix-array order and run-length coded:
@@ -58,7 +59,7 @@ impl Index {
     ) -> Result<PartialContinuations> {
         self.check_ids(prompt)?;
         let (suffix_len, m) = match infinite {
-            true => self.longest_suffix(prompt),
+            true => longest_suffix(self, prompt),
             false => (prompt.len(), self.locate(self.encode(prompt))),
         };
         // An exact distribution shows its spread; samples need the matches' ends read.
@@ -112,7 +113,7 @@ impl Index {
     /// ([`crate::index::suffix::SuffixMatch::continuations`] reads the picks among them).
     pub fn partial_drafts(&self, prompt: &[u32], cap: u64, depth: usize) -> Result<PartialDrafts> {
         self.check_ids(prompt)?;
-        let (suffix_len, m) = self.longest_suffix(prompt);
+        let (suffix_len, m) = longest_suffix(self, prompt);
         let suffix_arrays = self
             .shards
             .iter()

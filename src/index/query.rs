@@ -4,6 +4,7 @@
 //! at the very end of a shard, as in the reference; unlike the reference, a prompt that also occurs at the
 //! end of the corpus still gets its full distribution.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
@@ -282,11 +283,8 @@ impl Index {
         let prompt_cnt = prompt.count();
         let approx = max_support.is_some_and(|cap| prompt_cnt > cap);
         let dist = match max_support {
-            Some(cap) if approx => self.sampled(prompt, cap),
-            // The empty prompt (a context whose last token the data never saw) is the whole
-            // corpus: every token's count, a walk of milliseconds, kept after the first.
-            _ if prompt.bytes.is_empty() => self.unigram()?.clone(),
-            _ => self.counted(prompt)?,
+            Some(cap) if approx => self.sampled(prompt, prompt_cnt, cap),
+            _ => self.exact_counts(prompt)?.into_owned(),
         };
         Ok(NtdResult {
             prompt_cnt,
@@ -295,8 +293,27 @@ impl Index {
         })
     }
 
-    /// Exact counts of what follows the prompt's matches.
-    pub(crate) fn counted(&self, prompt: &Matches) -> Result<BTreeMap<u32, u64>> {
+    /// Exact counts of what follows the prompt's matches. The empty prompt (a context whose last
+    /// token the data never saw) matches the whole corpus: every token's count, a walk of
+    /// milliseconds, kept after the first and lent from then on.
+    pub(crate) fn exact_counts(&self, prompt: &Matches) -> Result<Cow<'_, BTreeMap<u32, u64>>> {
+        Ok(match prompt.bytes.is_empty() {
+            true => Cow::Borrowed(self.unigram()?),
+            false => Cow::Owned(self.counted(prompt)?),
+        })
+    }
+
+    /// Every token's count after the empty prompt, worked out at the first call and kept.
+    fn unigram(&self) -> Result<&BTreeMap<u32, u64>> {
+        if let Some(dist) = self.unigram.get() {
+            return Ok(dist);
+        }
+        let dist = self.counted(&self.everything())?;
+        Ok(self.unigram.get_or_init(|| dist))
+    }
+
+    /// Exact counts of what follows the prompt's matches, walked.
+    fn counted(&self, prompt: &Matches) -> Result<BTreeMap<u32, u64>> {
         let mut runs = Vec::new();
         for (shard, range) in self.shards.iter().zip(&prompt.ranges) {
             next_tokens::collect_runs(shard, *range, prompt.bytes.len(), &mut runs)?;
@@ -304,14 +321,15 @@ impl Index {
         Ok(self.merge_runs(runs))
     }
 
-    /// What follows `cap` matches of the prompt spread evenly over its ranges (each shard its share).
-    fn sampled(&self, prompt: &Matches, cap: u64) -> BTreeMap<u32, u64> {
+    /// What follows `cap` of the prompt's `total` matches spread evenly over its ranges (each shard
+    /// its share).
+    fn sampled(&self, prompt: &Matches, total: u64, cap: u64) -> BTreeMap<u32, u64> {
         let mut dist = BTreeMap::new();
         for (shard, range) in self.shards.iter().zip(&prompt.ranges) {
             if range.is_empty() {
                 continue;
             }
-            let share = sampling::share(cap, range.len(), prompt.count());
+            let share = sampling::share(cap, range.len(), total);
             for offset in sampling::offsets(range.len(), cap, share) {
                 *dist
                     .entry(self.token_of(shard.next_key(range.lo + offset, prompt.bytes.len())))

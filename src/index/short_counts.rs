@@ -11,7 +11,7 @@ use std::sync::{Mutex, OnceLock};
 
 /// The longest pattern kept.
 const MAX_TOKENS: usize = 4;
-/// Slots in the table (32 bytes of pattern and count each, plus the lock).
+/// Slots in the table (a power of two; 40 bytes each with the lock).
 const SLOTS: usize = 1 << 16;
 
 #[derive(Default)]
@@ -53,7 +53,8 @@ impl ShortCounts {
         let hash = ids.iter().fold(ids.len() as u64, |h, &t| {
             (h.rotate_left(23) ^ t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
         });
-        slots.get((hash >> 48) as usize % SLOTS)
+        // The hash's top bits pick the slot: the multiply mixes into them best.
+        slots.get((hash >> (64 - SLOTS.trailing_zeros())) as usize)
     }
 }
 

@@ -97,15 +97,10 @@ impl Occurrences for Index {
 
 /// The ∞-gram's answers, which start from the longest occurring suffix of the prompt.
 impl Index {
-    /// The longest suffix of `prompt` that occurs in the corpus, with its matches.
-    pub(crate) fn longest_suffix(&self, prompt: &[u32]) -> (usize, Matches) {
-        longest_suffix(self, prompt)
-    }
-
     pub fn infgram_prob(&self, prompt: &[u32], cont: u32) -> Result<InfgramProbResult> {
         self.check_ids(prompt)?;
         self.check_ids(&[cont])?;
-        let (suffix_len, m) = self.longest_suffix(prompt);
+        let (suffix_len, m) = longest_suffix(self, prompt);
         Ok(InfgramProbResult {
             prob: self.prob_given(&m, cont),
             suffix_len,
@@ -119,7 +114,7 @@ impl Index {
         max_support: Option<u64>,
     ) -> Result<InfgramNtdResult> {
         self.check_ids(prompt)?;
-        let (suffix_len, m) = self.longest_suffix(prompt);
+        let (suffix_len, m) = longest_suffix(self, prompt);
         self.infgram_ntd_given(suffix_len, &m, max_support)
     }
 }

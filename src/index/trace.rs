@@ -69,7 +69,7 @@ where
             .into_iter()
             .map(|(start, end)| (start, end, lengths[start].1))
             .collect();
-    check_shown(&spans.iter().map(|s| s.2).collect::<Vec<_>>(), opts)?;
+    check_shown(spans.iter().map(|s| s.2), opts)?;
     let signal = crate::interrupt::current();
     let search = SearchOptions {
         maxnum: opts.max_documents,
@@ -97,6 +97,16 @@ where
         .collect()
 }
 
+/// Refuses a text of more tokens than a trace takes.
+pub fn check_len(tokens: usize) -> Result<()> {
+    match tokens <= MAX_TRACE_TOKENS {
+        true => Ok(()),
+        false => Err(IndexError::Invalid(format!(
+            "a trace takes at most {MAX_TRACE_TOKENS} tokens, not {tokens}"
+        ))),
+    }
+}
+
 /// For every start of `ids`, the length of the longest span from it that occurs in `index`, and
 /// its count. A router takes each start's longest over its shards: a span occurs in the shards
 /// together exactly when it occurs in one of them.
@@ -104,12 +114,7 @@ pub fn span_lengths<I>(index: &I, ids: &[u32]) -> Result<Vec<(usize, u64)>>
 where
     I: Occurrences + Sync + ?Sized,
 {
-    if ids.len() > MAX_TRACE_TOKENS {
-        return Err(IndexError::Invalid(format!(
-            "a trace takes at most {MAX_TRACE_TOKENS} tokens, not {}",
-            ids.len()
-        )));
-    }
+    check_len(ids.len())?;
     index.check_query(ids)?;
     // Chunks of starts in parallel; within one, e(i) ≥ e(i − 1) lets each search start from
     // what the last one found, so a chunk costs O(its length) searches, not O(length × span).
@@ -143,16 +148,16 @@ pub fn maximal_spans(lengths: impl Iterator<Item = usize>, min_len: usize) -> Ve
 
 /// Refuses spans of these counts whose documents would show more than `opts.max_shown_tokens`,
 /// before any document is read.
-pub fn check_shown(counts: &[u64], opts: TraceOptions) -> Result<()> {
+pub fn check_shown(counts: impl ExactSizeIterator<Item = u64>, opts: TraceOptions) -> Result<()> {
+    let spans = counts.len();
     let shown: u64 = counts
-        .iter()
-        .map(|&count| count.min(opts.max_documents as u64))
+        .map(|count| count.min(opts.max_documents as u64))
         .sum::<u64>()
         .saturating_mul(opts.max_disp_len as u64);
     if shown > opts.max_shown_tokens {
         return Err(IndexError::Invalid(format!(
             "the {} spans' documents would show {shown} tokens, more than {}: ask for fewer or shorter documents, or longer spans",
-            counts.len(),
+            spans,
             opts.max_shown_tokens
         )));
     }

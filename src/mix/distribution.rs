@@ -210,7 +210,7 @@ impl NeuralDistribution {
                 .map(|&(t, lp)| (t, (lp as f64).exp()))
                 .collect(),
         };
-        all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        all.sort_by(most_likely_first);
         all.truncate(k);
         all
     }
@@ -247,6 +247,11 @@ pub struct MixedDistribution {
     pub lambda: f64,
 }
 
+/// The order of a top list: most likely first, ties by token id.
+fn most_likely_first(a: &(u32, f64), b: &(u32, f64)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
 /// The `top_k` most likely tokens of λ·P∞ + (1−λ)·P_neural. Only tokens in the ∞-gram's support or
 /// the neural top-k can be among them: any other token has at most (1−λ) times the k-th neural
 /// probability, which every neural top-k token reaches (with a model share s, (1−λ+λs) times it).
@@ -258,6 +263,13 @@ pub fn mix(
     lambda: f64,
     top_k: usize,
 ) -> MixedDistribution {
+    if top_k == 0 {
+        return MixedDistribution {
+            top: Vec::new(),
+            rest_mass: 1.0,
+            lambda,
+        };
+    }
     let vocab = neural.vocab_size();
     let score = |token: u32, entry: f64, neural_prob: f64| {
         let p_infgram = infgram.with_share(entry, neural_prob);
@@ -277,14 +289,11 @@ pub fn mix(
             .filter(|(t, _)| infgram.entries.binary_search_by_key(t, |e| e.0).is_err())
             .map(|(t, p)| score(t, 0.0, p)),
     );
-    let order = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    if top_k == 0 {
-        top.clear();
-    } else if top.len() > top_k {
-        top.select_nth_unstable_by(top_k - 1, order);
+    if top.len() > top_k {
+        top.select_nth_unstable_by(top_k - 1, most_likely_first);
         top.truncate(top_k);
     }
-    top.sort_by(order);
+    top.sort_by(most_likely_first);
     let listed: f64 = top.iter().map(|(_, p)| p).sum();
     MixedDistribution {
         top,

@@ -88,18 +88,25 @@ impl InfgramContext {
     ) -> Result<Self, MixError> {
         let len = score.suffix_len.min(prefix.len());
         let support = index.ntd(&prefix[prefix.len() - len..], Some(SUPPORT_SAMPLES))?;
-        Self::counted(index, prefix, score, &support)
+        Self::with_support(index, prefix, score, &support)
     }
 
     /// The context from the matched suffix's sampled `support`, counting the shorter suffixes.
-    fn counted(
+    fn with_support(
         index: &(impl ContextCounts + ?Sized),
         prefix: &[u32],
         score: &TokenScore,
         support: &NtdResult,
     ) -> Result<Self, MixError> {
         Self::from_evidence(score, support, |k| {
-            Ok(index.count(&prefix[prefix.len() - k..])?)
+            let from = prefix.len().checked_sub(k).ok_or_else(|| {
+                MixError::Invalid(format!(
+                    "a match of {} tokens after a context of {}",
+                    score.suffix_len,
+                    prefix.len()
+                ))
+            })?;
+            Ok(index.count(&prefix[from..])?)
         })
     }
 
@@ -148,7 +155,7 @@ impl InfgramContext {
         if infgram.ntd.approx || infgram.ntd.prompt_cnt > SUPPORT_SAMPLES {
             return Self::new(index, prefix, &score);
         }
-        Self::counted(index, prefix, &score, &infgram.ntd)
+        Self::with_support(index, prefix, &score, &infgram.ntd)
     }
 
     /// Contexts of every position of a document, from its dense scores.

@@ -48,7 +48,7 @@ pub(super) fn check_len(limits: &Limits, what: &str, len: usize) -> Result<(), S
 /// Bytes of text a token stands for at most on average, however the text is written: text longer
 /// than the token limit times this is refused before it is tokenized (tokenizing megabytes to then
 /// refuse the ids on their count would be the work the limit is there to stop).
-pub(super) const MAX_TEXT_BYTES_PER_TOKEN: usize = 16;
+const MAX_TEXT_BYTES_PER_TOKEN: usize = 16;
 
 pub(super) fn check_text(limits: &Limits, what: &str, text: &str) -> Result<(), Status> {
     let most = limits

@@ -12,7 +12,7 @@ use super::{check_len, check_max_support, index_status, pb, State};
 use crate::index::backoff::{Backoff, Weighting};
 use crate::index::docs::{Cnf, Document, SearchOptions, SearchResult};
 use crate::index::hints::HintOptions;
-use crate::index::trace::TraceOptions;
+use crate::index::trace::{self, TraceOptions};
 use crate::mix::MixingParams;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
@@ -356,6 +356,7 @@ pub(super) fn trace_request(
         _ => r.ids,
     };
     check_len(limits, "the traced sequence", ids.len())?;
+    trace::check_len(ids.len()).map_err(index_status)?;
     let defaults = TraceOptions::default();
     let or_default = |v: u32, d: usize| if v == 0 { d } else { v as usize };
     let opts = TraceOptions {

@@ -65,7 +65,7 @@ impl Neural {
     }
 
     /// Beside a byte-level index: any model, and a mixing file fitted against one with this model.
-    pub(super) fn check_byte_level(&self) -> Result<(), ServeError> {
+    fn check_byte_level(&self) -> Result<(), ServeError> {
         match (&self.mixing, &self.model) {
             (Some(m), Some(model)) => Ok(m.check_pairing(model.tokenizer().fingerprint(), true)?),
             (Some(_), None) => Err(ServeError::Setup(
@@ -92,7 +92,7 @@ impl Neural {
 }
 
 /// The live index of a config that turns it on, over `vocab`'s ids.
-pub(super) fn open_live(
+fn open_live(
     config: &ServeConfig,
     vocab: impl FnOnce() -> Result<Vocabulary, ServeError>,
 ) -> Result<Option<Arc<dyn LiveStore>>, ServeError> {
@@ -104,7 +104,7 @@ pub(super) fn open_live(
 }
 
 /// The live index's vocabulary where it holds a model's tokens.
-pub(super) fn model_vocabulary(tokenizer: &Tokenizer) -> Result<Vocabulary, ServeError> {
+fn model_vocabulary(tokenizer: &Tokenizer) -> Result<Vocabulary, ServeError> {
     let eos_token_id = tokenizer.eos_token_id().ok_or_else(|| {
         ServeError::Setup("the live index needs the model's tokenizer to name an eos token".into())
     })?;

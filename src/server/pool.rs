@@ -26,7 +26,7 @@ impl SidecarService {
 
 /// Raises a stop signal when dropped: the future awaiting the work was dropped, because its
 /// client went away.
-pub(super) struct StopOnDrop(StopSignal);
+struct StopOnDrop(StopSignal);
 
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
