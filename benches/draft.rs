@@ -9,7 +9,8 @@ mod common;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use infini_sidecar::draft::{DraftOptions, DraftSource, Sequence};
+use infini_sidecar::decoding::Sequence;
+use infini_sidecar::draft::{DraftOptions, DraftSource};
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::server::config::ServeConfig;
 

@@ -5,6 +5,7 @@ pub mod agreement;
 pub mod cluster;
 pub mod corpus;
 pub mod cpu;
+pub mod decoding;
 pub mod draft;
 pub mod eval;
 pub mod evidence;

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 
-use infini_sidecar::draft::{spec, DraftOptions};
+use infini_sidecar::decoding::spec;
+use infini_sidecar::draft::DraftOptions;
 use infini_sidecar::eval::backoff::{self as eval_backoff, BackoffEvalOptions};
 use infini_sidecar::eval::contamination::{self, ContaminationOptions, ContaminationReport};
 use infini_sidecar::eval::documents::{

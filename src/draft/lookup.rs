@@ -20,6 +20,15 @@ impl PromptLookup {
         }
     }
 
+    /// Memory held: a position per token, and a table entry per distinct token.
+    pub fn heap_bytes(&self) -> usize {
+        let per_entry = std::mem::size_of::<(u32, Vec<u32>)>() + 8;
+        self.positions
+            .values()
+            .map(|p| p.capacity() * 4 + per_entry)
+            .sum()
+    }
+
     /// Forgets `removed`, the tokens that were at positions `len..` before a truncation.
     pub fn truncate(&mut self, removed: &[u32], len: usize) {
         for &t in removed {

@@ -1,7 +1,7 @@
 //! Errors of the evaluator: the layers it drives, and its own (inputs, saved records, output).
 
 use crate::corpus::CorpusError;
-use crate::draft::spec::DecodeError;
+use crate::decoding::DecodeError;
 use crate::evidence::EvidenceError;
 use crate::index::IndexError;
 use crate::mix::MixError;
@@ -62,12 +62,14 @@ impl EvalError {
     }
 }
 
-/// What stopped speculative decoding ([`crate::draft::spec::decode`]), as the evaluator reports it.
+/// What stopped a decoding sequence ([`crate::decoding`]), as the evaluator reports it.
 impl From<DecodeError> for EvalError {
     fn from(e: DecodeError) -> Self {
         match e {
             DecodeError::Model(e) => e.into(),
             DecodeError::Index(e) => e.into(),
+            DecodeError::Evidence(e) => e.into(),
+            DecodeError::Mix(e) => e.into(),
             DecodeError::Live(e) => EvalError::Invalid(format!("decoding: {e}")),
         }
     }

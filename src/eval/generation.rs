@@ -13,11 +13,10 @@ use serde::Serialize;
 
 use super::documents::EvalDocument;
 use super::{EvalError, Result};
-use crate::evidence::{self, DecodeStep, StepInfgram};
-use crate::index::suffix::SuffixMatch;
+use crate::decoding::{MixRule, Sequence};
 use crate::index::Index;
 use crate::mix::distribution::mix_full;
-use crate::mix::{AdaptiveSequence, LambdaRule, MixingParams, NeuralDistribution};
+use crate::mix::{LambdaRule, MixingParams, NeuralDistribution};
 use crate::model::{Model, ModelError};
 use crate::progress::token_bar;
 
@@ -50,7 +49,7 @@ impl Default for GenerationEvalOptions {
 }
 
 /// What is sampled from: the model alone, or a mixture under a rule of the mixing file, with or
-/// without the copy guard (`max_match`, see [`evidence::guard_copying`]).
+/// without the copy guard (`max_match`, see [`crate::evidence::guard_copying`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Sampler {
     Neural,
@@ -143,16 +142,9 @@ fn sample(
 ) -> Result<Sample> {
     let transformer = model.transformer();
     let vocab = index.vocab_size() as usize;
-    let mut cache = transformer.new_cache();
     let mut processor = LogitsProcessor::new(seed, Some(opts.temperature), Some(opts.top_p));
-    let mut context = prompt.to_vec();
-    let mut suffix = SuffixMatch::of(index, &context)?;
-    let mut adaptive = AdaptiveSequence::new(&params.adaptive);
+    let mut seq = Sequence::new(index, prompt.to_vec())?.with_model(transformer, None);
     let candle = |e: candle_core::Error| EvalError::from(ModelError::from(e));
-    let mut logits = transformer
-        .forward_last(&context, &mut cache)?
-        .to_vec1::<f32>()
-        .map_err(candle)?;
     let mut out = Sample {
         tokens: Vec::with_capacity(opts.new_tokens),
         neural_logprobs: Vec::with_capacity(opts.new_tokens),
@@ -162,31 +154,21 @@ fn sample(
         if crate::interrupt::interrupted() {
             return Err(ModelError::Interrupted.into());
         }
+        let mut logits = seq.logits(transformer)?;
         logits.resize(vocab, f32::MIN);
         let neural = NeuralDistribution::from_logits(&logits)?;
-        let (probs, lambda, step) = match sampler {
-            Sampler::Neural => {
-                let probs: Vec<f64> = (0..vocab as u32).map(|t| neural.prob(t)).collect();
-                (probs, 0.0, None)
-            }
+        let (probs, lambda) = match sampler {
+            Sampler::Neural => ((0..vocab as u32).map(|t| neural.prob(t)).collect(), 0.0),
             Sampler::Mixed { rule, max_match } => {
-                let infgram = StepInfgram::Tokens(suffix.infgram_ntd(index, None)?);
-                let decode = DecodeStep {
-                    context: &context,
-                    infgram: &infgram,
-                    neural: &neural,
-                };
-                let step = evidence::step_lambda(
-                    index,
-                    Some(params),
+                let how = MixRule {
                     rule,
-                    &decode,
-                    Some(&mut adaptive),
+                    params: Some(params),
                     max_match,
-                )?;
-                let sparse = infgram.distribution();
-                let probs = mix_full(&sparse, &neural, step.lambda);
-                (probs, step.lambda, Some((step.base, sparse)))
+                };
+                // The step keeps the model's distribution for the adaptive λ; the sample's own
+                // log-prob reads this copy.
+                let step = seq.mix(index, how, neural.clone(), mix_full)?;
+                (step.output, step.lambda.lambda)
             }
         };
         let log_probs: Vec<f32> = probs.iter().map(|&p| p.ln() as f32).collect();
@@ -195,24 +177,8 @@ fn sample(
             .map_err(candle)?;
         out.neural_logprobs.push(neural.prob(token).ln());
         out.lambdas.push(lambda);
-        let adaptive_rule = matches!(
-            sampler,
-            Sampler::Mixed {
-                rule: LambdaRule::Adaptive,
-                ..
-            }
-        );
-        if let (true, Some((base, sparse))) = (adaptive_rule, step) {
-            adaptive.await_token(context.len(), base, sparse, neural);
-            adaptive.observe(context.len(), token);
-        }
         out.tokens.push(token);
-        context.push(token);
-        suffix.advance(index, &context);
-        logits = transformer
-            .forward_last(&[token], &mut cache)?
-            .to_vec1::<f32>()
-            .map_err(candle)?;
+        seq.append(index, &[token])?;
     }
     Ok(out)
 }

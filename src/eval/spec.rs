@@ -8,8 +8,9 @@ use serde::Serialize;
 
 use super::documents::EvalDocument;
 use super::Result;
-use crate::draft::spec::{decode, SpecOptions, SpecRun};
-use crate::draft::{DraftOptions, DraftSource, Extras};
+use crate::decoding::spec::{decode, SpecOptions, SpecRun};
+use crate::decoding::Extras;
+use crate::draft::{DraftOptions, DraftSource};
 use crate::evidence::ReferenceData;
 use crate::model::Model;
 

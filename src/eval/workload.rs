@@ -11,8 +11,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::{EvalError, Result};
-use crate::draft::spec::{decode, Rows, SourceTally, SpecOptions, SpecRun, MAX_VERIFY_ROWS};
-use crate::draft::{DraftOptions, DraftSource, Extras, Sequence};
+use crate::decoding::spec::{decode, Rows, SourceTally, SpecOptions, SpecRun, MAX_VERIFY_ROWS};
+use crate::decoding::{Extras, Sequence};
+use crate::draft::{DraftOptions, DraftSource};
 use crate::index::Index;
 use crate::live::{LiveConfig, LiveIndex, Vocabulary};
 use crate::model::Model;

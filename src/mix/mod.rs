@@ -25,6 +25,9 @@ pub enum MixError {
     Format(String),
     #[error("invalid input: {0}")]
     Invalid(String),
+    /// What the caller asked for needs a mixing file the service has not got.
+    #[error("{0}")]
+    Unconfigured(String),
     #[error("gate: {0}")]
     Gate(String),
     #[error("index: {0}")]

@@ -41,6 +41,29 @@ impl LambdaRule {
             Self::Adaptive => "adaptive",
         }
     }
+
+    /// The rule a caller gets: the one it asked for (a fixed λ must lie in [0, 1]), else the
+    /// mixing file's default for a caller that follows a sequence (a session, a scored document, a
+    /// `Mix` with a sequence id), else λ1/λ2. Every rule but a fixed λ needs the mixing file.
+    /// Decided here only, for every entry point.
+    pub fn resolve(
+        asked: Option<Self>,
+        params: Option<&MixingParams>,
+        follows_sequence: bool,
+    ) -> Result<Self, MixError> {
+        match (asked, params) {
+            (Some(Self::Fixed(l)), _) if !(0.0..=1.0).contains(&l) => {
+                Err(MixError::Invalid(format!("λ {l} is outside [0, 1]")))
+            }
+            (Some(rule @ Self::Fixed(_)), _) => Ok(rule),
+            (_, None) => Err(MixError::Unconfigured(
+                "no mixing file is configured: pass fixed_lambda".into(),
+            )),
+            (Some(rule), Some(_)) => Ok(rule),
+            (None, Some(p)) if follows_sequence => Ok(p.default_rule),
+            (None, Some(_)) => Ok(Self::DomainSplit),
+        }
+    }
 }
 
 fn domain_split_rule() -> LambdaRule {

@@ -90,11 +90,20 @@ impl AdaptiveSequence {
         let Some(p) = self.pending.take_if(|p| p.position == position) else {
             return;
         };
+        let p_infgram = p.infgram.prob(token, &p.neural);
+        self.learn(position, p.base, p_infgram, p.neural.prob(token));
+    }
+
+    /// The token at `position`, which the ∞-gram gave `p_infgram` and the model `p_neural` where
+    /// the base rule said `base`, teaches the posterior: what an awaited token does, for a caller
+    /// that has the two probabilities at hand (a scored document, read in order). Positions must
+    /// grow.
+    pub fn learn(&mut self, position: usize, base: f64, p_infgram: f64, p_neural: f64) {
         let seen = Observation {
             position,
-            base: p.base,
-            p_infgram: p.infgram.prob(token, &p.neural),
-            p_neural: p.neural.prob(token),
+            base,
+            p_infgram,
+            p_neural,
         };
         self.trust.observe(seen.base, seen.p_infgram, seen.p_neural);
         self.history.push(seen);

@@ -2,6 +2,7 @@
 //! directory) run by candle, with logits at every position, a cache that rolls back, and the scoring
 //! the evaluator and the service need.
 
+pub mod budget;
 mod cache;
 pub mod config;
 #[cfg(target_arch = "x86_64")]
@@ -56,6 +57,9 @@ pub enum ModelError {
     Tokenizer(String),
     #[error("interrupted")]
     Interrupted,
+    /// A shared limit (the KV caches' budget) has no room for the work.
+    #[error("{0}")]
+    Exhausted(String),
     #[error("tokenizers differ: {0}")]
     Mismatch(String),
     #[error("candle: {0}")]

@@ -5,7 +5,8 @@
 use tonic::Status;
 
 use super::{index_status, live_status, pb, State};
-use crate::draft::{DraftOptions, DraftSource, DraftTree, Extras, Sequence};
+use crate::decoding::{Extras, Sequence};
+use crate::draft::{DraftOptions, DraftSource, DraftTree};
 
 /// Longest draft path and largest tree a request may ask for.
 pub(super) const MAX_DRAFT_TOKENS: u32 = 64;

@@ -1,6 +1,7 @@
 //! The sequences of `Mix` calls that name a `sequence_id`: each call sends the whole context, so the
-//! sidecar keeps the last one to see which token followed the previous step (the adaptive λ learns
-//! from it) and where drafts were taken back. Bounded in number and in bytes kept; the least
+//! sidecar keeps the sequence as the last call left it ([`Sequence::align`] brings it to the next
+//! call's context: what followed the previous step teaches the adaptive λ, taken-back drafts are
+//! forgotten, and the ∞-gram match follows the new tokens only). Bounded in number and in bytes kept; the least
 //! recently used sequence goes first, and a forgotten one starts again from the prior.
 //!
 //! Ids are shared by every caller of the sidecar (as one bearer token is): callers pick unique
@@ -12,8 +13,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use tonic::Status;
 
-use super::State;
-use crate::mix::AdaptiveSequence;
+use super::{decode_status, index_status, State};
+use crate::decoding::Sequence;
 
 /// Sequences kept at once: each holds its last neural distribution (a vocabulary of floats).
 const MAX_SEQUENCES: usize = 256;
@@ -24,7 +25,7 @@ const MAX_ID_BYTES: usize = 256;
 impl MixSequence {
     /// What keeping it costs, in bytes.
     fn cost(&self) -> usize {
-        self.context.len() * 4 + self.adaptive.heap_bytes()
+        self.seq.heap_bytes()
     }
 }
 
@@ -39,9 +40,8 @@ pub(super) fn check_sequence_id(id: &str) -> Result<(), Status> {
     Ok(())
 }
 
-pub(super) struct MixSequence {
-    context: Vec<u32>,
-    pub(super) adaptive: AdaptiveSequence,
+struct MixSequence {
+    seq: Sequence,
     last_used: u64,
 }
 
@@ -62,15 +62,10 @@ impl MixSequences {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The sequence `id` brought up to `context`: the posterior forgets what followed the common
-    /// prefix with its last context and learns the token after it, if a mixed step awaited that.
-    /// Taken out of the table while the call mixes (a concurrent call with the same id starts
-    /// afresh; a sequence's calls are meant to come in order).
-    pub(super) fn take(&self, id: &str, context: &[u32], s: &State) -> Result<MixSequence, Status> {
-        let params = s
-            .mixing
-            .as_ref()
-            .ok_or_else(|| Status::failed_precondition("no mixing file is configured"))?;
+    /// The sequence `id` brought up to `context` (a new one when `id` is not kept). Taken out of
+    /// the table while the call mixes (a concurrent call with the same id starts afresh; a
+    /// sequence's calls are meant to come in order). Refused, a kept sequence stays kept.
+    pub(super) fn take(&self, id: &str, context: &[u32], s: &State) -> Result<Sequence, Status> {
         let taken = {
             let mut table = self.table();
             let taken = table.sequences.remove(id);
@@ -79,30 +74,26 @@ impl MixSequences {
             }
             taken
         };
-        let mut seq = taken.unwrap_or_else(|| MixSequence {
-            context: Vec::new(),
-            adaptive: AdaptiveSequence::new(&params.adaptive),
-            last_used: 0,
-        });
-        let common = seq
-            .context
-            .iter()
-            .zip(context)
-            .take_while(|(a, b)| a == b)
-            .count();
-        seq.adaptive.truncate(common);
-        if let Some(&token) = context.get(common) {
-            seq.adaptive.observe(common, token);
+        let Some(MixSequence { mut seq, .. }) = taken else {
+            return Sequence::new(&*s.reference, context.to_vec()).map_err(index_status);
+        };
+        match seq.align(&*s.reference, context) {
+            Ok(()) => Ok(seq),
+            Err(e) => {
+                self.put(id.to_string(), seq);
+                Err(decode_status(e))
+            }
         }
-        seq.context = context.to_vec();
-        Ok(seq)
     }
 
     /// Keeps `seq` under `id`, making room by forgetting the least recently used.
-    pub(super) fn put(&self, id: String, mut seq: MixSequence) {
+    pub(super) fn put(&self, id: String, seq: Sequence) {
         let mut table = self.table();
         table.clock += 1;
-        seq.last_used = table.clock;
+        let seq = MixSequence {
+            seq,
+            last_used: table.clock,
+        };
         table.bytes += seq.cost();
         if let Some(replaced) = table.sequences.insert(id, seq) {
             // A concurrent call with the same id put its own first.

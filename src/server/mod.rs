@@ -8,7 +8,6 @@ mod checks;
 pub mod config;
 mod drafting;
 mod engine;
-mod kv_budget;
 mod listen;
 pub mod metrics;
 mod mix_sequences;
@@ -40,7 +39,8 @@ use pool::{next_message, on_pool_for_stream};
 use service::ResponseStream;
 use state::{State, WorkPermit};
 use status::{
-    evidence_status, index_status, live_status, mix_status, model_status, stop_status, stopped,
+    decode_status, evidence_status, index_status, live_status, mix_status, model_status,
+    stop_status, stopped,
 };
 
 /// Why the service could not start or stopped serving.

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use tokio::sync::{watch, Semaphore};
 
 use super::config::{Role, ServeConfig};
-use super::kv_budget::KvBudget;
 use super::metrics::Metrics;
 use super::mix_sequences::MixSequences;
 use super::session::Sessions;
@@ -18,6 +17,7 @@ use crate::index::fm::CompressedIndex;
 use crate::index::{Index, OpenOptions, TokenWidth};
 use crate::live::{LiveIndex, LiveStore, Vocabulary};
 use crate::mix::MixingParams;
+use crate::model::budget::KvBudget;
 use crate::model::{LoadOptions, Model};
 use crate::tokenizer::Tokenizer;
 

@@ -10,13 +10,12 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
-use super::kv_budget::KvReservation;
-use super::mixing::LambdaChoice;
-use super::{index_status, mix_status, pb, stop_status, stopped, State, WorkPermit};
+use super::{index_status, mix_status, model_status, pb, stop_status, stopped, State, WorkPermit};
 use crate::evidence::{bits_per_byte, document_records, mix_tokens, EvidenceError};
 use crate::index::IndexError;
 use crate::interrupt::StopSignal;
 use crate::mix::{LambdaRule, MixError};
+use crate::model::budget::KvReservation;
 use crate::model::WindowOptions;
 
 /// Documents scored ahead of a slow reader.
@@ -29,7 +28,8 @@ pub(super) fn start(
     deadline: Option<Instant>,
 ) -> Result<ReceiverStream<Result<pb::ScoreResponse, Status>>, Status> {
     state.model()?;
-    let rule = LambdaChoice::resolve(request.lambda.map(Into::into), &state, true)?;
+    let asked = request.lambda.map(Into::into);
+    let rule = LambdaRule::resolve(asked, state.mixing.as_ref(), true).map_err(mix_status)?;
     for (i, d) in request.documents.iter().enumerate() {
         if d.token_ids.is_empty() {
             return Err(Status::invalid_argument(format!("document {i} is empty")));
@@ -37,7 +37,8 @@ pub(super) fn start(
         state.check_len(&format!("document {i}"), d.token_ids.len())?;
         state.check_model_ids(&d.token_ids)?;
     }
-    let kv = KvReservation::new(&state.kv_budget, WindowOptions::default().window)?;
+    let kv = KvReservation::new(&state.kv_budget, WindowOptions::default().window)
+        .map_err(model_status)?;
     let permit = state.permit()?;
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     let signal = StopSignal::new(deadline);

@@ -123,7 +123,7 @@ impl Sidecar for SidecarService {
                 }
                 Some(pb::draft_request::Target::SessionId(id)) => session::draft(s, id, &opts)?,
                 Some(pb::draft_request::Target::Context(c)) => {
-                    let extras = crate::draft::Extras {
+                    let extras = crate::decoding::Extras {
                         namespace: r.namespace,
                         reference: r.reference,
                         ..Default::default()

@@ -1,7 +1,8 @@
-//! Decoding sessions: the sidecar keeps a sequence's ∞-gram match (and, with `use_model`, its own
-//! model's KV cache), so appending a token, taking tokens back and asking for the mixed distribution
-//! cost O(new tokens) whatever the context's length. Each `Session` stream owns one session, listed
-//! by id while the stream lives so other RPCs (drafting) can reach it.
+//! Decoding sessions: the sidecar keeps a [`Sequence`] (its ∞-gram match and, with `use_model`, its
+//! own model's KV cache), so appending a token, taking tokens back and asking for the mixed
+//! distribution cost O(new tokens) whatever the context's length. Each `Session` stream owns one
+//! session, listed by id while the stream lives so other RPCs (drafting) can reach it. What this
+//! file adds to the library's sequence is the requests' side: their checks and their answers.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -11,78 +12,49 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
-use super::kv_budget::KvReservation;
 use super::metrics::Metrics;
-use super::mixing::{mixed, neural_distribution, LambdaChoice, MixOptions};
-use super::{drafting, evidence_status, index_status, model_status, on_pool_for_stream, pb, State};
-use crate::draft::{DraftOptions, DraftTree, Sequence};
-use crate::mix::{AdaptiveSequence, LambdaRule};
-use crate::model::KvCache;
+use super::mixing::{mix_rule, neural_distribution, response, top};
+use super::{decode_status, drafting, index_status, model_status, on_pool_for_stream, pb, State};
+use crate::decoding::Sequence;
+use crate::draft::{DraftOptions, DraftTree};
+use crate::model::budget::KvReservation;
 
-/// One sequence of a decoding loop.
+/// One sequence of a decoding loop, as the requests' steps reach it.
 pub(super) struct Session {
     seq: Sequence,
-    neural: Option<NeuralCache>,
-    /// The adaptive λ's view of the sequence, from its first adaptive mix on.
-    adaptive: Option<AdaptiveSequence>,
-}
-
-/// The own model's cache of the sequence's first `cache.len()` tokens, and the logits after the
-/// whole sequence once computed. Tokens are run lazily, when logits are asked for; the KV budget is
-/// held for the whole sequence from the moment it is appended, so a step that would pass the budget
-/// is refused before it changes anything.
-struct NeuralCache {
-    cache: KvCache,
-    logits: Option<Vec<f32>>,
-    reservation: KvReservation,
 }
 
 impl Session {
     pub(super) fn new(s: &State, start: pb::SessionStart) -> Result<Self, Status> {
         s.check_len("the context", start.context.len())?;
-        let neural = match start.use_model {
-            true => Some(NeuralCache {
-                cache: s.model()?.transformer().new_cache(),
-                logits: None,
-                reservation: KvReservation::new(&s.kv_budget, start.context.len())?,
-            }),
+        let model = match start.use_model {
+            true => {
+                let model = s.model()?.transformer();
+                let kv =
+                    KvReservation::new(&s.kv_budget, start.context.len()).map_err(model_status)?;
+                Some((model, kv))
+            }
             false => None,
         };
-        let extras = crate::draft::Extras {
+        let extras = crate::decoding::Extras {
             namespace: start.namespace,
             learn: start.learn,
             reference: start.reference,
             live: None,
         };
         let seq = drafting::sequence(s, start.context, extras)?;
-        Ok(Self {
-            seq,
-            neural,
-            adaptive: None,
-        })
+        let seq = match model {
+            Some((model, kv)) => seq.with_model(model, Some(kv)),
+            None => seq,
+        };
+        Ok(Self { seq })
     }
 
     pub(super) fn append(&mut self, s: &State, tokens: &[u32]) -> Result<(), Status> {
-        let before = self.seq.tokens().len();
-        let after = before + tokens.len();
-        s.check_len("the session", after)?;
-        if let Some(n) = &mut self.neural {
-            n.reservation.resize(after)?;
-        }
-        if let Err(e) = self.seq.append(&*s.reference, tokens) {
-            if let Some(n) = &mut self.neural {
-                // Cannot fail: it shrinks back to what was held.
-                let _ = n.reservation.resize(before);
-            }
-            return Err(index_status(e));
-        }
-        if let Some(n) = &mut self.neural {
-            n.logits = None;
-        }
-        if let (Some(a), Some(&first)) = (&mut self.adaptive, tokens.first()) {
-            a.observe(before, first);
-        }
-        Ok(())
+        s.check_len("the session", self.seq.tokens().len() + tokens.len())?;
+        self.seq
+            .append(&*s.reference, tokens)
+            .map_err(decode_status)
     }
 
     pub(super) fn truncate(&mut self, s: &State, length: u64) -> Result<(), Status> {
@@ -95,71 +67,29 @@ impl Session {
                     self.seq.tokens().len()
                 ))
             })?;
-        self.seq
-            .truncate(&*s.reference, len)
-            .map_err(index_status)?;
-        if let Some(a) = &mut self.adaptive {
-            a.truncate(len);
-        }
-        if let Some(n) = &mut self.neural {
-            n.cache.truncate(len);
-            n.logits = None;
-            n.reservation.resize(len)?;
-        }
-        Ok(())
-    }
-
-    /// The own model's logits after the sequence, running only the tokens its cache lacks.
-    fn own_logits(&mut self, s: &State) -> Result<Vec<f32>, Status> {
-        let model = s.model()?.transformer();
-        let tokens = self.seq.tokens();
-        let n = tokens.len();
-        let cache = self.neural.as_mut().ok_or_else(|| {
-            Status::failed_precondition("own_model needs a session started with use_model")
-        })?;
-        if n == 0 {
-            return Err(Status::invalid_argument("the session has no tokens yet"));
-        }
-        if cache.logits.is_none() {
-            // The last token is always run, so its logits come out even when it was cached.
-            let keep = cache.cache.len().min(n - 1);
-            cache.cache.truncate(keep);
-            let logits = model
-                .forward_last(&tokens[keep..], &mut cache.cache)
-                .and_then(|t| Ok(t.to_vec1::<f32>()?))
-                .map_err(model_status)?;
-            cache.logits = Some(logits);
-        }
-        Ok(cache.logits.clone().unwrap_or_default())
+        self.seq.truncate(&*s.reference, len).map_err(decode_status)
     }
 
     pub(super) fn mix(&mut self, s: &State, m: pb::SessionMix) -> Result<pb::MixResponse, Status> {
         let top_k = s.check_top_k(m.top_k)?;
-        let rule = LambdaChoice::resolve(m.lambda.map(Into::into), s, true)?;
-        let neural = neural_distribution(s, m.neural.map(Into::into), || self.own_logits(s))?;
-        let infgram = self
-            .seq
-            .step(&*s.reference, &neural)
-            .map_err(evidence_status)?;
-        let adaptive = match (rule, &s.mixing) {
-            (LambdaRule::Adaptive, Some(p)) => Some(
-                self.adaptive
-                    .get_or_insert_with(|| AdaptiveSequence::new(&p.adaptive)),
-            ),
-            _ => None,
-        };
-        mixed(
-            s,
-            self.seq.tokens(),
-            &infgram,
-            neural,
-            rule,
-            adaptive,
-            MixOptions {
-                top_k,
-                max_match: m.max_match,
-            },
-        )
+        let how = mix_rule(s, m.lambda.map(Into::into), true, m.max_match)?;
+        let neural = neural_distribution(s, m.neural.map(Into::into), || {
+            if !self.seq.has_model() {
+                return Err(Status::failed_precondition(
+                    "own_model needs a session started with use_model",
+                ));
+            }
+            if self.seq.tokens().is_empty() {
+                return Err(Status::invalid_argument("the session has no tokens yet"));
+            }
+            self.seq
+                .logits(s.model()?.transformer())
+                .map_err(decode_status)
+        })?;
+        self.seq
+            .mix(&*s.reference, how, neural, top(top_k))
+            .map(response)
+            .map_err(decode_status)
     }
 
     pub(super) fn draft(

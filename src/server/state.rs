@@ -7,7 +7,6 @@ use tonic::Status;
 
 use super::checks::{check_len, check_text};
 use super::config::Limits;
-use super::kv_budget::KvBudget;
 use super::metrics::Metrics;
 use super::mix_sequences::MixSequences;
 use super::session::Sessions;
@@ -18,6 +17,7 @@ use crate::index::corpus::Corpus;
 use crate::index::Index;
 use crate::live::LiveStore;
 use crate::mix::MixingParams;
+use crate::model::budget::KvBudget;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 

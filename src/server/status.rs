@@ -3,6 +3,7 @@
 use tonic::Status;
 
 use super::State;
+use crate::decoding::DecodeError;
 use crate::evidence::EvidenceError;
 use crate::index::IndexError;
 use crate::interrupt::{StopReason, StopSignal};
@@ -37,6 +38,16 @@ pub(super) fn evidence_status(e: EvidenceError) -> Status {
     }
 }
 
+pub(super) fn decode_status(e: DecodeError) -> Status {
+    match e {
+        DecodeError::Model(e) => model_status(e),
+        DecodeError::Index(e) => index_status(e),
+        DecodeError::Evidence(e) => evidence_status(e),
+        DecodeError::Mix(e) => mix_status(e),
+        DecodeError::Live(e) => live_status(e),
+    }
+}
+
 pub(super) fn live_status(e: LiveError) -> Status {
     match e {
         LiveError::Invalid(m) => Status::invalid_argument(m),
@@ -49,6 +60,7 @@ pub(super) fn live_status(e: LiveError) -> Status {
 pub(super) fn mix_status(e: MixError) -> Status {
     match e {
         MixError::Invalid(m) => Status::invalid_argument(m),
+        MixError::Unconfigured(m) => Status::failed_precondition(m),
         MixError::Index(e) => index_status(e),
         other => Status::internal(other.to_string()),
     }
@@ -58,6 +70,7 @@ pub(super) fn model_status(e: ModelError) -> Status {
     match e {
         ModelError::Invalid(m) => Status::invalid_argument(m),
         ModelError::Interrupted => stopped(),
+        ModelError::Exhausted(m) => Status::resource_exhausted(m),
         other => Status::internal(other.to_string()),
     }
 }

@@ -13,7 +13,8 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use infini_sidecar::cluster::merge;
-use infini_sidecar::draft::{DraftOptions, Sequence};
+use infini_sidecar::decoding::Sequence;
+use infini_sidecar::draft::DraftOptions;
 use infini_sidecar::evidence::{document_records, mix_tokens, ReferenceData};
 use infini_sidecar::index::dense::TokenEvidence;
 use infini_sidecar::index::query::Spread;

@@ -6,8 +6,9 @@ use crate::common;
 
 use common::server::build_index;
 use infini_sidecar::corpus::Content;
+use infini_sidecar::decoding::Sequence;
 use infini_sidecar::draft::calibration::Calibration;
-use infini_sidecar::draft::{DraftOptions, DraftSource, DraftTree, Origin, Sequence};
+use infini_sidecar::draft::{DraftOptions, DraftSource, DraftTree, Origin};
 use infini_sidecar::index::suffix::SuffixMatch;
 use infini_sidecar::index::{Index, OpenOptions};
 

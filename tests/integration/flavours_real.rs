@@ -6,8 +6,9 @@ use crate::common;
 
 use common::server::build_index;
 use infini_sidecar::cpu::KernelFlavour;
-use infini_sidecar::draft::spec::{decode, SpecOptions};
-use infini_sidecar::draft::{DraftOptions, DraftSource, Extras};
+use infini_sidecar::decoding::spec::{decode, SpecOptions};
+use infini_sidecar::decoding::Extras;
+use infini_sidecar::draft::{DraftOptions, DraftSource};
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::model::{LoadOptions, Model, WindowOptions};
 

@@ -4,7 +4,8 @@
 use crate::common;
 
 use common::server::{authed, build_index, config, open_session, start, step, Running};
-use infini_sidecar::draft::{DraftOptions, Sequence};
+use infini_sidecar::decoding::Sequence;
+use infini_sidecar::draft::DraftOptions;
 use infini_sidecar::index::backoff::Backoff;
 use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::docs::SearchOptions;

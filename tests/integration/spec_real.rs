@@ -11,8 +11,9 @@ use crate::common;
 
 use common::server::build_index;
 use infini_sidecar::corpus::Content;
-use infini_sidecar::draft::spec::{decode, SpecOptions, MAX_VERIFY_ROWS};
-use infini_sidecar::draft::{DraftOptions, DraftSource, Extras};
+use infini_sidecar::decoding::spec::{decode, SpecOptions, MAX_VERIFY_ROWS};
+use infini_sidecar::decoding::Extras;
+use infini_sidecar::draft::{DraftOptions, DraftSource};
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::model::{Model, SHORT_PASS_ROWS};
 

@@ -11,30 +11,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::{DraftOptions, DraftTree, Extras, Sequence};
+use super::{DecodeError, Extras, Sequence};
+use crate::draft::{DraftOptions, DraftTree};
 use crate::evidence::ReferenceData;
-use crate::index::IndexError;
-use crate::live::LiveError;
-use crate::model::{ModelError, Transformer, MAX_EXACT_ROWS, SHORT_PASS_ROWS};
+use crate::model::{KvCache, ModelError, Transformer, MAX_EXACT_ROWS, SHORT_PASS_ROWS};
 use crate::softmax::softmax;
-
-/// Why speculative decoding stopped: the model's failure or the reference data's.
-#[derive(Debug, thiserror::Error)]
-pub enum DecodeError {
-    #[error(transparent)]
-    Model(#[from] ModelError),
-    #[error(transparent)]
-    Index(#[from] IndexError),
-    /// The live namespace the sequence drafts from and learns into.
-    #[error(transparent)]
-    Live(#[from] LiveError),
-}
-
-impl From<candle_core::Error> for DecodeError {
-    fn from(e: candle_core::Error) -> Self {
-        DecodeError::Model(e.into())
-    }
-}
 
 /// Rows verified per pass on the CPU, pending token included: an exact pass, computed row for row
 /// as one-token decoding computes it, so greedy output stays bit-identical. Other devices verify in
@@ -285,19 +266,23 @@ fn decode_here(
         true => MAX_VERIFY_ROWS,
         false => SHORT_PASS_ROWS - 1,
     };
-    // The drafter's state, kept only when drafting.
+    // The drafter's time: taking in the prompt and keeping its state up to date, when drafting.
+    let drafter_time = |since: Instant, run: &mut SpecRun| {
+        if opts.draft.is_some() {
+            run.draft_seconds += since.elapsed().as_secs_f64();
+        }
+    };
     let t = Instant::now();
-    let mut drafter = opts
-        .draft
-        .map(|d| -> Result<_, DecodeError> {
-            let seq = Sequence::new(reference, prompt.to_vec())?.with_extras(extras)?;
-            Ok((seq, d))
-        })
-        .transpose()?;
-    run.draft_seconds += t.elapsed().as_secs_f64();
-    let mut cache = model.new_cache();
+    let seq = Sequence::new(reference, prompt.to_vec())?;
+    let seq = match opts.draft {
+        Some(_) => seq.with_extras(extras)?,
+        None => seq,
+    };
+    let mut seq = seq.with_model(model, None);
+    drafter_time(t, &mut run);
+    // The cache holds every token of the sequence but the last, the pending one.
     if !head.is_empty() {
-        model.forward_last(head, &mut cache)?;
+        model.forward_last(head, cache(&mut seq)?)?;
     }
     run.prefill_seconds = prefill.elapsed().as_secs_f64();
     let started = Instant::now();
@@ -308,24 +293,25 @@ fn decode_here(
         }
         let t = Instant::now();
         let room = (opts.max_new_tokens - run.tokens.len() - 1).min(max_rows - 1);
-        let rows = match &mut drafter {
-            Some((seq, d)) => Rows::of(&seq.draft(reference, d)?, room, trees),
+        let rows = match &opts.draft {
+            Some(d) => Rows::of(&seq.draft(reference, d)?, room, trees),
             None => Rows::default(),
         };
-        run.draft_seconds += t.elapsed().as_secs_f64();
+        drafter_time(t, &mut run);
 
         let mut input = Vec::with_capacity(rows.tokens.len() + 1);
         input.push(pending);
         input.extend(&rows.tokens);
+        let cache = cache(&mut seq)?;
         let before = cache.len();
         let logits = match rows.is_chain() {
-            true if cpu => model.forward_exact(&input, &mut cache)?,
-            true => model.forward(&input, &mut cache)?,
+            true if cpu => model.forward_exact(&input, cache)?,
+            true => model.forward(&input, cache)?,
             false => {
                 let parents: Vec<usize> = std::iter::once(0)
                     .chain(rows.parents.iter().copied())
                     .collect();
-                model.forward_tree(&input, &parents, &mut cache)?
+                model.forward_tree(&input, &parents, cache)?
             }
         };
         let logits: Vec<Vec<f32>> = logits.to_vec2()?;
@@ -336,7 +322,7 @@ fn decode_here(
         run.drafted += rows.tokens.len();
         run.longest_draft = run.longest_draft.max(rows.tokens.len());
         run.accepted += path.len();
-        if let Some((seq, _)) = drafter.as_ref().filter(|_| !rows.tokens.is_empty()) {
+        if !rows.tokens.is_empty() {
             let source = seq.last_origin().map_or("union", |o| o.name());
             let tally = run.by_source.entry(source).or_default();
             tally.drafts += 1;
@@ -350,11 +336,9 @@ fn decode_here(
         if let Some(i) = stop_at {
             new.truncate(i + 1);
         }
-        if let Some((seq, _)) = &mut drafter {
-            let t = Instant::now();
-            seq.append(reference, &new)?;
-            run.draft_seconds += t.elapsed().as_secs_f64();
-        }
+        let t = Instant::now();
+        seq.append(reference, &new)?;
+        drafter_time(t, &mut run);
         run.tokens.extend(&new);
         pending = next;
         if stop_at.is_some() {
@@ -363,6 +347,14 @@ fn decode_here(
     }
     run.seconds = started.elapsed().as_secs_f64();
     Ok(run)
+}
+
+/// The KV cache of a sequence made [`Sequence::with_model`].
+fn cache(seq: &mut Sequence) -> Result<&mut KvCache, DecodeError> {
+    match &mut seq.model {
+        Some(state) => Ok(&mut state.cache),
+        None => Err(ModelError::Invalid("the sequence keeps no model state".into()).into()),
+    }
 }
 
 #[cfg(test)]

@@ -1,23 +1,24 @@
 //! The memory the own model's KV caches may take, over every session and request at once. A cache
 //! costs tens of kB per token (≈ 46 kB for SmolLM2-135M), so sessions with `use_model` would
-//! otherwise grow without bound: a step that would go past the budget gets RESOURCE_EXHAUSTED and
-//! changes nothing.
+//! otherwise grow without bound: a step that would go past the budget is refused
+//! ([`ModelError::Exhausted`]) and changes nothing.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use prometheus_client::metrics::gauge::Gauge;
-use tonic::Status;
+
+use super::ModelError;
 
 /// Tokens the caches may hold together, and how many are taken.
-pub(super) struct KvBudget {
+pub struct KvBudget {
     max: usize,
     used: AtomicUsize,
     gauge: Gauge,
 }
 
 impl KvBudget {
-    pub(super) fn new(max: usize, gauge: Gauge) -> Arc<Self> {
+    pub fn new(max: usize, gauge: Gauge) -> Arc<Self> {
         Arc::new(Self {
             max,
             used: AtomicUsize::new(0),
@@ -25,13 +26,13 @@ impl KvBudget {
         })
     }
 
-    fn take(&self, tokens: usize) -> Result<(), Status> {
+    fn take(&self, tokens: usize) -> Result<(), ModelError> {
         self.used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 used.checked_add(tokens).filter(|&total| total <= self.max)
             })
             .map_err(|used| {
-                Status::resource_exhausted(format!(
+                ModelError::Exhausted(format!(
                     "the model's KV caches hold {used} tokens; {tokens} more would pass the limit of {} (limits.max_kv_tokens)",
                     self.max
                 ))
@@ -47,14 +48,14 @@ impl KvBudget {
 }
 
 /// Tokens of the budget held by one cache, given back when dropped.
-pub(super) struct KvReservation {
+pub struct KvReservation {
     budget: Arc<KvBudget>,
     tokens: usize,
 }
 
 impl KvReservation {
-    /// A reservation of `tokens`, or RESOURCE_EXHAUSTED.
-    pub(super) fn new(budget: &Arc<KvBudget>, tokens: usize) -> Result<Self, Status> {
+    /// A reservation of `tokens`, or [`ModelError::Exhausted`].
+    pub fn new(budget: &Arc<KvBudget>, tokens: usize) -> Result<Self, ModelError> {
         budget.take(tokens)?;
         Ok(Self {
             budget: Arc::clone(budget),
@@ -62,15 +63,23 @@ impl KvReservation {
         })
     }
 
-    /// Grows or shrinks the reservation to `tokens`; on RESOURCE_EXHAUSTED it stays as it was.
-    pub(super) fn resize(&mut self, tokens: usize) -> Result<(), Status> {
+    /// Grows the reservation to `tokens` (or shrinks it); refused, it stays as it was.
+    pub fn resize(&mut self, tokens: usize) -> Result<(), ModelError> {
         if tokens > self.tokens {
             self.budget.take(tokens - self.tokens)?;
+            self.tokens = tokens;
         } else {
-            self.budget.give_back(self.tokens - tokens);
+            self.shrink(tokens);
         }
-        self.tokens = tokens;
         Ok(())
+    }
+
+    /// Gives back what is held past `tokens` (nothing when it holds no more).
+    pub fn shrink(&mut self, tokens: usize) {
+        if tokens < self.tokens {
+            self.budget.give_back(self.tokens - tokens);
+            self.tokens = tokens;
+        }
     }
 }
 
@@ -90,12 +99,12 @@ mod tests {
         let budget = KvBudget::new(100, gauge.clone());
         let mut a = KvReservation::new(&budget, 60).unwrap();
         let err = KvReservation::new(&budget, 41).err().unwrap();
-        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        assert!(matches!(err, ModelError::Exhausted(_)), "{err}");
         let b = KvReservation::new(&budget, 40).unwrap();
         assert_eq!(gauge.get(), 100);
         // A failed growth keeps what was held.
         assert!(a.resize(61).is_err());
-        a.resize(10).unwrap();
+        a.shrink(10);
         assert_eq!(gauge.get(), 50);
         drop(b);
         a.resize(100).unwrap();

@@ -1,0 +1,157 @@
+//! Drafting for a sequence: each source offers a draft continuing it (the reference index, its own
+//! tokens, its live namespace, its reference text), calibrated by the source's record, and the best
+//! offer (or, for trees, their union) is handed out. The tokens appended next settle the record.
+
+use super::Sequence;
+use crate::draft::calibration::{Calibrated, Origin};
+use crate::draft::{DraftOptions, DraftTree};
+use crate::evidence::ReferenceData;
+use crate::index::Result;
+
+impl Sequence {
+    /// A draft continuing the sequence. The tokens appended next tell the sequence how much of it
+    /// was accepted.
+    /// A draft that fails (the reference data did not answer) leaves the sequence as it was.
+    pub fn draft(
+        &mut self,
+        reference: &dyn ReferenceData,
+        opts: &DraftOptions,
+    ) -> Result<DraftTree> {
+        let before = (self.calibration.clone(), self.last_origin);
+        let drafted = self.draft_here(reference, opts);
+        if drafted.is_err() {
+            (self.calibration, self.last_origin) = before;
+        }
+        drafted
+    }
+
+    fn draft_here(
+        &mut self,
+        reference: &dyn ReferenceData,
+        opts: &DraftOptions,
+    ) -> Result<DraftTree> {
+        self.calibration.release();
+        self.last_origin = None;
+        let mut offers = Vec::new();
+        // The static index is read last: its reads are the dearest (pages of a large mapped
+        // file), and a chain from it is not read at all when even a certain one of its depth
+        // would score below the best offer in hand. Such a step leaves its record as it is,
+        // where a read that came back empty would have let it drift back. Offers keep
+        // `Origin::ALL`'s order, which decides ties.
+        let (index_first, others) = Origin::ALL.split_at(1);
+        for &origin in others.iter().chain(index_first) {
+            if !opts.source.includes(origin) || !self.has(origin) {
+                continue;
+            }
+            // A source whose record keeps even a certain token under the bar is not consulted
+            // (its reads cost more than a drafted token is worth), only nudged back towards trust.
+            let mut nothing_to_read = self.calibration.factor(origin) < opts.min_path_prob;
+            if origin == Origin::Index && !opts.tree {
+                let depth = opts.depth_for(self.followed.matched_tokens());
+                let bound = self
+                    .calibration
+                    .chain_bound(origin, depth, opts.min_path_prob);
+                let outscored = |(_, d): &(Origin, Calibrated)| d.tree.score > bound;
+                if bound > 0.0 && offers.iter().any(outscored) {
+                    continue;
+                }
+                // A chain that can score nothing is empty for certain: idle, as if read.
+                nothing_to_read |= bound <= 0.0;
+            }
+            let tree = match nothing_to_read {
+                true => DraftTree::default(),
+                false => self.raw_draft(origin, reference, opts)?,
+            };
+            let draft = self.calibrate(origin, tree, opts);
+            if draft.tree.is_empty() {
+                self.calibration.idle(origin);
+            }
+            let at = offers
+                .partition_point(|(o, _): &(Origin, Calibrated)| (*o as usize) < (origin as usize));
+            offers.insert(at, (origin, draft));
+        }
+        if opts.tree && offers.len() > 1 {
+            let union = offers
+                .iter()
+                .map(|(_, d)| &d.tree)
+                .fold(DraftTree::default(), |u, t| u.union(t))
+                .best(opts.tree_budget);
+            for (origin, draft) in offers {
+                self.calibration.drafted(origin, draft);
+            }
+            return Ok(union);
+        }
+        let best = offers.into_iter().reduce(|a, b| {
+            if b.1.tree.score > a.1.tree.score {
+                b
+            } else {
+                a
+            }
+        });
+        Ok(match best {
+            Some((origin, draft)) => {
+                let tree = draft.tree.clone();
+                self.last_origin = (!tree.is_empty()).then_some(origin);
+                self.calibration.drafted(origin, draft);
+                tree
+            }
+            None => DraftTree::default(),
+        })
+    }
+
+    /// Where the last draft came from: `None` for a union of several sources, or no draft.
+    pub fn last_origin(&self) -> Option<Origin> {
+        self.last_origin
+    }
+
+    fn has(&self, origin: Origin) -> bool {
+        match origin {
+            Origin::Index | Origin::Prompt => true,
+            Origin::Live => self.live.is_some(),
+            Origin::Reference => self.reference.is_some(),
+        }
+    }
+
+    /// `origin`'s draft before calibration.
+    fn raw_draft(
+        &self,
+        origin: Origin,
+        reference: &dyn ReferenceData,
+        opts: &DraftOptions,
+    ) -> Result<DraftTree> {
+        let (conts, len) = match origin {
+            Origin::Index => {
+                let len = self.followed.matched_tokens();
+                let depth = opts.depth_for(len);
+                let conts = reference.continuations(
+                    &self.followed,
+                    &self.tokens,
+                    opts.index_samples,
+                    depth,
+                )?;
+                (conts, len)
+            }
+            Origin::Prompt => self.lookup.continuations(&self.tokens, opts.max_tokens),
+            Origin::Live => match &self.live {
+                Some(link) => link.live.continuations(
+                    &link.namespace,
+                    &self.tokens,
+                    opts.index_samples,
+                    opts.max_tokens,
+                ),
+                None => (Vec::new(), 0),
+            },
+            Origin::Reference => match &self.reference {
+                Some(r) => r
+                    .lookup
+                    .continuations_in(&r.tokens, &self.tokens, opts.max_tokens),
+                None => (Vec::new(), 0),
+            },
+        };
+        Ok(opts.draft_from(&conts, len))
+    }
+
+    fn calibrate(&self, origin: Origin, tree: DraftTree, opts: &DraftOptions) -> Calibrated {
+        self.calibration.calibrate(origin, tree, opts.min_path_prob)
+    }
+}

@@ -1,0 +1,311 @@
+//! A sequence being decoded, and the one owner of everything it carries: its tokens, its ∞-gram
+//! match (as the reference follows it), its own model's KV cache, its adaptive λ and how each draft
+//! source has fared. Every step (append, truncate, mix, draft; learning into the live index rides
+//! on append) applies whole or leaves the sequence as it was. Sessions, `Batch`, `Mix` with a
+//! sequence id, `eval generate` and the speculative loop of `eval spec` and `eval workload` all
+//! decode through it.
+
+mod drafting;
+mod learning;
+mod mixing;
+mod model_state;
+pub mod spec;
+
+use crate::draft::calibration::{Calibration, Origin};
+use crate::draft::lookup::PromptLookup;
+use crate::evidence::{EvidenceError, Followed, ReferenceData};
+use crate::index::IndexError;
+use crate::live::LiveError;
+use crate::mix::{AdaptiveSequence, MixError};
+use crate::model::budget::KvReservation;
+use crate::model::{ModelError, Transformer};
+pub use learning::Extras;
+use learning::LiveLink;
+pub use mixing::{mix_step, MixRule, MixedStep};
+use model_state::ModelState;
+
+/// Why a step of a sequence was refused: the model's failure, the reference data's, the mixing
+/// rule's or the live index's.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    #[error(transparent)]
+    Evidence(#[from] EvidenceError),
+    #[error(transparent)]
+    Mix(#[from] MixError),
+    /// The live namespace the sequence drafts from and learns into.
+    #[error(transparent)]
+    Live(#[from] LiveError),
+}
+
+impl From<candle_core::Error> for DecodeError {
+    fn from(e: candle_core::Error) -> Self {
+        DecodeError::Model(e.into())
+    }
+}
+
+/// A sequence being decoded. Its parts beyond the tokens and the match are there when asked for:
+/// the model's state ([`Sequence::with_model`]), a live namespace and a reference text
+/// ([`Sequence::with_extras`]), and the adaptive λ's posterior from its first adaptive mix on.
+pub struct Sequence {
+    tokens: Vec<u32>,
+    followed: Followed,
+    lookup: PromptLookup,
+    live: Option<LiveLink>,
+    reference: Option<ReferenceText>,
+    calibration: Calibration,
+    /// The source of the last draft handed out (`None` for a union of several, or no draft).
+    last_origin: Option<Origin>,
+    /// Why the sequence stopped learning into its namespace, if it did.
+    warning: Option<String>,
+    model: Option<ModelState>,
+    adaptive: Option<AdaptiveSequence>,
+}
+
+/// Text the caller expects the output to resemble (the file being edited, a predicted answer).
+struct ReferenceText {
+    tokens: Vec<u32>,
+    lookup: PromptLookup,
+}
+
+impl Sequence {
+    pub fn new(reference: &dyn ReferenceData, context: Vec<u32>) -> Result<Self, IndexError> {
+        let followed = reference.follow(&context)?;
+        let mut lookup = PromptLookup::default();
+        lookup.extend(&context, 0);
+        Ok(Self {
+            tokens: context,
+            followed,
+            lookup,
+            live: None,
+            reference: None,
+            calibration: Calibration::default(),
+            last_origin: None,
+            warning: None,
+            model: None,
+            adaptive: None,
+        })
+    }
+
+    /// The sequence with `model`'s KV cache, which runs the tokens lazily, when logits are asked
+    /// for. A `reservation` (of the sequence's length) holds the budget for the whole sequence
+    /// from the moment tokens are appended, so a step that would pass the budget is refused before
+    /// it changes anything.
+    pub fn with_model(mut self, model: &Transformer, reservation: Option<KvReservation>) -> Self {
+        self.model = Some(ModelState::new(model, reservation));
+        self
+    }
+
+    /// Drafts also from `tokens`, for this sequence only. Ids must have been checked.
+    pub fn with_reference(mut self, tokens: Vec<u32>) -> Self {
+        let mut lookup = PromptLookup::default();
+        lookup.extend(&tokens, 0);
+        self.reference = Some(ReferenceText { tokens, lookup });
+        self
+    }
+
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Length of the longest suffix of the sequence found in the reference data (tokens, or bytes
+    /// over a byte-level index).
+    pub fn suffix_len(&self) -> usize {
+        self.followed.suffix_len()
+    }
+
+    /// Occurrences of that suffix.
+    pub fn prompt_cnt(&self) -> u64 {
+        self.followed.prompt_cnt()
+    }
+
+    /// Whether the sequence keeps a model's KV cache.
+    pub fn has_model(&self) -> bool {
+        self.model.is_some()
+    }
+
+    /// Why the sequence does less than it was started for (it stopped learning), if it does.
+    pub fn warning(&self) -> Option<&str> {
+        self.warning.as_deref()
+    }
+
+    /// Appends tokens. Checked against the vocabulary and the KV budget first, so a bad id or a
+    /// full budget changes nothing; a reference that fails to follow them leaves the sequence as it
+    /// was. The adaptive λ learns from the first of them, if a mixing step awaited it.
+    pub fn append(
+        &mut self,
+        reference: &dyn ReferenceData,
+        tokens: &[u32],
+    ) -> Result<(), DecodeError> {
+        reference.check_ids(tokens)?;
+        let from = self.tokens.len();
+        if let Some(m) = &mut self.model {
+            m.reserve(from + tokens.len())?;
+        }
+        self.tokens.extend_from_slice(tokens);
+        if let Err(e) = reference.advance(&mut self.followed, &self.tokens, from) {
+            self.tokens.truncate(from);
+            if let Some(m) = &mut self.model {
+                m.unreserve(from);
+            }
+            return Err(e.into());
+        }
+        for &t in tokens {
+            self.calibration.appended(t);
+        }
+        self.lookup.extend(&self.tokens, from);
+        if let Some(m) = &mut self.model {
+            m.appended();
+        }
+        if let (Some(a), Some(&first)) = (&mut self.adaptive, tokens.first()) {
+            a.observe(from, first);
+        }
+        self.learn();
+        Ok(())
+    }
+
+    /// Keeps the first `len` tokens (nothing changes when it has no more). A reference that fails
+    /// to follow the cut leaves the sequence as it was; the adaptive λ forgets what it learnt after
+    /// the cut, the KV cache drops it, and a learning sequence takes it back from its live document.
+    pub fn truncate(
+        &mut self,
+        reference: &dyn ReferenceData,
+        len: usize,
+    ) -> Result<(), DecodeError> {
+        if len >= self.tokens.len() {
+            return Ok(());
+        }
+        reference.truncate(&mut self.followed, &self.tokens[..len])?;
+        self.calibration.release();
+        self.lookup.truncate(&self.tokens[len..], len);
+        self.tokens.truncate(len);
+        self.unlearn(len);
+        if let Some(a) = &mut self.adaptive {
+            a.truncate(len);
+        }
+        if let Some(m) = &mut self.model {
+            m.truncate(len);
+        }
+        Ok(())
+    }
+
+    /// Brings the sequence to `context`: keeps what it shares with it and appends the rest, for a
+    /// caller that sends the whole context at each step. Either part refused, the sequence is at a
+    /// prefix of both, still whole.
+    pub fn align(
+        &mut self,
+        reference: &dyn ReferenceData,
+        context: &[u32],
+    ) -> Result<(), DecodeError> {
+        let common = self
+            .tokens
+            .iter()
+            .zip(context)
+            .take_while(|(a, b)| a == b)
+            .count();
+        self.truncate(reference, common)?;
+        self.append(reference, &context[common..])
+    }
+
+    /// Memory held beyond the model's cache (budgeted on its own): the tokens, the lookup of their
+    /// positions and the adaptive λ's history.
+    pub fn heap_bytes(&self) -> usize {
+        self.tokens.len() * 4
+            + self.lookup.heap_bytes()
+            + self
+                .adaptive
+                .as_ref()
+                .map_or(0, AdaptiveSequence::heap_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::corpus::{Content, InputDoc};
+    use crate::index::build::{build, BuildOptions};
+    use crate::index::{Index, OpenOptions, TokenWidth};
+    use crate::mix::distribution::mix_full;
+    use crate::mix::params::split_only;
+    use crate::mix::{LambdaRule, NeuralDistribution};
+
+    fn index(dir: &std::path::Path) -> Index {
+        let docs: Vec<Vec<u32>> = vec![
+            vec![1, 2, 3, 4, 5, 1, 2, 3, 4, 6],
+            vec![2, 3, 4, 7, 1, 2, 3, 9],
+            vec![3, 4, 5, 6, 7, 8],
+        ];
+        let inputs = docs.into_iter().map(|d| {
+            Ok(InputDoc {
+                content: Content::Tokens(d),
+                metadata: None,
+                input_bytes: 0,
+            })
+        });
+        let out = dir.join("idx");
+        build(
+            inputs,
+            &BuildOptions::new(out.clone(), TokenWidth::U16, 0, 100),
+        )
+        .unwrap();
+        Index::open(&out, &OpenOptions::default()).unwrap()
+    }
+
+    /// λ and the whole mixture of the next token, as bits.
+    fn mixed(seq: &mut Sequence, index: &Index, how: MixRule) -> (u64, Vec<u64>) {
+        let logits: Vec<f32> = (0..100).map(|i| (i % 7) as f32 * 0.3).collect();
+        let neural = NeuralDistribution::from_logits(&logits).unwrap();
+        let step = seq.mix(index, how, neural, mix_full).unwrap();
+        let probs = step.output.iter().map(|p| p.to_bits()).collect();
+        (step.lambda.lambda.to_bits(), probs)
+    }
+
+    /// A refused step changes nothing, and a sequence brought to a context through drafts taken
+    /// back (truncate, `align`) answers exactly as one that only ever saw the kept tokens: the same
+    /// match, the same mixture, the same adaptive λ.
+    #[test]
+    fn steps_apply_whole_and_every_path_to_a_context_agrees() {
+        let tmp = tempfile::tempdir().unwrap();
+        let index = index(tmp.path());
+        let params = split_only((0.6, 0.2));
+        let how = MixRule {
+            rule: LambdaRule::Adaptive,
+            params: Some(&params),
+            max_match: None,
+        };
+        let view = |s: &Sequence| (s.tokens().to_vec(), s.suffix_len(), s.prompt_cnt());
+
+        let mut taken_back = Sequence::new(&index, vec![1, 2, 3]).unwrap();
+        let before = view(&taken_back);
+        assert!(taken_back.append(&index, &[4, 100]).is_err());
+        assert_eq!(view(&taken_back), before, "a bad id appends nothing");
+        mixed(&mut taken_back, &index, how);
+        taken_back.append(&index, &[4]).unwrap();
+        mixed(&mut taken_back, &index, how);
+        taken_back.append(&index, &[5, 6, 7]).unwrap();
+        mixed(&mut taken_back, &index, how);
+        taken_back.truncate(&index, 4).unwrap();
+
+        let mut straight = Sequence::new(&index, vec![1, 2, 3]).unwrap();
+        mixed(&mut straight, &index, how);
+        straight.append(&index, &[4]).unwrap();
+
+        let mut aligned = Sequence::new(&index, vec![1, 2, 3]).unwrap();
+        mixed(&mut aligned, &index, how);
+        aligned.align(&index, &[1, 2, 3, 4]).unwrap();
+
+        let fresh = Sequence::new(&index, vec![1, 2, 3, 4]).unwrap();
+        assert_eq!(view(&taken_back), view(&fresh));
+        assert_eq!(view(&straight), view(&fresh));
+        assert_eq!(view(&aligned), view(&fresh));
+        let want = mixed(&mut straight, &index, how);
+        assert_eq!(mixed(&mut taken_back, &index, how), want);
+        assert_eq!(mixed(&mut aligned, &index, how), want);
+        // The posterior learnt from the token 4: a fresh sequence's prior gives another λ.
+        let mut fresh = fresh;
+        assert_ne!(mixed(&mut fresh, &index, how).0, want.0);
+    }
+}
