@@ -20,7 +20,7 @@ use infini_sidecar::eval::per_token::write_per_token;
 use infini_sidecar::eval::report as eval_report;
 use infini_sidecar::eval::spec::{self as eval_spec, SpecEvalOptions};
 use infini_sidecar::eval::workload;
-use infini_sidecar::evidence::{byte_reference, EvidenceIndex};
+use infini_sidecar::evidence::{byte_reference, EvidenceIndex, ReferenceData};
 use infini_sidecar::index::backoff::{Backoff, Weighting};
 use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::decontam;
@@ -214,21 +214,41 @@ pub struct PplArgs {
     format: text::Format,
 }
 
-/// Model, index and inputs of an evaluation, checked to belong together.
-fn open_pairing(args: &PairingArgs) -> Result<(Model, Index)> {
+/// An index of either kind: the evaluations read it through its one face.
+fn open_evidence(path: &Path, opts: &OpenOptions) -> Result<Arc<dyn EvidenceIndex>> {
+    Ok(match fm::is_compressed(path) {
+        true => Arc::new(CompressedIndex::open(path)?),
+        false => Arc::new(Index::open(path, opts)?),
+    })
+}
+
+/// The model and the index of an evaluation (checked to belong together by its [`Pairing`]).
+fn open_pairing(args: &PairingArgs) -> Result<(Model, Arc<dyn EvidenceIndex>)> {
     let model = load_model(&args.model)?;
-    let index = Index::open(&args.index, &OpenOptions::default())?;
+    let index = open_evidence(&args.index, &OpenOptions::default())?;
     Ok((model, index))
 }
 
+/// An index of either kind as `model`'s decoding reads it (a byte-level suffix array through the
+/// model's tokens), checked to belong with it.
+fn decoding_reference(path: &Path, model: &Model) -> Result<Arc<dyn ReferenceData>> {
+    Ok(match fm::is_compressed(path) {
+        true => {
+            let index = CompressedIndex::open(path)?;
+            Pairing::new(model, &index)?;
+            Arc::new(index)
+        }
+        false => {
+            let index = Index::open(path, &OpenOptions::default())?;
+            Pairing::new(model, &index)?;
+            byte_reference::for_model(Arc::new(index), model.tokenizer())
+        }
+    })
+}
+
 /// `eval fit` and `eval ppl` read an index of either kind.
-fn eval_setup(args: &EvalArgs) -> Result<(Model, Box<dyn EvidenceIndex>, EvalInputs)> {
-    let model = load_model(&args.pairing.model)?;
-    let path = &args.pairing.index;
-    let index: Box<dyn EvidenceIndex> = match fm::is_compressed(path) {
-        true => Box::new(CompressedIndex::open(path)?),
-        false => Box::new(Index::open(path, &OpenOptions::default())?),
-    };
+fn eval_setup(args: &EvalArgs) -> Result<(Model, Arc<dyn EvidenceIndex>, EvalInputs)> {
+    let (model, index) = open_pairing(&args.pairing)?;
     let inputs = EvalInputs {
         inputs: args.pairing.inputs.clone(),
         max_tokens_per_domain: args.max_tokens,
@@ -283,9 +303,8 @@ fn run_ppl(args: PplArgs) -> Result<()> {
 
 fn run_spec(args: SpecArgs) -> Result<()> {
     let draft = args.draft.options(DraftOptions::default())?;
-    let (model, index) = open_pairing(&args.pairing)?;
-    Pairing::new(&model, &index)?;
-    let reference = byte_reference::for_model(Arc::new(index), model.tokenizer());
+    let model = load_model(&args.pairing.model)?;
+    let reference = decoding_reference(&args.pairing.index, &model)?;
     let docs = load_documents(
         &args.pairing.inputs,
         &model,
@@ -392,7 +411,7 @@ fn run_generate(args: GenerateArgs) -> Result<()> {
         .map(|s| sampler(s, &params))
         .collect::<Result<Vec<_>>>()?;
     let (model, index) = open_pairing(&args.pairing)?;
-    let pairing = Pairing::same_tokenizer(&model, &index)?;
+    let pairing = Pairing::same_tokenizer(&model, &*index)?;
     params.check_pairing(&pairing.fingerprint(), false)?;
     let opts = GenerationEvalOptions {
         prompts_per_domain: args.prompts_per_domain,
@@ -404,7 +423,7 @@ fn run_generate(args: GenerateArgs) -> Result<()> {
         ..GenerationEvalOptions::default()
     };
     let docs = load_documents(&args.pairing.inputs, &model, TokenBudget::All, None)?;
-    let rows = generation::run(&model, &index, &params, &docs, &samplers, &opts)?;
+    let rows = generation::run(&model, &*index, &params, &docs, &samplers, &opts)?;
     let md = generation::markdown(&rows);
     let written = match &args.out_dir {
         Some(dir) => write_results(dir, "generate", &rows, &md)?,
@@ -493,8 +512,8 @@ fn run_workload(args: WorkloadArgs) -> Result<()> {
         sample_ranks: true,
         ..OpenOptions::default()
     };
-    let index = Index::open(&args.index, &opened)?;
-    Pairing::same_tokenizer(&model, &index)?;
+    let index = open_evidence(&args.index, &opened)?;
+    Pairing::same_tokenizer(&model, &*index)?;
     let mut report = match &args.replay {
         Some(path) => workload::WorkloadReport {
             replay: workload::read_replay(path, &requests)?,
@@ -502,12 +521,12 @@ fn run_workload(args: WorkloadArgs) -> Result<()> {
             draft,
             ..workload::WorkloadReport::default()
         },
-        None => workload::run(&model, &index, &requests, &draft)?,
+        None => workload::run(&model, &*index, &requests, &draft)?,
     };
     report.cpu = infini_sidecar::cpu::CpuInfo::detect().summary();
     report.row_cost = args.row_cost;
     report.simulated = workload::simulate(
-        &index,
+        &*index,
         &requests,
         &report.replay,
         &report.references,

@@ -13,8 +13,9 @@ use infini_sidecar::eval::experiment::{FitSummary, MIN_DOMAIN_TOKENS};
 use infini_sidecar::eval::neural::{ScoreReport, Totals};
 use infini_sidecar::eval::report::PplReport;
 use infini_sidecar::index::build::BuildReport;
-use infini_sidecar::index::fm::CompressedInfo;
 use infini_sidecar::index::format::DecontaminationRecord;
+use infini_sidecar::index::info::CompressedInfo;
+use infini_sidecar::index::info::IndexShape;
 use infini_sidecar::index::IndexInfo;
 use infini_sidecar::mix::{improvement_percent, MixingParams};
 use infini_sidecar::model::Generation;
@@ -175,23 +176,29 @@ fn decontamination(d: &DecontaminationRecord) -> String {
 
 /// The rows every kind of index shows first: `[documents, tokens with separators, shards]` and
 /// `[vocabulary size, token width, eos id]`.
-fn holds_and_vocabulary(
-    fields: &mut Table,
-    [documents, tokens, shards]: [u64; 3],
-    [vocab, width, eos]: [u64; 3],
-) {
+fn holds_and_vocabulary(fields: &mut Table, shape: &IndexShape) {
+    let documents = shape.documents;
     fields.row([
         "holds".into(),
         format!(
             "{}, {} in {}",
             plural(documents, "document", "documents"),
-            plural(tokens.saturating_sub(documents), "token", "tokens"),
-            plural(shards, "shard", "shards"),
+            plural(
+                shape.tokens_with_separators.saturating_sub(documents),
+                "token",
+                "tokens"
+            ),
+            plural(shape.shards as u64, "shard", "shards"),
         ),
     ]);
     fields.row([
         "vocabulary".into(),
-        format!("{} ids in {width}-byte tokens, eos id {eos}", count(vocab)),
+        format!(
+            "{} ids in {}-byte tokens, eos id {}",
+            count(shape.vocab_size),
+            shape.token_width,
+            shape.eos_token_id
+        ),
     ]);
 }
 
@@ -199,19 +206,7 @@ fn holds_and_vocabulary(
 pub fn index_info(info: &IndexInfo) -> String {
     let mut out = format!("index {}\n", info.dir);
     let mut fields = Table::fields();
-    holds_and_vocabulary(
-        &mut fields,
-        [
-            info.documents,
-            info.tokens_with_separators,
-            info.shards as u64,
-        ],
-        [
-            info.vocab_size,
-            info.token_width as u64,
-            info.eos_token_id as u64,
-        ],
-    );
+    holds_and_vocabulary(&mut fields, &info.shape);
     match &info.tokenizer {
         Some(t) => fields.row([
             "tokenizer".into(),
@@ -259,19 +254,7 @@ pub fn index_info(info: &IndexInfo) -> String {
 pub fn compressed_info(info: &CompressedInfo) -> String {
     let mut out = format!("compressed index {}\n", info.dir);
     let mut fields = Table::fields();
-    holds_and_vocabulary(
-        &mut fields,
-        [
-            info.documents,
-            info.tokens_with_separators,
-            info.shards as u64,
-        ],
-        [
-            info.vocab_size,
-            info.token_width as u64,
-            info.eos_token_id as u64,
-        ],
-    );
+    holds_and_vocabulary(&mut fields, &info.shape);
     fields.row([
         "size".into(),
         format!(
@@ -287,7 +270,7 @@ pub fn compressed_info(info: &CompressedInfo) -> String {
             format!(
                 "{} ({:.3} bytes a token)",
                 bytes(*n),
-                *n as f64 / info.tokens_with_separators.max(1) as f64
+                *n as f64 / info.shape.tokens_with_separators.max(1) as f64
             ),
         ]);
     }

@@ -79,6 +79,16 @@ fn length(what: &'static str, got: usize, want: usize) -> Result {
     }
 }
 
+/// Continuations of at most `depth` tokens each, every one an id of the vocabulary.
+fn continuations(found: &[spb::Continuation], depth: u32, shard: &ShardIdentity) -> Result {
+    for c in found {
+        let len = c.tokens.len() as u64;
+        at_most("a continuation's length", len, u64::from(depth))?;
+        tokens("a continuation's tokens", &c.tokens, shard)?;
+    }
+    Ok(())
+}
+
 fn tokens(what: &'static str, ids: &[u32], shard: &ShardIdentity) -> Result {
     match ids.iter().find(|&&id| id as u64 >= shard.vocab_size) {
         None => Ok(()),
@@ -303,14 +313,7 @@ fn drafts(
             array.fine.len(),
             usize::try_from(fine).unwrap_or(usize::MAX),
         )?;
-        for c in &array.fine {
-            at_most(
-                "a continuation's length",
-                c.tokens.len() as u64,
-                ask.depth as u64,
-            )?;
-            tokens("a continuation's tokens", &c.tokens, shard)?;
-        }
+        continuations(&array.fine, ask.depth, shard)?;
     }
     let matches = sum("the drafts' matches", a.drafts.iter().map(|d| d.matches))?;
     check(
@@ -403,14 +406,7 @@ impl ShardAnswer<spb::LiveAppendRequest> for spb::LiveAppendAnswer {
 impl ShardAnswer<spb::LiveContinuationsRequest> for spb::LiveContinuationsAnswer {
     fn validate(&self, ask: &spb::LiveContinuationsRequest, shard: &ShardIdentity) -> Result {
         at_most("match_len", self.match_len as u64, ask.pattern.len() as u64)?;
-        for c in &self.continuations {
-            at_most(
-                "a continuation's length",
-                c.tokens.len() as u64,
-                ask.depth as u64,
-            )?;
-            tokens("a continuation's tokens", &c.tokens, shard)?;
-        }
+        continuations(&self.continuations, ask.depth, shard)?;
         Ok(())
     }
 }

@@ -237,19 +237,20 @@ pub fn decode(
     opts: &SpecOptions,
     extras: Extras,
 ) -> Result<SpecRun, DecodeError> {
-    crate::model::on_rayon_worker(|| decode_here(model, reference, prompt, opts, extras))
-}
-
-fn decode_here(
-    model: &Transformer,
-    reference: &dyn ReferenceData,
-    prompt: &[u32],
-    opts: &SpecOptions,
-    extras: Extras,
-) -> Result<SpecRun, DecodeError> {
     let Some((&last, head)) = prompt.split_last() else {
         return Err(ModelError::Invalid("empty prompt".into()).into());
     };
+    crate::model::on_rayon_worker(|| decode_after(model, reference, (head, last), opts, extras))
+}
+
+/// [`decode`] of a prompt split into its `head` and its `last` token, the first one run.
+fn decode_after(
+    model: &Transformer,
+    reference: &dyn ReferenceData,
+    (head, last): (&[u32], u32),
+    opts: &SpecOptions,
+    extras: Extras,
+) -> Result<SpecRun, DecodeError> {
     let prefill = Instant::now();
     let mut run = SpecRun::default();
     let mut verifier = match opts.temperature.filter(|&t| t > 0.0) {
@@ -273,7 +274,7 @@ fn decode_here(
         }
     };
     let t = Instant::now();
-    let seq = Sequence::new(reference, prompt.to_vec())?;
+    let seq = Sequence::new(reference, [head, &[last]].concat())?;
     let seq = match opts.draft {
         Some(_) => seq.with_extras(extras)?,
         None => seq,

@@ -14,7 +14,8 @@ use serde::Serialize;
 use super::documents::EvalDocument;
 use super::{EvalError, Result};
 use crate::decoding::{MixRule, Sequence};
-use crate::index::Index;
+use crate::evidence::EvidenceIndex;
+use crate::index::corpus::Corpus;
 use crate::mix::distribution::mix_full;
 use crate::mix::{LambdaRule, MixingParams, NeuralDistribution};
 use crate::model::{Model, ModelError};
@@ -133,7 +134,7 @@ struct Sample {
 
 fn sample(
     model: &Model,
-    index: &Index,
+    index: &dyn EvidenceIndex,
     params: &MixingParams,
     prompt: &[u32],
     sampler: Sampler,
@@ -141,7 +142,7 @@ fn sample(
     seed: u64,
 ) -> Result<Sample> {
     let transformer = model.transformer();
-    let vocab = index.vocab_size() as usize;
+    let vocab = Corpus::vocab_size(index) as usize;
     let mut processor = LogitsProcessor::new(seed, Some(opts.temperature), Some(opts.top_p));
     let mut seq = Sequence::new(index, prompt.to_vec())?.with_model(transformer, None);
     let candle = |e: candle_core::Error| EvalError::from(ModelError::from(e));
@@ -186,7 +187,12 @@ fn sample(
 /// Which tokens of `seq[from..]` lie inside a span of at least `span` tokens of `seq` that occurs in
 /// the index. The longest occurring span ending at each position grows by at most one per position,
 /// so the spans are found with O(len) counts.
-pub fn verbatim_mask(index: &Index, seq: &[u32], from: usize, span: usize) -> Result<Vec<bool>> {
+pub fn verbatim_mask(
+    index: &dyn EvidenceIndex,
+    seq: &[u32],
+    from: usize,
+    span: usize,
+) -> Result<Vec<bool>> {
     let mut longest = Vec::with_capacity(seq.len());
     let mut m = 0usize;
     for end in 0..seq.len() {
@@ -232,7 +238,7 @@ pub fn distinct_n(texts: &[&[u32]]) -> [f64; 3] {
 /// Samples every prompt under every sampler and measures the generations per domain and sampler.
 pub fn run(
     model: &Model,
-    index: &Index,
+    index: &dyn EvidenceIndex,
     params: &MixingParams,
     docs: &[EvalDocument],
     samplers: &[Sampler],
@@ -318,7 +324,7 @@ mod tests {
     use super::*;
     use crate::corpus::{Content, InputDoc};
     use crate::index::build::{build, BuildOptions};
-    use crate::index::{OpenOptions, TokenWidth};
+    use crate::index::{Index, OpenOptions, TokenWidth};
 
     /// The mask against brute force: every span of the sequence that occurs in the corpus (by a
     /// plain substring search of the documents), marking what it covers after `from`.

@@ -14,7 +14,8 @@ use super::{EvalError, Result};
 use crate::decoding::spec::{decode, Rows, SourceTally, SpecOptions, SpecRun, MAX_VERIFY_ROWS};
 use crate::decoding::{Extras, Sequence};
 use crate::draft::{DraftOptions, DraftSource};
-use crate::index::Index;
+use crate::evidence::EvidenceIndex;
+use crate::index::corpus::Corpus;
 use crate::live::{LiveConfig, LiveIndex, Vocabulary};
 use crate::model::Model;
 
@@ -201,7 +202,7 @@ pub fn draft_options() -> DraftOptions {
 /// Replays `requests` in order: plain greedy first, then each configuration.
 pub fn run(
     model: &Model,
-    index: &Index,
+    index: &dyn EvidenceIndex,
     requests: &[WorkloadRequest],
     draft: &DraftOptions,
 ) -> Result<WorkloadReport> {
@@ -214,7 +215,7 @@ pub fn run(
     let vocab = Vocabulary {
         width: index.width(),
         eos_token_id: index.eos_token_id(),
-        vocab_size: index.vocab_size(),
+        vocab_size: Corpus::vocab_size(index),
     };
     let lives = CONFIGURATIONS
         .iter()
@@ -461,7 +462,7 @@ struct ReplayCost {
 }
 
 pub fn simulate(
-    index: &Index,
+    index: &dyn EvidenceIndex,
     requests: &[WorkloadRequest],
     replay: &[(Vec<u32>, Vec<u32>)],
     references: &[Vec<u32>],
@@ -471,7 +472,7 @@ pub fn simulate(
     let vocab = Vocabulary {
         width: index.width(),
         eos_token_id: index.eos_token_id(),
-        vocab_size: index.vocab_size(),
+        vocab_size: Corpus::vocab_size(index),
     };
     let mut out = Vec::new();
     for config in CONFIGURATIONS {

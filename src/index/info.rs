@@ -1,13 +1,15 @@
-//! What an index holds, as `index info` shows it.
+//! What an index of either kind holds, as `index info` shows it.
 
 use serde::Serialize;
 
-use crate::index::format::{DecontaminationRecord, TokenizerRecord};
-use crate::index::Index;
+use crate::index::corpus::Corpus;
+use crate::index::fm::{shard_file, CompressedIndex};
+use crate::index::format::{ptr_size_for, DecontaminationRecord, TokenizerRecord};
+use crate::index::{Index, IndexError, Result};
 
+/// What every kind of index holds and how its tokens are written.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct IndexInfo {
-    pub dir: String,
+pub struct IndexShape {
     pub shards: usize,
     pub documents: u64,
     /// Tokens of all shards, one separator per document included.
@@ -16,6 +18,25 @@ pub struct IndexInfo {
     pub token_width: usize,
     pub eos_token_id: u32,
     pub vocab_size: u64,
+}
+
+/// The shape of `corpus`.
+fn shape(corpus: &impl Corpus) -> IndexShape {
+    IndexShape {
+        shards: corpus.num_shards(),
+        documents: corpus.total_documents(),
+        tokens_with_separators: corpus.total_tokens(),
+        token_width: corpus.width().bytes(),
+        eos_token_id: corpus.eos_token_id(),
+        vocab_size: corpus.vocab_size(),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct IndexInfo {
+    pub dir: String,
+    #[serde(flatten)]
+    pub shape: IndexShape,
     /// The tokenizer it was built with, when recorded.
     pub tokenizer: Option<TokenizerRecord>,
     /// Bytes of the tokens, suffix arrays, document offsets and metadata of all shards (the
@@ -58,17 +79,67 @@ impl Index {
             bytes,
             bytes_per_token: bytes as f64 / self.total_tokens().max(1) as f64,
             dir: self.dir().display().to_string(),
-            shards: self.num_shards(),
-            documents: self.total_documents(),
-            tokens_with_separators: self.total_tokens(),
-            token_width: self.width().bytes(),
-            eos_token_id: self.eos_token_id(),
-            vocab_size: self.vocab_size(),
+            shape: shape(self),
             tokenizer: self.manifest().and_then(|m| m.tokenizer.clone()),
             manifest: self.manifest().is_some(),
             next_token_table_prompts: by_shard.iter().map(|s| s.next_token_table_prompts).sum(),
             decontamination: self.manifest().and_then(|m| m.decontamination.clone()),
             by_shard,
         }
+    }
+}
+
+/// What `index info` shows of a compressed index.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CompressedInfo {
+    pub dir: String,
+    #[serde(flatten)]
+    pub shape: IndexShape,
+    /// Bytes of its files.
+    pub bytes: u64,
+    pub bytes_per_token: f64,
+    /// What the suffix-array index of the same text takes (tokens, pointers, document offsets).
+    pub suffix_array_bytes_per_token: f64,
+    /// The files' bytes by what they serve: the transform (count, ∞-gram, distributions), the
+    /// position samples (locating matches), the documents (offsets, entry rows, metadata).
+    pub bytes_by_part: Vec<(String, u64)>,
+}
+
+impl CompressedIndex {
+    /// What the index holds and what it takes, beside what the suffix-array index of the same
+    /// text takes.
+    pub fn info(&self) -> Result<CompressedInfo> {
+        let mut bytes = 0;
+        for n in 0..self.shards.len() {
+            let path = shard_file(Corpus::dir(self), n);
+            bytes += std::fs::metadata(&path)
+                .map_err(|e| IndexError::io(&path, e))?
+                .len();
+        }
+        let tokens = self.total_tokens();
+        // A suffix-array shard holds each token and its pointer, a document offset each and the
+        // same metadata (what its `index info` counts).
+        let suffix_array_bytes: u64 = self
+            .shards
+            .iter()
+            .map(|s| {
+                let ds_size = s.tok_cnt() * self.width.bytes() as u64;
+                s.tok_cnt() * (self.width.bytes() + ptr_size_for(ds_size)) as u64
+                    + 8 * s.doc_cnt()
+                    + s.metadata_bytes()
+            })
+            .sum();
+        Ok(CompressedInfo {
+            dir: Corpus::dir(self).display().to_string(),
+            shape: shape(self),
+            bytes,
+            bytes_per_token: bytes as f64 / tokens as f64,
+            suffix_array_bytes_per_token: suffix_array_bytes as f64 / tokens as f64,
+            bytes_by_part: self
+                .size_by_part()
+                .into_iter()
+                .map(|(name, b)| (name.to_string(), b))
+                .collect(),
+        })
     }
 }

@@ -35,5 +35,5 @@ pub mod trace;
 
 pub use error::{IndexError, Result};
 pub use format::TokenWidth;
-pub use info::IndexInfo;
+pub use info::{IndexInfo, IndexShape};
 pub use reader::{Index, OpenOptions};

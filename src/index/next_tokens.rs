@@ -29,17 +29,15 @@ pub fn collect_runs(
     query_bytes: usize,
     runs: &mut Vec<(NextKey, u64)>,
 ) -> Result<()> {
-    if range.is_empty() {
-        return Ok(());
+    let table = shard.next_table().filter(|_| !range.is_empty());
+    match table.and_then(|t| t.lookup(query_bytes, range)) {
+        Some(counts) => {
+            runs.extend(counts.map(|(token, n)| (token as NextKey, n as u64)));
+            Ok(())
+        }
+        // An empty range has no runs: the divide and conquer returns at once.
+        None => ordered_runs(shard, range, query_bytes, runs),
     }
-    if let Some(counts) = shard
-        .next_table()
-        .and_then(|t| t.lookup(query_bytes, range))
-    {
-        runs.extend(counts.map(|(token, n)| (token as NextKey, n as u64)));
-        return Ok(());
-    }
-    ordered_runs(shard, range, query_bytes, runs)
 }
 
 /// The runs of `range` in rank order (divide and conquer, never the table, whose counts are in

@@ -291,8 +291,10 @@ fn query_answers_over_every_kind_of_index() {
     }
 }
 
-/// `eval fit` and `eval ppl` with SmolLM2 over a compressed index of tokens: the same fitted mixing
-/// and the same report as over the suffix-array index; over a compressed byte index, refused.
+/// `eval fit`, `eval ppl`, `eval generate` and `eval spec` with SmolLM2 over a compressed index of
+/// tokens: the same fitted mixing, the same report and the same samples as over the suffix-array
+/// index, and the same greedy outputs (equal to plain decoding's); over a compressed byte index,
+/// refused.
 #[test]
 fn eval_ppl_over_every_kind_of_index() {
     let tmp = tempfile::tempdir().unwrap();
@@ -318,6 +320,41 @@ fn eval_ppl_over_every_kind_of_index() {
         v["timing"] = Value::Null;
         v
     };
+    // A decoding evaluation's rows, from the JSON it writes.
+    let decoding = |op: &str, index: &Path, extra: &[&str]| -> Result<Value, String> {
+        let out = tmp
+            .path()
+            .join(format!("{op}-{}", index.display()).replace('/', "_"));
+        let (index, docs) = (index.display().to_string(), test_docs.display().to_string());
+        let (model, dir) = (
+            smollm2_gguf().display().to_string(),
+            out.display().to_string(),
+        );
+        let mut args = vec!["eval", op, "--cpu", "--model", &model, "--index", &index];
+        args.extend(["--input", &docs, "--prompts-per-domain", "1"]);
+        args.extend([
+            "--prompt-tokens",
+            "32",
+            "--new-tokens",
+            "12",
+            "--out-dir",
+            &dir,
+        ]);
+        args.extend(extra);
+        let run = sidecar(&args);
+        if !run.status.success() {
+            return Err(String::from_utf8_lossy(&run.stderr).into_owned());
+        }
+        let written = std::fs::read_to_string(out.join(format!("{op}.json"))).unwrap();
+        Ok(serde_json::from_str(&written).unwrap())
+    };
+    // What greedy speculative decoding must keep whatever drafts the index gives: every output
+    // equal to plain decoding's, token for token.
+    let outputs = |rows: Value| -> Vec<Value> {
+        let rows = rows.as_array().unwrap().iter();
+        rows.map(|r| json!([r["domain"], r["source"], r["tokens"], r["mismatches"]]))
+            .collect()
+    };
     for (name, bytes) in [("tokens", false), ("bytes", true)] {
         let sa = tmp.path().join(format!("{name}-sa"));
         let fm = tmp.path().join(format!("{name}-fm"));
@@ -332,6 +369,8 @@ fn eval_ppl_over_every_kind_of_index() {
             assert!(!refused.status.success());
             let said = String::from_utf8_lossy(&refused.stderr);
             assert!(said.contains("compressed byte-level index"), "{said}");
+            let said = decoding("spec", &fm, &[]).unwrap_err();
+            assert!(said.contains("compressed byte-level index"), "{said}");
             continue;
         }
         let m_fm = tmp.path().join("fm-mixing.json");
@@ -343,6 +382,11 @@ fn eval_ppl_over_every_kind_of_index() {
         };
         assert_eq!(lambdas(&m_fm), lambdas(&mixing));
         assert_eq!(json(eval("ppl", &fm, &["--mixing", &m])), want);
+        let generate = |index: &Path| decoding("generate", index, &["--mixing", &m]).unwrap();
+        assert_eq!(generate(&fm), generate(&sa));
+        let spec = outputs(decoding("spec", &sa, &[]).unwrap());
+        assert!(spec.iter().all(|r| r[3] == json!(0)), "{spec:?}");
+        assert_eq!(outputs(decoding("spec", &fm, &[]).unwrap()), spec);
     }
 }
 

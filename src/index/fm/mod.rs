@@ -19,12 +19,10 @@ pub mod wavelet;
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
-
 use crate::index::docs::{
     self, Document, DocumentIndex, DocumentShard, SearchOptions, SearchResult,
 };
-use crate::index::format::{ptr_size_for, TokenWidth, TOKENIZER_FILE};
+use crate::index::format::{TokenWidth, TOKENIZER_FILE};
 use crate::index::query::check_vocabulary;
 use crate::index::ranks::RankRange;
 use crate::index::{Index, IndexError, Result};
@@ -44,26 +42,6 @@ pub fn is_compressed(dir: &Path) -> bool {
 }
 
 const FORMAT_VERSION: u64 = 1;
-
-/// What `index info` shows of a compressed index.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CompressedInfo {
-    pub dir: String,
-    pub shards: usize,
-    pub documents: u64,
-    pub tokens_with_separators: u64,
-    pub token_width: usize,
-    pub eos_token_id: u32,
-    pub vocab_size: u64,
-    /// Bytes of its files.
-    pub bytes: u64,
-    pub bytes_per_token: f64,
-    /// What the suffix-array index of the same text takes (tokens, pointers, document offsets).
-    pub suffix_array_bytes_per_token: f64,
-    /// The files' bytes by what they serve: the transform (count, ∞-gram, distributions), the
-    /// position samples (locating matches), the documents (offsets, entry rows, metadata).
-    pub bytes_by_part: Vec<(String, u64)>,
-}
 
 pub struct CompressedIndex {
     dir: PathBuf,
@@ -235,48 +213,6 @@ impl CompressedIndex {
     }
     pub fn total_documents(&self) -> u64 {
         self.shards.iter().map(|s| s.doc_cnt()).sum()
-    }
-
-    /// What the index holds and what it takes, beside what the suffix-array index of the same
-    /// text takes.
-    pub fn info(&self) -> Result<CompressedInfo> {
-        let mut bytes = 0;
-        for n in 0..self.shards.len() {
-            let path = shard_file(&self.dir, n);
-            bytes += std::fs::metadata(&path)
-                .map_err(|e| IndexError::io(&path, e))?
-                .len();
-        }
-        let tokens = self.total_tokens();
-        // A suffix-array shard holds each token and its pointer, a document offset each and the
-        // same metadata (what its `index info` counts).
-        let suffix_array_bytes: u64 = self
-            .shards
-            .iter()
-            .map(|s| {
-                let ds_size = s.tok_cnt() * self.width.bytes() as u64;
-                s.tok_cnt() * (self.width.bytes() + ptr_size_for(ds_size)) as u64
-                    + 8 * s.doc_cnt()
-                    + s.metadata_bytes()
-            })
-            .sum();
-        Ok(CompressedInfo {
-            dir: self.dir.display().to_string(),
-            shards: self.shards.len(),
-            documents: self.total_documents(),
-            tokens_with_separators: tokens,
-            token_width: self.width.bytes(),
-            eos_token_id: self.eos_token_id,
-            vocab_size: self.vocab_size,
-            bytes,
-            bytes_per_token: bytes as f64 / tokens as f64,
-            suffix_array_bytes_per_token: suffix_array_bytes as f64 / tokens as f64,
-            bytes_by_part: self
-                .size_by_part()
-                .into_iter()
-                .map(|(name, b)| (name.to_string(), b))
-                .collect(),
-        })
     }
 
     /// Bytes of each part over all shards (transform, samples, documents).
