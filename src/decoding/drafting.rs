@@ -5,7 +5,7 @@
 use super::Sequence;
 use crate::draft::calibration::{Calibrated, Origin};
 use crate::draft::{DraftOptions, DraftTree};
-use crate::evidence::ReferenceData;
+use crate::evidence::{Followed, ReferenceData};
 use crate::index::Result;
 
 impl Sequence {
@@ -47,7 +47,7 @@ impl Sequence {
             // (its reads cost more than a drafted token is worth), only nudged back towards trust.
             let mut nothing_to_read = self.calibration.factor(origin) < opts.min_path_prob;
             if origin == Origin::Index && !opts.tree {
-                let depth = opts.depth_for(self.followed.matched_tokens());
+                let depth = opts.depth_for(self.matched_tokens());
                 let bound = self
                     .calibration
                     .chain_bound(origin, depth, opts.min_path_prob);
@@ -106,7 +106,8 @@ impl Sequence {
 
     fn has(&self, origin: Origin) -> bool {
         match origin {
-            Origin::Index | Origin::Prompt => true,
+            Origin::Index => self.followed.is_some(),
+            Origin::Prompt => true,
             Origin::Live => self.live.is_some(),
             Origin::Reference => self.reference.is_some(),
         }
@@ -121,14 +122,13 @@ impl Sequence {
     ) -> Result<DraftTree> {
         let (conts, len) = match origin {
             Origin::Index => {
-                let len = self.followed.matched_tokens();
+                let Some(followed) = &self.followed else {
+                    return Ok(DraftTree::default());
+                };
+                let len = followed.matched_tokens();
                 let depth = opts.depth_for(len);
-                let conts = reference.continuations(
-                    &self.followed,
-                    &self.tokens,
-                    opts.index_samples,
-                    depth,
-                )?;
+                let conts =
+                    reference.continuations(followed, &self.tokens, opts.index_samples, depth)?;
                 (conts, len)
             }
             Origin::Prompt => self.lookup.continuations(&self.tokens, opts.max_tokens),
@@ -149,6 +149,11 @@ impl Sequence {
             },
         };
         Ok(opts.draft_from(&conts, len))
+    }
+
+    /// Tokens of the sequence its match in the reference data covers.
+    fn matched_tokens(&self) -> usize {
+        self.followed.as_ref().map_or(0, Followed::matched_tokens)
     }
 
     fn calibrate(&self, origin: Origin, tree: DraftTree, opts: &DraftOptions) -> Calibrated {

@@ -75,7 +75,11 @@ impl Sequence {
         neural: NeuralDistribution,
         output: impl FnOnce(&SparseDistribution, &NeuralDistribution, f64) -> T,
     ) -> Result<MixedStep<T>, DecodeError> {
-        let infgram = reference.step_followed(&self.followed, &self.tokens, &neural)?;
+        let followed = self.followed.as_ref().ok_or_else(|| {
+            MixError::Invalid("a sequence the model decodes alone does not mix".into())
+        })?;
+        let infgram = reference.step_followed(followed, &self.tokens, &neural)?;
+        let first_adaptive = self.adaptive.is_none();
         let adaptive = match (how.rule, how.params) {
             (LambdaRule::Adaptive, Some(p)) => Some(
                 self.adaptive
@@ -83,7 +87,7 @@ impl Sequence {
             ),
             _ => None,
         };
-        Ok(mix_step(
+        let step = mix_step(
             reference,
             how,
             &self.tokens,
@@ -91,7 +95,12 @@ impl Sequence {
             neural,
             adaptive,
             output,
-        )?)
+        );
+        // A refused first adaptive step leaves no posterior behind.
+        if step.is_err() && first_adaptive {
+            self.adaptive = None;
+        }
+        Ok(step?)
     }
 
     /// The model's logits after the sequence, running only the tokens its cache lacks.

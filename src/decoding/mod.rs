@@ -52,7 +52,9 @@ impl From<candle_core::Error> for DecodeError {
 /// ([`Sequence::with_extras`]), and the adaptive λ's posterior from its first adaptive mix on.
 pub struct Sequence {
     tokens: Vec<u32>,
-    followed: Followed,
+    /// Its match in the reference data; `None` for a sequence the model decodes alone
+    /// ([`Sequence::model_only`]).
+    followed: Option<Followed>,
     lookup: PromptLookup,
     live: Option<LiveLink>,
     reference: Option<ReferenceText>,
@@ -72,11 +74,23 @@ struct ReferenceText {
 }
 
 impl Sequence {
+    /// A sequence that follows `reference` from `context` on.
     pub fn new(reference: &dyn ReferenceData, context: Vec<u32>) -> Result<Self, IndexError> {
         let followed = reference.follow(&context)?;
+        Ok(Self::of(context, Some(followed)))
+    }
+
+    /// A sequence the model decodes alone (plain decoding, the baseline of speculative decoding):
+    /// it never reads the reference data, so it cannot mix, and it drafts only from its own tokens
+    /// and extras.
+    pub fn model_only(context: Vec<u32>) -> Self {
+        Self::of(context, None)
+    }
+
+    fn of(context: Vec<u32>, followed: Option<Followed>) -> Self {
         let mut lookup = PromptLookup::default();
         lookup.extend(&context, 0);
-        Ok(Self {
+        Self {
             tokens: context,
             followed,
             lookup,
@@ -87,7 +101,7 @@ impl Sequence {
             warning: None,
             model: None,
             adaptive: None,
-        })
+        }
     }
 
     /// The sequence with `model`'s KV cache, which runs the tokens lazily, when logits are asked
@@ -114,12 +128,12 @@ impl Sequence {
     /// Length of the longest suffix of the sequence found in the reference data (tokens, or bytes
     /// over a byte-level index).
     pub fn suffix_len(&self) -> usize {
-        self.followed.suffix_len()
+        self.followed.as_ref().map_or(0, Followed::suffix_len)
     }
 
     /// Occurrences of that suffix.
     pub fn prompt_cnt(&self) -> u64 {
-        self.followed.prompt_cnt()
+        self.followed.as_ref().map_or(0, Followed::prompt_cnt)
     }
 
     /// Whether the sequence keeps a model's KV cache.
@@ -132,26 +146,26 @@ impl Sequence {
         self.warning.as_deref()
     }
 
-    /// Appends tokens. Checked against the vocabulary and the KV budget first, so a bad id or a
-    /// full budget changes nothing; a reference that fails to follow them leaves the sequence as it
+    /// Appends tokens. Checked against the KV budget and the vocabulary first, so a full budget or
+    /// a bad id changes nothing; a reference that fails to follow them leaves the sequence as it
     /// was. The adaptive λ learns from the first of them, if a mixing step awaited it.
     pub fn append(
         &mut self,
         reference: &dyn ReferenceData,
         tokens: &[u32],
     ) -> Result<(), DecodeError> {
-        reference.check_ids(tokens)?;
+        let Some(&first) = tokens.first() else {
+            return Ok(());
+        };
         let from = self.tokens.len();
         if let Some(m) = &mut self.model {
             m.reserve(from + tokens.len())?;
         }
-        self.tokens.extend_from_slice(tokens);
-        if let Err(e) = reference.advance(&mut self.followed, &self.tokens, from) {
-            self.tokens.truncate(from);
+        if let Err(e) = self.follow_appended(reference, tokens) {
             if let Some(m) = &mut self.model {
                 m.unreserve(from);
             }
-            return Err(e.into());
+            return Err(e);
         }
         for &t in tokens {
             self.calibration.appended(t);
@@ -160,10 +174,30 @@ impl Sequence {
         if let Some(m) = &mut self.model {
             m.appended();
         }
-        if let (Some(a), Some(&first)) = (&mut self.adaptive, tokens.first()) {
+        if let Some(a) = &mut self.adaptive {
             a.observe(from, first);
         }
         self.learn();
+        Ok(())
+    }
+
+    /// Adds `tokens` to the tokens and to the match, ids checked first; refused, neither changed.
+    fn follow_appended(
+        &mut self,
+        reference: &dyn ReferenceData,
+        tokens: &[u32],
+    ) -> Result<(), DecodeError> {
+        let from = self.tokens.len();
+        let Some(followed) = &mut self.followed else {
+            self.tokens.extend_from_slice(tokens);
+            return Ok(());
+        };
+        reference.check_ids(tokens)?;
+        self.tokens.extend_from_slice(tokens);
+        if let Err(e) = reference.advance(followed, &self.tokens, from) {
+            self.tokens.truncate(from);
+            return Err(e.into());
+        }
         Ok(())
     }
 
@@ -178,7 +212,9 @@ impl Sequence {
         if len >= self.tokens.len() {
             return Ok(());
         }
-        reference.truncate(&mut self.followed, &self.tokens[..len])?;
+        if let Some(followed) = &mut self.followed {
+            reference.truncate(followed, &self.tokens[..len])?;
+        }
         self.calibration.release();
         self.lookup.truncate(&self.tokens[len..], len);
         self.tokens.truncate(len);
@@ -192,9 +228,10 @@ impl Sequence {
         Ok(())
     }
 
-    /// Brings the sequence to `context`: keeps what it shares with it and appends the rest, for a
-    /// caller that sends the whole context at each step. Either part refused, the sequence is at a
-    /// prefix of both, still whole.
+    /// Brings the sequence to `context`, for a caller that sends the whole context at each step:
+    /// keeps what it shares with it (a truncate) and appends the rest. Bad ids are refused before
+    /// either, changing nothing; a reference that fails in the append leaves the sequence cut to
+    /// the shared part, still whole.
     pub fn align(
         &mut self,
         reference: &dyn ReferenceData,
@@ -206,14 +243,16 @@ impl Sequence {
             .zip(context)
             .take_while(|(a, b)| a == b)
             .count();
+        reference.check_ids(&context[common..])?;
         self.truncate(reference, common)?;
         self.append(reference, &context[common..])
     }
 
-    /// Memory held beyond the model's cache (budgeted on its own): the tokens, the lookup of their
-    /// positions and the adaptive λ's history.
+    /// Memory held beyond the model's cache (budgeted on its own): the tokens, their match, the
+    /// lookup of their positions and the adaptive λ's history.
     pub fn heap_bytes(&self) -> usize {
-        self.tokens.len() * 4
+        self.tokens.capacity() * 4
+            + self.followed.as_ref().map_or(0, Followed::heap_bytes)
             + self.lookup.heap_bytes()
             + self
                 .adaptive
@@ -226,6 +265,7 @@ impl Sequence {
 mod tests {
     use super::*;
     use crate::corpus::{Content, InputDoc};
+    use crate::draft::DraftOptions;
     use crate::index::build::{build, BuildOptions};
     use crate::index::{Index, OpenOptions, TokenWidth};
     use crate::mix::distribution::mix_full;
@@ -295,6 +335,13 @@ mod tests {
 
         let mut aligned = Sequence::new(&index, vec![1, 2, 3]).unwrap();
         mixed(&mut aligned, &index, how);
+        let before = view(&aligned);
+        assert!(aligned.align(&index, &[1, 2, 5, 100]).is_err());
+        assert_eq!(
+            view(&aligned),
+            before,
+            "a bad id in a new context changes nothing"
+        );
         aligned.align(&index, &[1, 2, 3, 4]).unwrap();
 
         let fresh = Sequence::new(&index, vec![1, 2, 3, 4]).unwrap();
@@ -307,5 +354,27 @@ mod tests {
         // The posterior learnt from the token 4: a fresh sequence's prior gives another λ.
         let mut fresh = fresh;
         assert_ne!(mixed(&mut fresh, &index, how).0, want.0);
+    }
+
+    /// A sequence the model decodes alone never reads the reference: no match, no mixing, no
+    /// drafts from the index; its own tokens still draft.
+    #[test]
+    fn a_model_only_sequence_reads_no_reference() {
+        let tmp = tempfile::tempdir().unwrap();
+        let index = index(tmp.path());
+        let mut seq = Sequence::model_only(vec![1, 2, 3, 4, 5, 1, 2, 3]);
+        seq.append(&index, &[4]).unwrap();
+        assert_eq!((seq.suffix_len(), seq.prompt_cnt()), (0, 0));
+        let how = MixRule {
+            rule: LambdaRule::Fixed(0.5),
+            params: None,
+            max_match: None,
+        };
+        let neural = NeuralDistribution::from_logits(&[0.0; 100]).unwrap();
+        assert!(seq.mix(&index, how, neural, mix_full).is_err());
+        let draft = seq.draft(&index, &DraftOptions::default()).unwrap();
+        // What followed the earlier "1 2 3 4", as deep as its match is long.
+        assert_eq!(draft.chain(), vec![5, 1, 2, 3], "prompt lookup's draft");
+        assert_eq!(seq.last_origin(), Some(Origin::Prompt));
     }
 }

@@ -230,6 +230,7 @@ fn verify_sampled(
 
 /// Continues `prompt` with `model`, drafting when asked from `reference`, the sequence itself and
 /// `extras` (a live namespace, which learns the output when `extras.learn`; a reference text).
+/// Without drafts (the baseline) the model decodes alone: the reference data is not read.
 pub fn decode(
     model: &Transformer,
     reference: &dyn ReferenceData,
@@ -240,114 +241,105 @@ pub fn decode(
     let Some((&last, head)) = prompt.split_last() else {
         return Err(ModelError::Invalid("empty prompt".into()).into());
     };
-    crate::model::on_rayon_worker(|| decode_after(model, reference, (head, last), opts, extras))
-}
-
-/// [`decode`] of a prompt split into its `head` and its `last` token, the first one run.
-fn decode_after(
-    model: &Transformer,
-    reference: &dyn ReferenceData,
-    (head, last): (&[u32], u32),
-    opts: &SpecOptions,
-    extras: Extras,
-) -> Result<SpecRun, DecodeError> {
-    let prefill = Instant::now();
-    let mut run = SpecRun::default();
-    let mut verifier = match opts.temperature.filter(|&t| t > 0.0) {
-        None => Verifier::Greedy,
-        Some(temperature) => Verifier::Sampling {
-            temperature,
-            rng: Uniform(opts.seed),
-        },
-    };
-    // Trees when asked for, under greedy verification, where passes can follow them (the CPU).
-    let cpu = model.device().is_cpu();
-    let trees = opts.draft.is_some_and(|d| d.tree) && matches!(verifier, Verifier::Greedy) && cpu;
-    let max_rows = match cpu {
-        true => MAX_VERIFY_ROWS,
-        false => SHORT_PASS_ROWS - 1,
-    };
-    // The drafter's time: taking in the prompt and keeping its state up to date, when drafting.
-    let drafter_time = |since: Instant, run: &mut SpecRun| {
-        if opts.draft.is_some() {
-            run.draft_seconds += since.elapsed().as_secs_f64();
-        }
-    };
-    let t = Instant::now();
-    let seq = Sequence::new(reference, [head, &[last]].concat())?;
-    let seq = match opts.draft {
-        Some(_) => seq.with_extras(extras)?,
-        None => seq,
-    };
-    let mut seq = seq.with_model(model, None);
-    drafter_time(t, &mut run);
-    // The cache holds every token of the sequence but the last, the pending one.
-    if !head.is_empty() {
-        model.forward_last(head, cache(&mut seq)?)?;
-    }
-    run.prefill_seconds = prefill.elapsed().as_secs_f64();
-    let started = Instant::now();
-    let mut pending = last;
-    while run.tokens.len() < opts.max_new_tokens {
-        if crate::interrupt::interrupted() {
-            return Err(ModelError::Interrupted.into());
-        }
-        let t = Instant::now();
-        let room = (opts.max_new_tokens - run.tokens.len() - 1).min(max_rows - 1);
-        let rows = match &opts.draft {
-            Some(d) => Rows::of(&seq.draft(reference, d)?, room, trees),
-            None => Rows::default(),
+    crate::model::on_rayon_worker(|| {
+        let prefill = Instant::now();
+        let mut run = SpecRun::default();
+        let mut verifier = match opts.temperature.filter(|&t| t > 0.0) {
+            None => Verifier::Greedy,
+            Some(temperature) => Verifier::Sampling {
+                temperature,
+                rng: Uniform(opts.seed),
+            },
         };
-        drafter_time(t, &mut run);
-
-        let mut input = Vec::with_capacity(rows.tokens.len() + 1);
-        input.push(pending);
-        input.extend(&rows.tokens);
-        let cache = cache(&mut seq)?;
-        let before = cache.len();
-        let logits = match rows.is_chain() {
-            true if cpu => model.forward_exact(&input, cache)?,
-            true => model.forward(&input, cache)?,
-            false => {
-                let parents: Vec<usize> = std::iter::once(0)
-                    .chain(rows.parents.iter().copied())
-                    .collect();
-                model.forward_tree(&input, &parents, cache)?
+        // Trees when asked for, under greedy verification, where passes can follow them (the CPU).
+        let cpu = model.device().is_cpu();
+        let trees =
+            opts.draft.is_some_and(|d| d.tree) && matches!(verifier, Verifier::Greedy) && cpu;
+        let max_rows = match cpu {
+            true => MAX_VERIFY_ROWS,
+            false => SHORT_PASS_ROWS - 1,
+        };
+        // The drafter's time: taking in the prompt and keeping its state up to date, when drafting.
+        let drafter_time = |since: Instant, run: &mut SpecRun| {
+            if opts.draft.is_some() {
+                run.draft_seconds += since.elapsed().as_secs_f64();
             }
         };
-        let logits: Vec<Vec<f32>> = logits.to_vec2()?;
-        let (path, next) = verifier.verify(&logits, &rows);
-        let kept: Vec<usize> = std::iter::once(0).chain(path.iter().copied()).collect();
-        cache.keep(before, &kept)?;
-        run.steps += 1;
-        run.drafted += rows.tokens.len();
-        run.longest_draft = run.longest_draft.max(rows.tokens.len());
-        run.accepted += path.len();
-        if !rows.tokens.is_empty() {
-            let source = seq.last_origin().map_or("union", |o| o.name());
-            let tally = run.by_source.entry(source).or_default();
-            tally.drafts += 1;
-            tally.drafted += rows.tokens.len();
-            tally.accepted += path.len();
-        }
-
-        let mut new: Vec<u32> = path.iter().map(|&r| rows.tokens[r - 1]).collect();
-        new.push(next);
-        let stop_at = new.iter().position(|&t| Some(t) == opts.stop_token);
-        if let Some(i) = stop_at {
-            new.truncate(i + 1);
-        }
         let t = Instant::now();
-        seq.append(reference, &new)?;
+        let seq = match opts.draft {
+            Some(_) => Sequence::new(reference, prompt.to_vec())?.with_extras(extras)?,
+            None => Sequence::model_only(prompt.to_vec()),
+        };
+        let mut seq = seq.with_model(model, None);
         drafter_time(t, &mut run);
-        run.tokens.extend(&new);
-        pending = next;
-        if stop_at.is_some() {
-            break;
+        // The cache holds every token of the sequence but the last, the pending one.
+        if !head.is_empty() {
+            model.forward_last(head, cache(&mut seq)?)?;
         }
-    }
-    run.seconds = started.elapsed().as_secs_f64();
-    Ok(run)
+        run.prefill_seconds = prefill.elapsed().as_secs_f64();
+        let started = Instant::now();
+        let mut pending = last;
+        while run.tokens.len() < opts.max_new_tokens {
+            if crate::interrupt::interrupted() {
+                return Err(ModelError::Interrupted.into());
+            }
+            let t = Instant::now();
+            let room = (opts.max_new_tokens - run.tokens.len() - 1).min(max_rows - 1);
+            let rows = match &opts.draft {
+                Some(d) => Rows::of(&seq.draft(reference, d)?, room, trees),
+                None => Rows::default(),
+            };
+            drafter_time(t, &mut run);
+
+            let mut input = Vec::with_capacity(rows.tokens.len() + 1);
+            input.push(pending);
+            input.extend(&rows.tokens);
+            let cache = cache(&mut seq)?;
+            let before = cache.len();
+            let logits = match rows.is_chain() {
+                true if cpu => model.forward_exact(&input, cache)?,
+                true => model.forward(&input, cache)?,
+                false => {
+                    let parents: Vec<usize> = std::iter::once(0)
+                        .chain(rows.parents.iter().copied())
+                        .collect();
+                    model.forward_tree(&input, &parents, cache)?
+                }
+            };
+            let logits: Vec<Vec<f32>> = logits.to_vec2()?;
+            let (path, next) = verifier.verify(&logits, &rows);
+            let kept: Vec<usize> = std::iter::once(0).chain(path.iter().copied()).collect();
+            cache.keep(before, &kept)?;
+            run.steps += 1;
+            run.drafted += rows.tokens.len();
+            run.longest_draft = run.longest_draft.max(rows.tokens.len());
+            run.accepted += path.len();
+            if !rows.tokens.is_empty() {
+                let source = seq.last_origin().map_or("union", |o| o.name());
+                let tally = run.by_source.entry(source).or_default();
+                tally.drafts += 1;
+                tally.drafted += rows.tokens.len();
+                tally.accepted += path.len();
+            }
+
+            let mut new: Vec<u32> = path.iter().map(|&r| rows.tokens[r - 1]).collect();
+            new.push(next);
+            let stop_at = new.iter().position(|&t| Some(t) == opts.stop_token);
+            if let Some(i) = stop_at {
+                new.truncate(i + 1);
+            }
+            let t = Instant::now();
+            seq.append(reference, &new)?;
+            drafter_time(t, &mut run);
+            run.tokens.extend(&new);
+            pending = next;
+            if stop_at.is_some() {
+                break;
+            }
+        }
+        run.seconds = started.elapsed().as_secs_f64();
+        Ok(run)
+    })
 }
 
 /// The KV cache of a sequence made [`Sequence::with_model`].

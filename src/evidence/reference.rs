@@ -159,6 +159,17 @@ impl Followed {
             Followed::Compressed(m) => m.prompt_cnt(),
         }
     }
+
+    /// Memory held for the sequence (behind a router: the answer's distribution, a tree node a
+    /// token).
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            Followed::Local(m) => m.heap_bytes(),
+            Followed::Remote(a) => a.ntd.dist.len() * 48,
+            Followed::Bytes(t) => t.heap_bytes(),
+            Followed::Compressed(m) => m.heap_bytes(),
+        }
+    }
 }
 
 /// A sequence handed to a reference other than the one that follows it: a bug, said as an error.

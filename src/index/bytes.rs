@@ -89,6 +89,18 @@ pub struct ByteText {
 }
 
 impl ByteText {
+    /// Memory held: the text's bytes, a mark per token and the matches' lengths.
+    pub fn heap_bytes(&self) -> usize {
+        self.bytes.capacity() * 4
+            + self.marks.capacity() * std::mem::size_of::<(usize, usize)>()
+            + self.matched.heap_bytes()
+            + self
+                .earlier
+                .iter()
+                .map(|(_, m)| m.heap_bytes())
+                .sum::<usize>()
+    }
+
     pub fn new(index: &Index) -> Result<Self> {
         index.require_byte_level()?;
         Ok(Self {

@@ -133,6 +133,14 @@ pub struct SuffixMatch<M = Matches> {
     matches: M,
 }
 
+impl<M> SuffixMatch<M> {
+    /// Memory held for the sequence: a match length per token (the matches themselves are a few
+    /// ranks).
+    pub fn heap_bytes(&self) -> usize {
+        self.lens.capacity() * 4
+    }
+}
+
 impl<M: Clone + Counted> SuffixMatch<M> {
     /// The match of the empty sequence: every position of the corpus.
     pub fn new<I: Occurrences<Matches = M> + ?Sized>(index: &I) -> Self {

@@ -1,5 +1,5 @@
-//! The adaptive λ of a live sequence (a session, or the `Mix` calls of one sequence id), where tokens
-//! arrive one step after their distribution was mixed and drafts are taken back.
+//! The adaptive λ of one sequence (a decoding sequence's, or a scored document's read in order),
+//! where tokens arrive one step after their distribution was mixed and drafts are taken back.
 //!
 //! A mixing step leaves its two distributions pending; when the token at that position arrives, the
 //! posterior learns how each hypothesis would have scored it. Taking tokens back rolls the posterior

@@ -1,8 +1,9 @@
 //! The sequences of `Mix` calls that name a `sequence_id`: each call sends the whole context, so the
 //! sidecar keeps the sequence as the last call left it ([`Sequence::align`] brings it to the next
 //! call's context: what followed the previous step teaches the adaptive λ, taken-back drafts are
-//! forgotten, and the ∞-gram match follows the new tokens only). Bounded in number and in bytes kept; the least
-//! recently used sequence goes first, and a forgotten one starts again from the prior.
+//! forgotten, and the ∞-gram match follows the new tokens only). Bounded in number and in bytes
+//! kept; the least recently used sequence goes first, and a forgotten one starts again from the
+//! prior.
 //!
 //! Ids are shared by every caller of the sidecar (as one bearer token is): callers pick unique
 //! ones (a UUID per sequence). Calls with one id are meant to come in order; two at once each see
@@ -18,7 +19,8 @@ use crate::decoding::Sequence;
 
 /// Sequences kept at once: each holds its last neural distribution (a vocabulary of floats).
 const MAX_SEQUENCES: usize = 256;
-/// Bytes kept over all sequences: contexts, pending distributions, posterior history.
+/// Bytes kept over all sequences ([`Sequence::heap_bytes`]: contexts, their matches and position
+/// lookups, pending distributions, posterior history).
 const MAX_BYTES: usize = 256 << 20;
 const MAX_ID_BYTES: usize = 256;
 

@@ -74,6 +74,7 @@ impl Session {
         let top_k = s.check_top_k(m.top_k)?;
         let how = mix_rule(s, m.lambda.map(Into::into), true, m.max_match)?;
         let neural = neural_distribution(s, m.neural.map(Into::into), || {
+            let model = s.model()?.transformer();
             if !self.seq.has_model() {
                 return Err(Status::failed_precondition(
                     "own_model needs a session started with use_model",
@@ -82,9 +83,7 @@ impl Session {
             if self.seq.tokens().is_empty() {
                 return Err(Status::invalid_argument("the session has no tokens yet"));
             }
-            self.seq
-                .logits(s.model()?.transformer())
-                .map_err(decode_status)
+            self.seq.logits(model).map_err(decode_status)
         })?;
         self.seq
             .mix(&*s.reference, how, neural, top(top_k))
