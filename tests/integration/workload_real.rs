@@ -1,13 +1,15 @@
 //! `eval workload`'s replay on the real SmolLM2 and the real mini-Pile index, on a workload of three
-//! requests: a short poem in namespace `a`, the same request in namespace `b`, then in `a` again. Oracles: plain greedy decoding (every drafted run must
-//! reproduce it), the repeat's own output (verbatim what `a` learned before, so the live index must
-//! draft most of it), and the namespaces (what `b` learned cannot serve `a`'s repeat, nor `a`'s
-//! first request serve `b`).
+//! requests: a short poem in namespace `a`, the same request in namespace `b`, then in `a` again.
+//! Oracles: plain greedy decoding (every drafted run must reproduce it), the repeat's own output
+//! (verbatim what `a` learned before, so the live index must draft most of it), and the namespaces
+//! (what `b` learned cannot serve `a`'s repeat, nor `a`'s first request serve `b`). The same
+//! replay over the index's compressed form gives the same outputs.
 
 use crate::common;
 
 use common::server::build_index;
 use infini_sidecar::eval::workload::{self, WorkloadRequest};
+use infini_sidecar::index::fm::CompressedIndex;
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::model::Model;
 
@@ -128,4 +130,10 @@ fn a_replayed_workload_learns_per_namespace_and_stays_exact() {
         );
     }
     assert!(warm_live(&simulate(0.4)).speedup < warm.speedup);
+
+    // Over the compressed form of the same index: the same outputs, still plain decoding's.
+    let fm = CompressedIndex::build(&index, &dir.path().join("fm"), 2, |_| {}).unwrap();
+    let over_fm = workload::run(&model, &fm, &requests, &draft).unwrap();
+    assert!(over_fm.summary.iter().all(|s| s.mismatches == 0));
+    assert_eq!(over_fm.replay, report.replay);
 }
