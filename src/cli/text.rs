@@ -15,8 +15,7 @@ use infini_sidecar::eval::report::PplReport;
 use infini_sidecar::index::build::BuildReport;
 use infini_sidecar::index::format::DecontaminationRecord;
 use infini_sidecar::index::info::CompressedInfo;
-use infini_sidecar::index::info::IndexShape;
-use infini_sidecar::index::IndexInfo;
+use infini_sidecar::index::{IndexInfo, IndexShape};
 use infini_sidecar::mix::{improvement_percent, MixingParams};
 use infini_sidecar::model::Generation;
 

@@ -53,7 +53,7 @@ impl Sequence {
     /// it has and those appended later) are added to it as a document, for every sequence of the
     /// namespace to draft from at once. Learning is best effort: refused (the namespace limit, a
     /// full disk), the sequence does without it and says why in [`Sequence::warning`].
-    pub fn with_live(
+    fn with_live(
         mut self,
         live: Arc<dyn LiveStore>,
         namespace: &str,

@@ -114,7 +114,7 @@ impl Sequence {
     }
 
     /// Drafts also from `tokens`, for this sequence only. Ids must have been checked.
-    pub fn with_reference(mut self, tokens: Vec<u32>) -> Self {
+    fn with_reference(mut self, tokens: Vec<u32>) -> Self {
         let mut lookup = PromptLookup::default();
         lookup.extend(&tokens, 0);
         self.reference = Some(ReferenceText { tokens, lookup });

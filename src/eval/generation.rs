@@ -144,8 +144,21 @@ fn sample(
     let transformer = model.transformer();
     let vocab = Corpus::vocab_size(index) as usize;
     let mut processor = LogitsProcessor::new(seed, Some(opts.temperature), Some(opts.top_p));
-    let mut seq = Sequence::new(index, prompt.to_vec())?.with_model(transformer, None);
+    // The model alone never reads the index.
+    let seq = match sampler {
+        Sampler::Neural => Sequence::model_only(prompt.to_vec()),
+        Sampler::Mixed { .. } => Sequence::new(index, prompt.to_vec())?,
+    };
+    let mut seq = seq.with_model(transformer, None);
     let candle = |e: candle_core::Error| EvalError::from(ModelError::from(e));
+    // A token drawn from `probs`, and the model's own log-prob of it.
+    let mut pick = |probs: &[f64], neural: &NeuralDistribution| -> Result<(u32, f64)> {
+        let log_probs: Vec<f32> = probs.iter().map(|&p| p.ln() as f32).collect();
+        let token = Tensor::new(log_probs, &Device::Cpu)
+            .and_then(|t| processor.sample(&t))
+            .map_err(candle)?;
+        Ok((token, neural.prob(token).ln()))
+    };
     let mut out = Sample {
         tokens: Vec::with_capacity(opts.new_tokens),
         neural_logprobs: Vec::with_capacity(opts.new_tokens),
@@ -158,25 +171,26 @@ fn sample(
         let mut logits = seq.logits(transformer)?;
         logits.resize(vocab, f32::MIN);
         let neural = NeuralDistribution::from_logits(&logits)?;
-        let (probs, lambda) = match sampler {
-            Sampler::Neural => ((0..vocab as u32).map(|t| neural.prob(t)).collect(), 0.0),
+        let ((token, neural_logprob), lambda) = match sampler {
+            Sampler::Neural => {
+                let probs: Vec<f64> = (0..vocab as u32).map(|t| neural.prob(t)).collect();
+                (pick(&probs, &neural)?, 0.0)
+            }
             Sampler::Mixed { rule, max_match } => {
                 let how = MixRule {
                     rule,
                     params: Some(params),
                     max_match,
                 };
-                // The step keeps the model's distribution for the adaptive λ; the sample's own
-                // log-prob reads this copy.
-                let step = seq.mix(index, how, neural.clone(), mix_full)?;
-                (step.output, step.lambda.lambda)
+                // Drawn inside the step, which then keeps the model's distribution for the
+                // adaptive λ.
+                let step = seq.mix(index, how, neural, |sparse, neural, lambda| {
+                    pick(&mix_full(sparse, neural, lambda), neural)
+                })?;
+                (step.output?, step.lambda.lambda)
             }
         };
-        let log_probs: Vec<f32> = probs.iter().map(|&p| p.ln() as f32).collect();
-        let token = Tensor::new(log_probs, &Device::Cpu)
-            .and_then(|t| processor.sample(&t))
-            .map_err(candle)?;
-        out.neural_logprobs.push(neural.prob(token).ln());
+        out.neural_logprobs.push(neural_logprob);
         out.lambdas.push(lambda);
         out.tokens.push(token);
         seq.append(index, &[token])?;

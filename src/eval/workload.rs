@@ -15,7 +15,6 @@ use crate::decoding::spec::{decode, Rows, SourceTally, SpecOptions, SpecRun, MAX
 use crate::decoding::{Extras, Sequence};
 use crate::draft::{DraftOptions, DraftSource};
 use crate::evidence::EvidenceIndex;
-use crate::index::corpus::Corpus;
 use crate::live::{LiveConfig, LiveIndex, Vocabulary};
 use crate::model::Model;
 
@@ -212,11 +211,7 @@ pub fn run(
         .ok()
         .filter(|ids| ids.len() == 1)
         .map(|ids| ids[0]);
-    let vocab = Vocabulary {
-        width: index.width(),
-        eos_token_id: index.eos_token_id(),
-        vocab_size: Corpus::vocab_size(index),
-    };
+    let vocab = Vocabulary::of(index);
     let lives = CONFIGURATIONS
         .iter()
         .map(|_| LiveIndex::open(LiveConfig::default(), vocab).map(Arc::new))
@@ -469,11 +464,7 @@ pub fn simulate(
     draft: &DraftOptions,
     row_cost: f64,
 ) -> Result<Vec<Simulated>> {
-    let vocab = Vocabulary {
-        width: index.width(),
-        eos_token_id: index.eos_token_id(),
-        vocab_size: Corpus::vocab_size(index),
-    };
+    let vocab = Vocabulary::of(index);
     let mut out = Vec::new();
     for config in CONFIGURATIONS {
         // Compaction in this thread after every step, at the same points every time: the replay

@@ -22,7 +22,8 @@ pub fn usable_lambda(lambda: f64) -> f64 {
 /// λ of each token (`sparse` and `features` are the tokens') under `rule`; `domain` picks the
 /// domain's own λ1/λ2 under [`LambdaRule::DomainSplit`]. Every rule but a fixed λ reads `params`.
 /// [`LambdaRule::Adaptive`] gives its λ before any token of the sequence is observed (the prior);
-/// [`mix_tokens`] and decoding sequences follow one with an [`AdaptiveSequence`].
+/// [`mix_tokens`] follows one with a [`SequenceTrust`], decoding sequences with an
+/// [`AdaptiveSequence`] (the same posterior, able to take tokens back).
 pub fn lambdas(
     rule: LambdaRule,
     params: Option<&MixingParams>,
@@ -88,7 +89,8 @@ pub fn mix_tokens(
             .collect());
     };
     let bases = lambdas(p.adaptive_base(), params, domain, &sparse, &features)?;
-    let mut sequence: Option<(usize, AdaptiveSequence)> = None;
+    // Read in order, never taken back: the posterior alone, without a decoding sequence's history.
+    let mut sequence: Option<(usize, SequenceTrust)> = None;
     Ok(records
         .iter()
         .zip(bases)
@@ -96,19 +98,15 @@ pub fn mix_tokens(
             debug_assert!(
                 sequence
                     .as_ref()
-                    .is_none_or(|(doc, s)| *doc != r.doc || s.trust().observed() + 1 == r.position),
+                    .is_none_or(|(doc, t)| *doc != r.doc || t.observed() + 1 == r.position),
                 "records of a document must come in position order, from its second token"
             );
             let mixer = match &mut sequence {
                 Some((doc, mixer)) if *doc == r.doc => mixer,
-                _ => {
-                    &mut sequence
-                        .insert((r.doc, AdaptiveSequence::new(&p.adaptive)))
-                        .1
-                }
+                _ => &mut sequence.insert((r.doc, SequenceTrust::new(&p.adaptive))).1,
             };
-            let lambda = mixer.lambda_at(r.position, base);
-            mixer.learn(r.position, base, r.infgram_prob, r.neural_prob());
+            let lambda = mixer.lambda(base);
+            mixer.observe(base, r.infgram_prob, r.neural_prob());
             mixed(r, lambda)
         })
         .collect())

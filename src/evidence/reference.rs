@@ -161,11 +161,11 @@ impl Followed {
     }
 
     /// Memory held for the sequence (behind a router: the answer's distribution, a tree node a
-    /// token).
+    /// token, about three times its entry).
     pub fn heap_bytes(&self) -> usize {
         match self {
             Followed::Local(m) => m.heap_bytes(),
-            Followed::Remote(a) => a.ntd.dist.len() * 48,
+            Followed::Remote(a) => a.ntd.dist.len() * 3 * std::mem::size_of::<(u32, u64)>(),
             Followed::Bytes(t) => t.heap_bytes(),
             Followed::Compressed(m) => m.heap_bytes(),
         }

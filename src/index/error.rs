@@ -36,9 +36,12 @@ pub enum IndexError {
 
 impl IndexError {
     /// A remote source's failure, told by `message`.
-    pub fn remote(source: impl std::error::Error + Send + Sync + 'static, message: &str) -> Self {
+    pub fn remote(
+        source: impl std::error::Error + Send + Sync + 'static,
+        message: impl Into<String>,
+    ) -> Self {
         IndexError::Remote {
-            message: message.to_string(),
+            message: message.into(),
             source: Box::new(source),
         }
     }

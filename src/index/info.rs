@@ -111,7 +111,7 @@ impl CompressedIndex {
     pub fn info(&self) -> Result<CompressedInfo> {
         let mut bytes = 0;
         for n in 0..self.shards.len() {
-            let path = shard_file(Corpus::dir(self), n);
+            let path = shard_file(self.dir(), n);
             bytes += std::fs::metadata(&path)
                 .map_err(|e| IndexError::io(&path, e))?
                 .len();
@@ -130,7 +130,7 @@ impl CompressedIndex {
             })
             .sum();
         Ok(CompressedInfo {
-            dir: Corpus::dir(self).display().to_string(),
+            dir: self.dir().display().to_string(),
             shape: shape(self),
             bytes,
             bytes_per_token: bytes as f64 / tokens as f64,

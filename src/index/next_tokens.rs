@@ -29,13 +29,15 @@ pub fn collect_runs(
     query_bytes: usize,
     runs: &mut Vec<(NextKey, u64)>,
 ) -> Result<()> {
-    let table = shard.next_table().filter(|_| !range.is_empty());
-    match table.and_then(|t| t.lookup(query_bytes, range)) {
+    // The table holds no empty range, and the divide and conquer returns at once on one.
+    match shard
+        .next_table()
+        .and_then(|t| t.lookup(query_bytes, range))
+    {
         Some(counts) => {
             runs.extend(counts.map(|(token, n)| (token as NextKey, n as u64)));
             Ok(())
         }
-        // An empty range has no runs: the divide and conquer returns at once.
         None => ordered_runs(shard, range, query_bytes, runs),
     }
 }

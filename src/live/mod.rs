@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::index::corpus::Corpus;
 use crate::index::{IndexError, TokenWidth};
 pub(crate) use folder::LOCK_FILE;
 use folder::SET_ASIDE_PREFIX;
@@ -91,6 +92,17 @@ pub struct Vocabulary {
     pub width: TokenWidth,
     pub eos_token_id: u32,
     pub vocab_size: u64,
+}
+
+impl Vocabulary {
+    /// The vocabulary of `index`'s tokens.
+    pub fn of(index: &(impl Corpus + ?Sized)) -> Self {
+        Self {
+            width: index.width(),
+            eos_token_id: index.eos_token_id(),
+            vocab_size: index.vocab_size(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

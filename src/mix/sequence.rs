@@ -1,5 +1,5 @@
-//! The adaptive λ of one sequence (a decoding sequence's, or a scored document's read in order),
-//! where tokens arrive one step after their distribution was mixed and drafts are taken back.
+//! The adaptive λ of a decoding sequence (`decoding::Sequence`), where tokens arrive one step after
+//! their distribution was mixed and drafts are taken back.
 //!
 //! A mixing step leaves its two distributions pending; when the token at that position arrives, the
 //! posterior learns how each hypothesis would have scored it. Taking tokens back rolls the posterior
@@ -90,20 +90,11 @@ impl AdaptiveSequence {
         let Some(p) = self.pending.take_if(|p| p.position == position) else {
             return;
         };
-        let p_infgram = p.infgram.prob(token, &p.neural);
-        self.learn(position, p.base, p_infgram, p.neural.prob(token));
-    }
-
-    /// The token at `position`, which the ∞-gram gave `p_infgram` and the model `p_neural` where
-    /// the base rule said `base`, teaches the posterior: what an awaited token does, for a caller
-    /// that has the two probabilities at hand (a scored document, read in order). Positions must
-    /// grow.
-    pub fn learn(&mut self, position: usize, base: f64, p_infgram: f64, p_neural: f64) {
         let seen = Observation {
             position,
-            base,
-            p_infgram,
-            p_neural,
+            base: p.base,
+            p_infgram: p.infgram.prob(token, &p.neural),
+            p_neural: p.neural.prob(token),
         };
         self.trust.observe(seen.base, seen.p_infgram, seen.p_neural);
         self.history.push(seen);

@@ -24,13 +24,6 @@ const MAX_SEQUENCES: usize = 256;
 const MAX_BYTES: usize = 256 << 20;
 const MAX_ID_BYTES: usize = 256;
 
-impl MixSequence {
-    /// What keeping it costs, in bytes.
-    fn cost(&self) -> usize {
-        self.seq.heap_bytes()
-    }
-}
-
 /// Refuses an id too long to keep, before any work is done for the call.
 pub(super) fn check_sequence_id(id: &str) -> Result<(), Status> {
     if id.len() > MAX_ID_BYTES {
@@ -44,6 +37,9 @@ pub(super) fn check_sequence_id(id: &str) -> Result<(), Status> {
 
 struct MixSequence {
     seq: Sequence,
+    /// What keeping it costs, in bytes: measured once when it is put (a kept sequence does not
+    /// change), not again under the table's lock.
+    cost: usize,
     last_used: u64,
 }
 
@@ -72,7 +68,7 @@ impl MixSequences {
             let mut table = self.table();
             let taken = table.sequences.remove(id);
             if let Some(t) = &taken {
-                table.bytes -= t.cost();
+                table.bytes -= t.cost;
             }
             taken
         };
@@ -90,16 +86,18 @@ impl MixSequences {
 
     /// Keeps `seq` under `id`, making room by forgetting the least recently used.
     pub(super) fn put(&self, id: String, seq: Sequence) {
+        let cost = seq.heap_bytes();
         let mut table = self.table();
         table.clock += 1;
         let seq = MixSequence {
             seq,
+            cost,
             last_used: table.clock,
         };
-        table.bytes += seq.cost();
+        table.bytes += seq.cost;
         if let Some(replaced) = table.sequences.insert(id, seq) {
             // A concurrent call with the same id put its own first.
-            table.bytes -= replaced.cost();
+            table.bytes -= replaced.cost;
         }
         while table.sequences.len() > MAX_SEQUENCES
             || (table.bytes > MAX_BYTES && table.sequences.len() > 1)
@@ -113,7 +111,7 @@ impl MixSequences {
                 break;
             };
             if let Some(gone) = table.sequences.remove(&oldest) {
-                table.bytes -= gone.cost();
+                table.bytes -= gone.cost;
             }
         }
     }

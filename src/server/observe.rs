@@ -59,7 +59,7 @@ fn method_of(path: &str) -> &'static str {
 }
 
 /// A call that takes this long is logged at INFO (the others at DEBUG).
-pub(super) const SLOW_CALL: Duration = Duration::from_millis(500);
+const SLOW_CALL: Duration = Duration::from_millis(500);
 
 /// Records in the current call's span the time its work waited for a blocking-pool thread and
 /// ran (a stream's last step).

@@ -163,11 +163,7 @@ impl SidecarService {
         let model_over_bytes = neural.model.as_ref().filter(|_| index.is_byte_level());
         let live = open_live(config, || match model_over_bytes {
             Some(model) => model_vocabulary(model.tokenizer()),
-            None => Ok(Vocabulary {
-                width: index.width(),
-                eos_token_id: index.eos_token_id(),
-                vocab_size: index.vocab_size(),
-            }),
+            None => Ok(Vocabulary::of(&*index)),
         })?;
         let reference: Arc<dyn ReferenceData> = match &neural.model {
             Some(model) => byte_reference::for_model(index.clone(), model.tokenizer()),
@@ -222,13 +218,7 @@ impl SidecarService {
             true => neural.check_byte_level()?,
             false => neural.check_tokenizer(&tokenizer, "the index")?,
         }
-        let live = open_live(config, || {
-            Ok(Vocabulary {
-                width: index.width(),
-                eos_token_id: index.eos_token_id(),
-                vocab_size: index.vocab_size(),
-            })
-        })?;
+        let live = open_live(config, || Ok(Vocabulary::of(&*index)))?;
         Ok(Self::assemble(
             config,
             metrics,

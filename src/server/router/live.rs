@@ -14,7 +14,6 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use super::shards::{ShardClient, ShardSet};
 use crate::cluster::validate::ShardAnswer;
-use crate::index::IndexError;
 use crate::live::{Appended, LiveError, LiveStore, Piece, Result};
 use crate::server::shard_pb as spb;
 
@@ -26,8 +25,7 @@ pub(crate) struct RemoteLive {
 }
 
 fn remote(status: Status) -> LiveError {
-    let message = status.message().to_string();
-    LiveError::Index(IndexError::remote(status, &message))
+    LiveError::Index(super::reference::remote(status))
 }
 
 impl RemoteLive {

@@ -40,9 +40,10 @@ pub(crate) struct RemoteReference {
     vocab_size: u64,
 }
 
-fn remote(status: Status) -> IndexError {
+/// A shard server's refusal, as the index layer carries it (the status kept for the server).
+pub(super) fn remote(status: Status) -> IndexError {
     let message = status.message().to_string();
-    IndexError::remote(status, &message)
+    IndexError::remote(status, message)
 }
 
 fn merge_error(e: merge::Overflow) -> IndexError {
