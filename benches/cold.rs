@@ -14,6 +14,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::{Index, OpenOptions};
 use serde_json::json;
 

@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use infini_sidecar::corpus::{Content, InputDoc};
 use infini_sidecar::index::build::{build, BuildOptions};
+use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::docs::SearchOptions;
 use infini_sidecar::index::fm::CompressedIndex;
 use infini_sidecar::index::{Index, OpenOptions};

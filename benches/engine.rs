@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use infini_sidecar::corpus::{Content, InputDoc};
 use infini_sidecar::index::build::{build, BuildOptions};
+use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
 
 /// A Zipf-like token stream: frequent tokens repeat, so matches have realistic lengths.

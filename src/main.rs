@@ -240,15 +240,8 @@ struct BuildArgs {
     /// that mixes with every model, whatever its tokenizer.
     #[arg(long, conflicts_with_all = ["tokenizer", "from_tokens", "eos_id", "vocab_size", "token_width"])]
     bytes: bool,
-    /// Token width in bits (8, 16, 32); default: the narrowest that fits the vocabulary.
-    #[arg(long)]
-    token_width: Option<u32>,
-    /// End-of-sequence id (default: the tokenizer's).
-    #[arg(long)]
-    eos_id: Option<u32>,
-    /// Vocabulary size (default: the tokenizer's; for token files, all ids but the separator).
-    #[arg(long)]
-    vocab_size: Option<u64>,
+    #[command(flatten)]
+    vocabulary: VocabularyArgs,
     /// Peak memory for the build, in GiB: decides how many tokens go in one shard.
     #[arg(long, default_value_t = 8.0)]
     memory_gib: f64,
@@ -286,19 +279,30 @@ struct BuildArgs {
     format: text::Format,
 }
 
+/// What token ids mean where neither a tokenizer nor our manifest says: for `index build` of
+/// token files (each given one overrides the tokenizer's), and for indexes without our manifest
+/// (built by the reference indexer).
+#[derive(Args)]
+struct VocabularyArgs {
+    /// Token width in bits (8, 16, 32); default: the manifest's, or for a build the narrowest
+    /// that fits the vocabulary.
+    #[arg(long)]
+    token_width: Option<u32>,
+    /// End-of-sequence id; default: the manifest's, or for a build the tokenizer's.
+    #[arg(long)]
+    eos_id: Option<u32>,
+    /// Vocabulary size; default: the manifest's, or for a build the tokenizer's (for token files,
+    /// all ids but the separator).
+    #[arg(long)]
+    vocab_size: Option<u64>,
+}
+
 #[derive(Args)]
 struct OpenArgs {
     #[arg(long)]
     index: PathBuf,
-    /// For indexes without our manifest (built by the reference indexer): token width in bits.
-    #[arg(long)]
-    token_width: Option<u32>,
-    /// For indexes without our manifest: the eos token id.
-    #[arg(long)]
-    eos_id: Option<u32>,
-    /// For indexes without our manifest: the vocabulary size.
-    #[arg(long)]
-    vocab_size: Option<u64>,
+    #[command(flatten)]
+    vocabulary: VocabularyArgs,
 }
 
 #[derive(Args)]
@@ -341,9 +345,11 @@ struct QueryArgs {
 
 fn open_options(args: &OpenArgs) -> Result<OpenOptions> {
     Ok(OpenOptions {
-        token_width: args.token_width.map(TokenWidth::from_bits).transpose()?,
-        eos_token_id: args.eos_id,
-        vocab_size: args.vocab_size,
+        token_width: (args.vocabulary.token_width)
+            .map(TokenWidth::from_bits)
+            .transpose()?,
+        eos_token_id: args.vocabulary.eos_id,
+        vocab_size: args.vocabulary.vocab_size,
         ..OpenOptions::default()
     })
 }
@@ -360,9 +366,9 @@ fn run_build(args: BuildArgs) -> Result<()> {
         None => args.bytes.then(Tokenizer::utf8_bytes),
     };
     let vocabulary = GivenVocabulary {
-        vocab_size: args.vocab_size,
-        token_width_bits: args.token_width,
-        eos_token_id: args.eos_id,
+        vocab_size: args.vocabulary.vocab_size,
+        token_width_bits: args.vocabulary.token_width,
+        eos_token_id: args.vocabulary.eos_id,
     }
     .resolve(tokenizer.as_ref(), args.from_tokens.is_some())?;
     let decontaminator = match (&tokenizer, args.decontaminate.is_empty()) {

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::docs::SearchOptions;
 use infini_sidecar::index::fm::file::with_checksum;
 use infini_sidecar::index::fm::suffix::FmSuffixMatch;

@@ -16,6 +16,7 @@
 
 use std::path::{Path, PathBuf};
 
+use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::docs::SearchOptions;
 use infini_sidecar::index::format::{
     FileRecord, Manifest, ShardPaths, ShardRecord, TokenizerRecord, FORMAT_NAME, FORMAT_VERSION,

@@ -16,6 +16,7 @@ use infini_sidecar::cluster::merge;
 use infini_sidecar::cluster::set::ShardIdentity;
 use infini_sidecar::cluster::validate::ShardAnswer;
 use infini_sidecar::cluster::wire;
+use infini_sidecar::server::pb;
 use infini_sidecar::server::shard_pb as spb;
 use prost::Message;
 
@@ -345,13 +346,14 @@ fn search_answer() -> spb::SearchAnswer {
     spb::SearchAnswer {
         doc_cnt: 1,
         clause_places: vec![2],
-        documents: vec![spb::Document {
+        documents: vec![pb::Document {
             doc_ix: 2,
             doc_len: 8,
             disp_len: 5,
             needle_offset: 2,
             metadata: String::new(),
             token_ids: vec![4; 5],
+            text: String::new(),
         }],
     }
 }

@@ -22,7 +22,7 @@ use infini_sidecar::eval::spec::{self as eval_spec, SpecEvalOptions};
 use infini_sidecar::eval::workload;
 use infini_sidecar::evidence::{byte_reference, EvidenceIndex, ReferenceData};
 use infini_sidecar::index::backoff::{Backoff, Weighting};
-use infini_sidecar::index::corpus::Corpus;
+use infini_sidecar::index::corpus::{self, Corpus};
 use infini_sidecar::index::decontam;
 use infini_sidecar::index::fm::{self, CompressedIndex};
 use infini_sidecar::index::suffix::Occurrences;
@@ -667,11 +667,11 @@ fn index_documents(
 }
 
 fn run_backoff(args: BackoffEvalArgs) -> Result<()> {
-    let index = Index::open(&args.index, &OpenOptions::default())?;
+    let index = corpus::open(&args.index, &OpenOptions::default())?;
     let budget = args
         .max_tokens
         .map_or(TokenBudget::All, TokenBudget::PerDomain);
-    let (docs, tokenizer) = index_documents(&index, &args.inputs, budget)?;
+    let (docs, tokenizer) = index_documents(&*index, &args.inputs, budget)?;
     let opts = BackoffEvalOptions {
         levels: args.levels.iter().map(|l| l.0).collect(),
         backoff: args.backoff.spec(),
@@ -681,7 +681,7 @@ fn run_backoff(args: BackoffEvalArgs) -> Result<()> {
         temperature: args.temperature,
         seed: args.seed,
     };
-    let report = eval_backoff::evaluate(&index, &tokenizer, &docs, &opts)?;
+    let report = eval_backoff::evaluate(&*index, &tokenizer, &docs, &opts)?;
     let mut written = Vec::new();
     if let Some(path) = &args.output {
         std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")

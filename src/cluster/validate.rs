@@ -419,6 +419,7 @@ mod tests {
     //! documents outside the shard) is refused as what it breaks.
 
     use super::*;
+    use crate::server::pb;
 
     const BIG: u32 = 4_000_000_000;
 
@@ -778,15 +779,16 @@ mod tests {
     }
 
     /// A document shown under `max_disp_len` 5.
-    fn doc(doc_ix: u64, doc_len: u64, needle_offset: u64) -> spb::Document {
+    fn doc(doc_ix: u64, doc_len: u64, needle_offset: u64) -> pb::Document {
         let disp_len = doc_len.min(5);
-        spb::Document {
+        pb::Document {
             doc_ix,
             doc_len,
             disp_len,
             needle_offset,
             metadata: String::new(),
             token_ids: vec![4; disp_len as usize],
+            text: String::new(),
         }
     }
 

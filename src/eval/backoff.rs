@@ -9,8 +9,8 @@ use serde::Serialize;
 
 use super::documents::EvalDocument;
 use super::{EvalError, Result};
-use crate::index::backoff::{Backoff, Weighting};
-use crate::index::Index;
+use crate::index::backoff::{Backoff, Draw, Weighting};
+use crate::index::corpus::Corpus;
 use crate::tokenizer::Tokenizer;
 
 /// What to measure.
@@ -74,7 +74,7 @@ pub fn levels_name(levels: Option<usize>) -> String {
 
 /// Scores every document under each k (documents in parallel), then generates once.
 pub fn evaluate(
-    index: &Index,
+    index: &dyn Corpus,
     tokenizer: &Tokenizer,
     docs: &[EvalDocument],
     opts: &BackoffEvalOptions,
@@ -138,7 +138,7 @@ pub fn evaluate(
 }
 
 fn generation_speed(
-    index: &Index,
+    index: &dyn Corpus,
     tokenizer: &Tokenizer,
     opts: &BackoffEvalOptions,
 ) -> Result<GenerationSpeed> {
@@ -148,13 +148,12 @@ fn generation_speed(
         ..opts.backoff
     };
     let start = Instant::now();
-    let made = index.backoff_generate(
-        &opts.prompt,
-        &spec,
-        opts.generate,
-        opts.temperature,
-        opts.seed,
-    )?;
+    let draw = Draw {
+        max_new: opts.generate,
+        temperature: opts.temperature,
+        seed: opts.seed,
+    };
+    let made = index.backoff_generate(&opts.prompt, &spec, draw)?;
     let seconds = start.elapsed().as_secs_f64();
     let bytes = tokenizer.text_bytes(&made.tokens);
     Ok(GenerationSpeed {

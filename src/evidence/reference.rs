@@ -264,7 +264,7 @@ impl LocalReference for CompressedIndex {
         }
     }
     fn infgram_after(&self, m: &FmSuffixMatch) -> Result<InfgramNtdResult, IndexError> {
-        Ok(m.infgram_ntd(self, None))
+        m.infgram_ntd(self, None)
     }
     fn continue_after(&self, m: &FmSuffixMatch, samples: usize, depth: usize) -> Vec<Vec<u32>> {
         m.continuations(self, samples, depth)

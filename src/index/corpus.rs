@@ -7,10 +7,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::index::dense::TokenScore;
+use crate::index::backoff::{self, Backoff, BackoffGeneration, Draw};
+use crate::index::dense::{self, TokenScore};
 use crate::index::docs::{Document, SearchOptions, SearchResult};
 use crate::index::fm::CompressedIndex;
 use crate::index::query::{FindResult, InfgramNtdResult, InfgramProbResult, NtdResult, ProbResult};
+use crate::index::suffix;
 use crate::index::trace::{self, TraceOptions, TraceSpan};
 use crate::index::{Index, IndexError, OpenOptions, Result, TokenWidth};
 use crate::tokenizer::Tokenizer;
@@ -51,6 +53,15 @@ pub trait Corpus: Send + Sync {
     fn get_document(&self, doc_ix: u64) -> Result<Document>;
     /// The maximal spans of `ids` that occur ([`crate::index::trace`]).
     fn trace(&self, ids: &[u32], opts: TraceOptions) -> Result<Vec<TraceSpan>>;
+    /// The back-off model's probability of every token of `seq` ([`crate::index::backoff`]).
+    fn backoff_score(&self, seq: &[u32], spec: &Backoff) -> Result<Vec<f64>>;
+    /// Tokens drawn from the back-off model after `prompt` ([`crate::index::backoff`]).
+    fn backoff_generate(
+        &self,
+        prompt: &[u32],
+        spec: &Backoff,
+        draw: Draw,
+    ) -> Result<BackoffGeneration>;
 
     /// Whether it holds UTF-8 bytes (built with `--bytes`).
     fn is_byte_level(&self) -> bool {
@@ -63,9 +74,8 @@ pub trait Corpus: Send + Sync {
     }
 
     /// The suffix-array index, for what only it answers: training hints
-    /// ([`crate::index::hints`]) sample occurrences in its rank order, and back-off generation
-    /// ([`crate::index::backoff`]) keeps its levels as its ranges. Another kind refuses, naming
-    /// `what` was asked and the index to use instead.
+    /// ([`crate::index::hints`]) sample occurrences in its rank order. Another kind refuses,
+    /// naming `what` was asked and the index to use instead.
     fn suffix_array(&self, what: &str) -> Result<&Index> {
         self.as_suffix_array().ok_or_else(|| {
             IndexError::Unsupported(format!(
@@ -82,73 +92,62 @@ pub trait Corpus: Send + Sync {
     }
 }
 
-/// Forwards the answers every kind gives natively to the kind's own methods.
+/// Forwards each listed method to the kind's own method of that name.
+macro_rules! forward {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
+        $(fn $name(&self $(, $arg: $ty)*) -> $ret {
+            Self::$name(self $(, $arg)*)
+        })*
+    };
+}
+
+/// The answers every kind gives: natively by the kind's own methods, or by what is written once
+/// over what following a match asks of it ([`suffix::Occurrences`]).
 macro_rules! native_answers {
     () => {
-        fn dir(&self) -> &Path {
-            Self::dir(self)
-        }
-        fn width(&self) -> TokenWidth {
-            Self::width(self)
-        }
-        fn num_shards(&self) -> usize {
-            Self::num_shards(self)
-        }
-        fn total_tokens(&self) -> u64 {
-            Self::total_tokens(self)
-        }
-        fn total_documents(&self) -> u64 {
-            Self::total_documents(self)
-        }
-        fn vocab_size(&self) -> u64 {
-            Self::vocab_size(self)
-        }
-        fn eos_token_id(&self) -> u32 {
-            Self::eos_token_id(self)
-        }
-        fn tokenizer(&self) -> Option<&Tokenizer> {
-            Self::tokenizer(self)
-        }
-        fn check_ids(&self, ids: &[u32]) -> Result<()> {
-            Self::check_ids(self, ids)
-        }
-        fn count(&self, ids: &[u32]) -> Result<u64> {
-            Self::count(self, ids)
-        }
-        fn find(&self, ids: &[u32]) -> Result<FindResult> {
-            Self::find(self, ids)
-        }
-        fn prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
-            Self::prob(self, prompt, cont)
-        }
-        fn ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult> {
-            Self::ntd(self, prompt, max_support)
+        forward! {
+            dir() -> &Path;
+            width() -> TokenWidth;
+            num_shards() -> usize;
+            total_tokens() -> u64;
+            total_documents() -> u64;
+            vocab_size() -> u64;
+            eos_token_id() -> u32;
+            tokenizer() -> Option<&Tokenizer>;
+            check_ids(ids: &[u32]) -> Result<()>;
+            count(ids: &[u32]) -> Result<u64>;
+            find(ids: &[u32]) -> Result<FindResult>;
+            prob(prompt: &[u32], cont: u32) -> Result<ProbResult>;
+            ntd(prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult>;
+            search_docs_cnf(cnf: &[Vec<Vec<u32>>], opts: SearchOptions) -> Result<SearchResult>;
+            get_document(doc_ix: u64) -> Result<Document>;
         }
         fn infgram_prob(&self, prompt: &[u32], cont: u32) -> Result<InfgramProbResult> {
-            Self::infgram_prob(self, prompt, cont)
+            suffix::infgram_prob(self, prompt, cont)
         }
         fn infgram_ntd(
             &self,
             prompt: &[u32],
             max_support: Option<u64>,
         ) -> Result<InfgramNtdResult> {
-            Self::infgram_ntd(self, prompt, max_support)
+            suffix::infgram_ntd(self, prompt, max_support)
         }
         fn score(&self, ids: &[u32]) -> Result<Vec<TokenScore>> {
-            Self::score(self, ids)
-        }
-        fn search_docs_cnf(
-            &self,
-            cnf: &[Vec<Vec<u32>>],
-            opts: SearchOptions,
-        ) -> Result<SearchResult> {
-            Self::search_docs_cnf(self, cnf, opts)
-        }
-        fn get_document(&self, doc_ix: u64) -> Result<Document> {
-            Self::get_document(self, doc_ix)
+            dense::score(self, ids)
         }
         fn trace(&self, ids: &[u32], opts: TraceOptions) -> Result<Vec<TraceSpan>> {
             trace::trace(self, ids, opts)
+        }
+        fn backoff_score(&self, seq: &[u32], spec: &Backoff) -> Result<Vec<f64>> {
+            backoff::score(self, seq, spec)
+        }
+        fn backoff_generate(
+            &self,
+            prompt: &[u32],
+            spec: &Backoff,
+            draw: Draw,
+        ) -> Result<BackoffGeneration> {
+            backoff::generate(self, prompt, spec, draw)
         }
     };
 }

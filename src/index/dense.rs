@@ -7,7 +7,7 @@
 use serde::Serialize;
 
 use crate::index::query::Spread;
-use crate::index::suffix::SuffixMatch;
+use crate::index::suffix::{Occurrences, SuffixMatch};
 use crate::index::{Index, IndexError, Result};
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -47,35 +47,40 @@ impl Index {
     /// Scores every token of `ids` given all tokens before it; stops when interrupted (checked per
     /// token: each costs a few suffix-array searches).
     pub fn score(&self, ids: &[u32]) -> Result<Vec<TokenScore>> {
-        Ok(self
-            .evidence(ids)?
-            .iter()
-            .map(TokenEvidence::score)
-            .collect())
+        score(self, ids)
     }
+}
 
-    /// What [`Index::score`] knows of each token of `ids`, before it is merged into a score.
-    pub fn evidence(&self, ids: &[u32]) -> Result<Vec<TokenEvidence>> {
-        self.check_ids(ids)?;
-        let eos = self.eos_token_id();
-        let mut out = Vec::with_capacity(ids.len());
-        let mut state = SuffixMatch::new(self);
-        for (i, &token) in ids.iter().enumerate() {
-            if crate::interrupt::interrupted() {
-                return Err(IndexError::Interrupted);
-            }
-            let (suffix_len, prompt_cnt) = (state.suffix_len(), state.prompt_cnt());
-            let spread = self.spread(state.matches());
-            // Separators and shard ends also count as eos, beyond the literal token.
-            let eos_cnt = (token == eos).then(|| self.cont_count(state.matches(), token));
-            let followed = state.advance(self, &ids[..=i]);
-            out.push(TokenEvidence {
-                suffix_len,
-                prompt_cnt,
-                cont_cnt: eos_cnt.unwrap_or(followed),
-                spread,
-            });
+/// Every token's dense score given all tokens before it.
+pub fn score<I: Occurrences + ?Sized>(index: &I, ids: &[u32]) -> Result<Vec<TokenScore>> {
+    Ok(evidence(index, ids)?
+        .iter()
+        .map(TokenEvidence::score)
+        .collect())
+}
+
+/// What [`score`] knows of each token of `ids`, before it is merged into a score; stops when
+/// interrupted.
+pub fn evidence<I: Occurrences + ?Sized>(index: &I, ids: &[u32]) -> Result<Vec<TokenEvidence>> {
+    index.check_query(ids)?;
+    let eos = index.eos_token_id();
+    let mut out = Vec::with_capacity(ids.len());
+    let mut state = SuffixMatch::new(index);
+    for (i, &token) in ids.iter().enumerate() {
+        if crate::interrupt::interrupted() {
+            return Err(IndexError::Interrupted);
         }
-        Ok(out)
+        let (suffix_len, prompt_cnt) = (state.suffix_len(), state.prompt_cnt());
+        let spread = index.spread(state.matches());
+        // Separators and shard ends also count as eos, beyond the literal token.
+        let eos_cnt = (token == eos).then(|| index.cont_count(state.matches(), token));
+        let followed = state.advance(index, &ids[..=i]);
+        out.push(TokenEvidence {
+            suffix_len,
+            prompt_cnt,
+            cont_cnt: eos_cnt.unwrap_or(followed),
+            spread,
+        });
     }
+    Ok(out)
 }

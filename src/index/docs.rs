@@ -229,16 +229,60 @@ pub(crate) fn search_docs_cnf<I: DocumentIndex>(
     let located = locate_cnf(index, cnf);
     let totals: Vec<u64> = located.iter().map(matches_of).collect();
     let strides = search_strides(&totals, I::PLACE_COST, opts)?;
-    if !I::SUFFIX_ORDER && strides.iter().any(|&s| s > 1) {
-        return Err(IndexError::Unsupported(format!(
-            "a clause matches more than max_clause_freq {} places, and the reference subsamples it \
-             in the suffix array's order, which a compressed index does not keep: search the \
-             suffix-array index, or use rarer n-grams",
+    check_strides::<I>(
+        &strides,
+        &format!(
+            "a clause matches more than max_clause_freq {} places",
             opts.max_clause_freq
-        )));
-    }
+        ),
+    )?;
     let found = visit_cnf(index, &located, &strides, opts.maxnum, opts.max_disp_len)?;
     Ok(found.result(&totals, &strides))
+}
+
+/// Refuses strides over 1 where `I` cannot visit every stride-th match as the reference does
+/// (`why` says which clause needs them).
+fn check_strides<I: DocumentIndex>(strides: &[u64], why: &str) -> Result<()> {
+    match I::SUFFIX_ORDER || strides.iter().all(|&s| s <= 1) {
+        true => Ok(()),
+        false => Err(IndexError::Unsupported(format!(
+            "{why}, and the reference subsamples it in the suffix array's order, which a \
+             compressed index does not keep: search the suffix-array index, or use rarer n-grams"
+        ))),
+    }
+}
+
+/// What `index` holds of a search whose strides were chosen from the counts of several indexes
+/// (a shard server's part of a router's search). The work is bounded as in
+/// [`search_docs_cnf`]: the places the strides visit may not exceed `max_places`.
+pub(crate) fn search_strided<I: DocumentIndex>(
+    index: &I,
+    cnf: &[Vec<Vec<u32>>],
+    strides: &[u64],
+    opts: SearchOptions,
+) -> Result<PartialSearch> {
+    check_cnf(index, cnf, opts.max_clauses)?;
+    if strides.len() != cnf.len() || strides.contains(&0) {
+        return Err(IndexError::Invalid(
+            "a strided search needs one positive stride per clause".into(),
+        ));
+    }
+    check_strides::<I>(strides, "the router subsamples a clause of this search")?;
+    let located = locate_cnf(index, cnf);
+    let places = located
+        .iter()
+        .zip(strides)
+        .map(|(clause, &stride)| matches_of(clause).div_ceil(stride))
+        .fold(0u64, u64::saturating_add);
+    if places > opts.max_places / I::PLACE_COST {
+        return Err(IndexError::Invalid(format!(
+            "this search would visit {places} places here, beyond the limit of {} (max_places / \
+             {}, what locating a place costs this index)",
+            opts.max_places / I::PLACE_COST,
+            I::PLACE_COST
+        )));
+    }
+    visit_cnf(index, &located, strides, opts.maxnum, opts.max_disp_len)
 }
 
 /// Matches of a clause: of all its n-grams.
@@ -471,36 +515,6 @@ impl Index {
         opts: SearchOptions,
     ) -> Result<SearchResult> {
         search_docs_cnf(self, cnf, opts)
-    }
-
-    /// What this index holds of a search whose strides were chosen from the counts of several
-    /// indexes (a shard server's part of a router's search). The work is bounded as in
-    /// [`Index::search_docs_cnf`]: the places the strides visit may not exceed `max_places`.
-    pub fn search_strided(
-        &self,
-        cnf: &[Vec<Vec<u32>>],
-        strides: &[u64],
-        opts: SearchOptions,
-    ) -> Result<PartialSearch> {
-        check_cnf(self, cnf, opts.max_clauses)?;
-        if strides.len() != cnf.len() || strides.contains(&0) {
-            return Err(IndexError::Invalid(
-                "a strided search needs one positive stride per clause".into(),
-            ));
-        }
-        let located = locate_cnf(self, cnf);
-        let places = located
-            .iter()
-            .zip(strides)
-            .map(|(clause, &stride)| matches_of(clause).div_ceil(stride))
-            .fold(0u64, u64::saturating_add);
-        if places > opts.max_places {
-            return Err(IndexError::Invalid(format!(
-                "this search would visit {places} places here, beyond the limit of {}",
-                opts.max_places
-            )));
-        }
-        visit_cnf(self, &located, strides, opts.maxnum, opts.max_disp_len)
     }
 
     /// Every document's tokens, in order (what compaction reads back to merge live runs).

@@ -1,14 +1,22 @@
 //! What one index knows of a query, in the form several indexes' answers merge into the answer a
 //! single index over all their shards gives (`cluster::merge`; the protocol is written down in
-//! `cluster`). A shard server answers with these; the router merges them.
+//! `cluster`). A shard server answers with these ([`PartialAnswers`], over any kind of index);
+//! the router merges them.
 
 use std::collections::BTreeMap;
 
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::index::corpus::Corpus;
+use crate::index::dense::{self, TokenEvidence};
+use crate::index::docs::{self, DocumentIndex, PartialSearch, SearchOptions};
+use crate::index::format::ShardSetRecord;
 use crate::index::query::{Matches, Spread};
 use crate::index::ranks::RankRange;
 use crate::index::sampling;
 use crate::index::shard::Shard;
-use crate::index::suffix::longest_suffix;
+use crate::index::suffix::{longest_suffix, Counted, Occurrences};
+use crate::index::trace;
 use crate::index::{Index, Result};
 
 /// One suffix array's next tokens after a prompt, in suffix-array order and run-length coded:
@@ -48,31 +56,94 @@ pub struct PartialContinuations {
     pub spread: Spread,
 }
 
-impl Index {
+/// What a shard server's answers read of an index natively, part by part (each suffix array, or
+/// the FM-index compressed from it): the rest of [`PartialAnswers`] is written once over it.
+pub(crate) trait LocalParts: Occurrences + DocumentIndex + Sync {
+    /// Every part's next tokens after `m`, under `cap` ([`LocalSample`]).
+    fn fine_samples(&self, m: &Self::Matches, cap: u64) -> Result<Vec<LocalSample>>;
+    /// Every part's fine samples under `cap` of the matches `m` (of a non-empty suffix, or with a
+    /// cap of 0), each with up to `depth` following tokens cut at the end of its document.
+    fn fine_continuations(
+        &self,
+        m: &Self::Matches,
+        cap: u64,
+        depth: usize,
+    ) -> Vec<LocalContinuations>;
+    /// The count of `ids`, checked, as `Corpus::count` answers it (a suffix array keeps short
+    /// n-grams' counts).
+    fn checked_count(&self, ids: &[u32]) -> Result<u64>;
+    /// Its place in a set of shards built apart (`index build --shard`), if it is one.
+    fn shard_set(&self) -> Option<ShardSetRecord>;
+    /// Its files' checksums, hashed: what replicas of a shard must agree on.
+    fn content_id(&self) -> String;
+}
+
+/// What one index answers a router: each query's part here, which the router merges with the
+/// other shards' (`cluster::merge`). Every kind of index answers it; the shard server reads it.
+pub trait PartialAnswers: Corpus {
     /// What follows `prompt` (or, `infinite`, its longest suffix found here): the exact
-    /// distribution, or with `max_support` every suffix array's fine samples.
-    pub fn partial_continuations(
+    /// distribution, or with `max_support` every part's fine samples.
+    fn partial_continuations(
+        &self,
+        prompt: &[u32],
+        infinite: bool,
+        max_support: Option<u64>,
+    ) -> Result<PartialContinuations>;
+    /// The counts of `prompt`'s last k tokens for each k of `lengths` up to `suffix_len` (the
+    /// suffix matched here; longer ones do not occur here), in order. Ids must have been checked.
+    fn suffix_counts(
+        &self,
+        prompt: &[u32],
+        suffix_len: usize,
+        lengths: &[usize],
+    ) -> Result<Vec<u64>>;
+    /// Every part's fine samples (under `cap`) of what followed the last `len` tokens of
+    /// `prefix`: what the gate's support estimate of a position needs from this index. Ids must
+    /// have been checked.
+    fn support(&self, prefix: &[u32], len: usize, cap: u64) -> Result<Vec<LocalSample>>;
+    /// What followed the longest suffix of `prompt` found here, for drafts: its length, and
+    /// every part's fine samples under `cap`, each with up to `depth` following tokens
+    /// ([`crate::index::suffix::SuffixMatch::continuations`] reads the picks among them).
+    fn partial_drafts(&self, prompt: &[u32], cap: u64, depth: usize) -> Result<PartialDrafts>;
+    /// What this index knows of each token of `ids` ([`crate::index::dense::evidence`]).
+    fn evidence(&self, ids: &[u32]) -> Result<Vec<TokenEvidence>>;
+    /// This index's part of a search whose strides a router chose
+    /// ([`crate::index::docs::search_strided`]).
+    fn search_strided(
+        &self,
+        cnf: &[Vec<Vec<u32>>],
+        strides: &[u64],
+        opts: SearchOptions,
+    ) -> Result<PartialSearch>;
+    /// Each start's longest span here ([`crate::index::trace::span_lengths`]).
+    fn span_lengths(&self, ids: &[u32]) -> Result<Vec<(usize, u64)>>;
+    fn shard_set(&self) -> Option<ShardSetRecord>;
+    fn content_id(&self) -> String;
+}
+
+impl<I: LocalParts + Corpus> PartialAnswers for I {
+    fn partial_continuations(
         &self,
         prompt: &[u32],
         infinite: bool,
         max_support: Option<u64>,
     ) -> Result<PartialContinuations> {
-        self.check_ids(prompt)?;
+        self.check_query(prompt)?;
         let (suffix_len, m) = match infinite {
             true => longest_suffix(self, prompt),
-            false => (prompt.len(), self.locate(self.encode(prompt))),
+            false => (prompt.len(), self.matches_of(prompt)),
         };
         // An exact distribution shows its spread; samples need the matches' ends read.
         let (dist, samples, spread) = match max_support {
             None => {
-                let dist = self.ntd_given(&m, None)?.dist;
+                let dist = self.next_counts(&m)?.into_owned();
                 let spread = Spread::of_dist(&dist);
                 (dist, Vec::new(), spread)
             }
             Some(cap) => (
                 BTreeMap::new(),
                 self.fine_samples(&m, cap)?,
-                self.spread(&m),
+                Occurrences::spread(self, &m),
             ),
         };
         Ok(PartialContinuations {
@@ -84,9 +155,7 @@ impl Index {
         })
     }
 
-    /// The counts of `prompt`'s last k tokens for each k of `lengths` up to `suffix_len` (the
-    /// suffix matched here; longer ones do not occur here), in order. Ids must have been checked.
-    pub fn suffix_counts(
+    fn suffix_counts(
         &self,
         prompt: &[u32],
         suffix_len: usize,
@@ -95,51 +164,65 @@ impl Index {
         lengths
             .iter()
             .filter(|&&k| k <= suffix_len.min(prompt.len()))
-            .map(|&k| self.count(&prompt[prompt.len() - k..]))
+            .map(|&k| self.checked_count(&prompt[prompt.len() - k..]))
             .collect()
     }
 
-    /// Every suffix array's fine samples (under `cap`) of what followed the last `len` tokens of
-    /// `prefix`: what the gate's support estimate of a position needs from this index. Ids must
-    /// have been checked.
-    pub fn support(&self, prefix: &[u32], len: usize, cap: u64) -> Result<Vec<LocalSample>> {
+    fn support(&self, prefix: &[u32], len: usize, cap: u64) -> Result<Vec<LocalSample>> {
         let len = len.min(prefix.len());
-        let m = self.locate(self.encode(&prefix[prefix.len() - len..]));
-        self.fine_samples(&m, cap)
+        self.fine_samples(&self.matches_of(&prefix[prefix.len() - len..]), cap)
     }
 
-    /// What followed the longest suffix of `prompt` found here, for drafts: its length and count,
-    /// and every suffix array's fine samples under `cap`, each with up to `depth` following tokens
-    /// ([`crate::index::suffix::SuffixMatch::continuations`] reads the picks among them).
-    pub fn partial_drafts(&self, prompt: &[u32], cap: u64, depth: usize) -> Result<PartialDrafts> {
-        self.check_ids(prompt)?;
+    fn partial_drafts(&self, prompt: &[u32], cap: u64, depth: usize) -> Result<PartialDrafts> {
+        self.check_query(prompt)?;
         let (suffix_len, m) = longest_suffix(self, prompt);
-        let suffix_arrays = self
-            .shards
-            .iter()
-            .zip(&m.ranges)
-            .map(|(shard, range)| {
-                let fine = range.len().min(cap);
-                LocalContinuations {
-                    matches: range.len(),
-                    fine: match suffix_len {
-                        0 => Vec::new(),
-                        _ => (0..fine)
-                            .map(|k| {
-                                let rank = range.lo + sampling::fine_offset(k, range.len(), fine);
-                                self.continuation_at(shard, rank, m.bytes.len(), depth)
-                            })
-                            .collect(),
-                    },
-                }
-            })
-            .collect();
+        // No suffix matched: the counts say so, and nothing followed it.
+        let cap = if suffix_len == 0 { 0 } else { cap };
         Ok(PartialDrafts {
             suffix_len,
-            suffix_arrays,
+            suffix_arrays: self.fine_continuations(&m, cap, depth),
         })
     }
 
+    fn evidence(&self, ids: &[u32]) -> Result<Vec<TokenEvidence>> {
+        dense::evidence(self, ids)
+    }
+
+    fn search_strided(
+        &self,
+        cnf: &[Vec<Vec<u32>>],
+        strides: &[u64],
+        opts: SearchOptions,
+    ) -> Result<PartialSearch> {
+        docs::search_strided(self, cnf, strides, opts)
+    }
+
+    fn span_lengths(&self, ids: &[u32]) -> Result<Vec<(usize, u64)>> {
+        trace::span_lengths(self, ids)
+    }
+
+    fn shard_set(&self) -> Option<ShardSetRecord> {
+        LocalParts::shard_set(self)
+    }
+
+    fn content_id(&self) -> String {
+        LocalParts::content_id(self)
+    }
+}
+
+/// Runs of equal tokens, in order, from `(token, count)` pairs.
+pub(crate) fn run_length(pairs: impl IntoIterator<Item = (u32, u64)>) -> Vec<(u32, u64)> {
+    let mut runs: Vec<(u32, u64)> = Vec::new();
+    for (token, n) in pairs {
+        match runs.last_mut() {
+            Some((last, count)) if *last == token => *count += n,
+            _ => runs.push((token, n)),
+        }
+    }
+    runs
+}
+
+impl LocalParts for Index {
     fn fine_samples(&self, m: &Matches, cap: u64) -> Result<Vec<LocalSample>> {
         self.shards
             .iter()
@@ -153,6 +236,46 @@ impl Index {
             .collect()
     }
 
+    fn fine_continuations(&self, m: &Matches, cap: u64, depth: usize) -> Vec<LocalContinuations> {
+        self.shards
+            .iter()
+            .zip(&m.ranges)
+            .map(|(shard, range)| {
+                let fine = range.len().min(cap);
+                LocalContinuations {
+                    matches: range.len(),
+                    fine: (0..fine)
+                        .map(|k| {
+                            let rank = range.lo + sampling::fine_offset(k, range.len(), fine);
+                            self.continuation_at(shard, rank, m.bytes.len(), depth)
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    fn checked_count(&self, ids: &[u32]) -> Result<u64> {
+        self.count(ids)
+    }
+
+    fn shard_set(&self) -> Option<ShardSetRecord> {
+        self.manifest().and_then(|m| m.shard_set.clone())
+    }
+
+    fn content_id(&self) -> String {
+        let mut hasher = Xxh3::new();
+        if let Some(m) = self.manifest() {
+            for file in m.shards.iter().flat_map(|s| &s.files) {
+                hasher.update(file.name.as_bytes());
+                hasher.update(file.xxh3.as_bytes());
+            }
+        }
+        format!("{:016x}", hasher.digest())
+    }
+}
+
+impl Index {
     /// The next tokens of `range`'s fine samples under `cap`, run-length coded in rank order.
     fn ordered_next_tokens(
         &self,
@@ -173,14 +296,8 @@ impl Index {
                 })
                 .collect()
         };
-        let mut runs: Vec<(u32, u64)> = Vec::new();
-        for (key, n) in keys {
-            let token = self.token_of(key);
-            match runs.last_mut() {
-                Some((last, count)) if *last == token => *count += n,
-                _ => runs.push((token, n)),
-            }
-        }
-        Ok(runs)
+        Ok(run_length(
+            keys.into_iter().map(|(key, n)| (self.token_of(key), n)),
+        ))
     }
 }

@@ -349,11 +349,6 @@ impl Index {
         next_tokens::sum_by_token(counts).into_iter().collect()
     }
 
-    /// Sparse flag of the prompt's matches: exactly one possible next token over all shards.
-    pub(crate) fn is_sparse(&self, prompt: &Matches) -> bool {
-        self.spread(prompt).is_sparse()
-    }
-
     /// What follows the prompt's matches over all shards.
     pub(crate) fn spread(&self, prompt: &Matches) -> Spread {
         let mut spread = Spread::None;
@@ -398,16 +393,5 @@ impl Index {
         } else {
             Spread::Several
         }
-    }
-
-    /// The ∞-gram distribution of a suffix of `suffix_len` tokens already located.
-    pub(crate) fn infgram_ntd_given(
-        &self,
-        suffix_len: usize,
-        m: &Matches,
-        max_support: Option<u64>,
-    ) -> Result<InfgramNtdResult> {
-        let ntd = self.ntd_given(m, max_support)?;
-        Ok(InfgramNtdResult::new(ntd, suffix_len, || self.is_sparse(m)))
     }
 }

@@ -4,7 +4,12 @@
 //! most the old length: the cost depends on the match length, never on how long the sequence is.
 //! Dense scoring, decoding sessions and the drafter stand on it.
 
-use crate::index::query::{InfgramNtdResult, InfgramProbResult, Matches};
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use crate::index::query::{
+    InfgramNtdResult, InfgramProbResult, Matches, NtdResult, ProbResult, Spread,
+};
 use crate::index::sampling;
 use crate::index::shard::{NextKey, Shard, END};
 use crate::index::{Index, Result};
@@ -21,15 +26,27 @@ impl Counted for Matches {
 }
 
 /// What following a sequence asks of an index: the matches of a query and of a match one token
-/// longer. Suffix arrays and compressed indexes both answer it, so one [`SuffixMatch`] and one
-/// search for the longest occurring suffix serve both.
+/// longer, and what follows matches. Suffix arrays and compressed indexes both answer it, so one
+/// [`SuffixMatch`], one search for the longest occurring suffix, and the answers built on them
+/// (dense evidence, the ∞-gram's probability, back-off, a shard's partial answers) serve both.
 pub trait Occurrences {
     type Matches: Clone + Counted;
+    fn eos_token_id(&self) -> u32;
+    fn vocab_size(&self) -> u64;
     /// Refuses ids outside the vocabulary.
     fn check_query(&self, ids: &[u32]) -> Result<()>;
     fn matches_of(&self, ids: &[u32]) -> Self::Matches;
     /// Grows `m` by a token to the right, in place (the match is not kept on its own).
     fn grow_matches(&self, m: &mut Self::Matches, token: u32);
+    /// How often the matches are followed by `token`, separators and shard ends counting as eos.
+    fn cont_count(&self, m: &Self::Matches, token: u32) -> u64;
+    /// Which tokens follow the matches: none, one or several.
+    fn spread(&self, m: &Self::Matches) -> Spread;
+    /// Every token's count after the matches.
+    fn next_counts(&self, m: &Self::Matches) -> Result<Cow<'_, BTreeMap<u32, u64>>>;
+    /// The next-token distribution after the matches: exact, or under `max_support` the suffix
+    /// array's own subsample.
+    fn ntd_given(&self, m: &Self::Matches, max_support: Option<u64>) -> Result<NtdResult>;
     /// Given `m`, the matches of `seq`'s suffix of `len` tokens: how many more tokens, at most
     /// `max_extra`, the longest occurring suffix has, exactly, when the index can tell from `m`
     /// alone; `None`: search. The ids must have been checked against the vocabulary.
@@ -46,6 +63,12 @@ pub trait Occurrences {
 
 impl Occurrences for Index {
     type Matches = Matches;
+    fn eos_token_id(&self) -> u32 {
+        Index::eos_token_id(self)
+    }
+    fn vocab_size(&self) -> u64 {
+        Index::vocab_size(self)
+    }
     fn check_query(&self, ids: &[u32]) -> Result<()> {
         self.check_ids(ids)
     }
@@ -54,6 +77,18 @@ impl Occurrences for Index {
     }
     fn grow_matches(&self, m: &mut Matches, token: u32) {
         self.grow(m, token)
+    }
+    fn cont_count(&self, m: &Matches, token: u32) -> u64 {
+        Index::cont_count(self, m, token)
+    }
+    fn spread(&self, m: &Matches) -> Spread {
+        Index::spread(self, m)
+    }
+    fn next_counts(&self, m: &Matches) -> Result<Cow<'_, BTreeMap<u32, u64>>> {
+        self.exact_counts(m)
+    }
+    fn ntd_given(&self, m: &Matches, max_support: Option<u64>) -> Result<NtdResult> {
+        Index::ntd_given(self, m, max_support)
     }
     /// Reads the tokens before each of a few occurrences: every occurrence of a longer suffix
     /// ends in one of them, so the longest left agreement is the longest match. A search costs a
@@ -95,28 +130,44 @@ impl Occurrences for Index {
     }
 }
 
-/// The ∞-gram's answers, which start from the longest occurring suffix of the prompt.
-impl Index {
-    pub fn infgram_prob(&self, prompt: &[u32], cont: u32) -> Result<InfgramProbResult> {
-        self.check_ids(prompt)?;
-        self.check_ids(&[cont])?;
-        let (suffix_len, m) = longest_suffix(self, prompt);
-        Ok(InfgramProbResult {
-            prob: self.prob_given(&m, cont),
-            suffix_len,
-            sparse: self.is_sparse(&m),
-        })
-    }
+/// The ∞-gram's probability of `cont` after `prompt`: from the longest occurring suffix of it.
+pub fn infgram_prob<I: Occurrences + ?Sized>(
+    index: &I,
+    prompt: &[u32],
+    cont: u32,
+) -> Result<InfgramProbResult> {
+    index.check_query(prompt)?;
+    index.check_query(&[cont])?;
+    let (suffix_len, m) = longest_suffix(index, prompt);
+    Ok(InfgramProbResult {
+        prob: ProbResult::of_counts(m.count(), index.cont_count(&m, cont)),
+        suffix_len,
+        sparse: index.spread(&m).is_sparse(),
+    })
+}
 
-    pub fn infgram_ntd(
-        &self,
-        prompt: &[u32],
-        max_support: Option<u64>,
-    ) -> Result<InfgramNtdResult> {
-        self.check_ids(prompt)?;
-        let (suffix_len, m) = longest_suffix(self, prompt);
-        self.infgram_ntd_given(suffix_len, &m, max_support)
-    }
+/// The ∞-gram's next-token distribution after `prompt`: from the longest occurring suffix of it.
+pub fn infgram_ntd<I: Occurrences + ?Sized>(
+    index: &I,
+    prompt: &[u32],
+    max_support: Option<u64>,
+) -> Result<InfgramNtdResult> {
+    index.check_query(prompt)?;
+    let (suffix_len, m) = longest_suffix(index, prompt);
+    infgram_ntd_after(index, suffix_len, &m, max_support)
+}
+
+/// The ∞-gram distribution after a suffix of `suffix_len` tokens already located (`m`).
+fn infgram_ntd_after<I: Occurrences + ?Sized>(
+    index: &I,
+    suffix_len: usize,
+    m: &I::Matches,
+    max_support: Option<u64>,
+) -> Result<InfgramNtdResult> {
+    let ntd = index.ntd_given(m, max_support)?;
+    Ok(InfgramNtdResult::new(ntd, suffix_len, || {
+        index.spread(m).is_sparse()
+    }))
 }
 
 /// Occurrences few enough that reading what precedes each beats a search for a longer suffix.
@@ -186,6 +237,15 @@ impl<M: Clone + Counted> SuffixMatch<M> {
         &self.matches
     }
 
+    /// The ∞-gram next-token distribution after the sequence, as [`infgram_ntd`] gives it.
+    pub fn infgram_ntd<I: Occurrences<Matches = M> + ?Sized>(
+        &self,
+        index: &I,
+        max_support: Option<u64>,
+    ) -> Result<InfgramNtdResult> {
+        infgram_ntd_after(index, self.suffix_len(), &self.matches, max_support)
+    }
+
     /// Takes in the last token of `seq` (the whole sequence so far; only its tail is read). Returns how
     /// often the old suffix was followed by that literal token. Ids must have been checked.
     pub fn advance<I: Occurrences<Matches = M> + ?Sized>(&mut self, index: &I, seq: &[u32]) -> u64 {
@@ -198,7 +258,7 @@ impl<M: Clone + Counted> SuffixMatch<M> {
         let new_len = if followed > 0 {
             len + 1
         } else {
-            let (l, m) = longest_between(index, seq, 0, index.matches_of(&[]), len);
+            let (l, m) = longest_between(index, tail(seq, len), 0, index.matches_of(&[]));
             self.matches = m;
             l
         };
@@ -222,26 +282,18 @@ impl<M: Clone + Counted> SuffixMatch<M> {
     }
 }
 
-impl SuffixMatch {
-    /// The ∞-gram next-token distribution after the sequence, as [`Index::infgram_ntd`] gives it.
-    pub fn infgram_ntd(&self, index: &Index, max_support: Option<u64>) -> Result<InfgramNtdResult> {
-        index.infgram_ntd_given(self.suffix_len(), &self.matches, max_support)
-    }
-}
-
-/// The longest suffix of `seq` of at most `max_len` tokens that occurs, by binary search above a
-/// suffix of `good` tokens known to occur (`good_m`, its matches): counts only shrink as a suffix
-/// grows.
-pub(crate) fn longest_between<I: Occurrences + ?Sized>(
+/// The longest suffix of `seq` that occurs, by binary search above a suffix of `good` tokens
+/// known to occur (`good_m`, its matches): counts only shrink as a suffix grows. A search up to
+/// some length passes only that many of the sequence's last tokens ([`tail`]).
+fn longest_between<I: Occurrences + ?Sized>(
     index: &I,
     seq: &[u32],
     good: usize,
     good_m: I::Matches,
-    max_len: usize,
 ) -> (usize, I::Matches) {
     let n = seq.len();
     let (mut good, mut good_m) = (good, good_m);
-    let mut bad = max_len.min(n) + 1;
+    let mut bad = n + 1;
     while bad - good > 1 {
         if let Some(extra) = index.extension_by_scan(&good_m, seq, good, bad - 1 - good) {
             return settled(index, seq, good, good_m, extra);
@@ -255,6 +307,11 @@ pub(crate) fn longest_between<I: Occurrences + ?Sized>(
         }
     }
     (good, good_m)
+}
+
+/// The last `len` tokens of `seq` (all of them when it is shorter).
+fn tail(seq: &[u32], len: usize) -> &[u32] {
+    &seq[seq.len() - len.min(seq.len())..]
 }
 
 /// The longest suffix of `prompt` that occurs (the empty suffix always does), with its matches:
@@ -290,7 +347,7 @@ fn longest_above<I: Occurrences + ?Sized>(
         let len = (good + excess).min(max_len);
         let m = index.matches_of(&seq[n - len..]);
         if m.count() == 0 {
-            return longest_between(index, seq, good, good_m, len - 1);
+            return longest_between(index, tail(seq, len - 1), good, good_m);
         }
         (good, good_m) = (len, m);
         excess *= 2;

@@ -9,7 +9,7 @@ use tonic::Status;
 use super::checks::check_text;
 use super::config::Limits;
 use super::{check_len, check_max_support, index_status, pb, State};
-use crate::index::backoff::{Backoff, Weighting};
+use crate::index::backoff::{Backoff, Draw, Weighting};
 use crate::index::docs::{Cnf, Document, SearchOptions, SearchResult};
 use crate::index::hints::HintOptions;
 use crate::index::trace::{self, TraceOptions};
@@ -228,7 +228,8 @@ pub(super) fn search_response(
     }
 }
 
-fn document(d: Document) -> pb::Document {
+/// A document as the wire carries it (both protocols: a shard's have no text).
+pub(super) fn document(d: Document) -> pb::Document {
     pb::Document {
         doc_ix: d.doc_ix,
         doc_len: d.doc_len,
@@ -287,14 +288,14 @@ pub(super) fn generate(s: &State, r: pb::GenerateRequest) -> Result<pb::Generate
     };
     let made = s
         .corpus()?
-        .suffix_array("back-off generation")
-        .map_err(index_status)?
         .backoff_generate(
             &r.prompt,
             &spec,
-            r.max_new_tokens as usize,
-            r.temperature,
-            r.seed,
+            Draw {
+                max_new: r.max_new_tokens as usize,
+                temperature: r.temperature,
+                seed: r.seed,
+            },
         )
         .map_err(index_status)?;
     Ok(pb::GenerateResponse {

@@ -76,18 +76,28 @@ impl ServeError {
     }
 }
 
-/// The generated code of the API.
-pub mod pb {
-    tonic::include_proto!("sidecar.v1");
-    /// For gRPC reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] =
-        tonic::include_file_descriptor_set!("sidecar_v1_descriptor");
+/// The generated code, nested as the packages are (the shard protocol's documents are the
+/// API's).
+mod proto {
+    pub mod sidecar {
+        pub mod v1 {
+            tonic::include_proto!("sidecar.v1");
+            /// For gRPC reflection.
+            pub const FILE_DESCRIPTOR_SET: &[u8] =
+                tonic::include_file_descriptor_set!("sidecar_v1_descriptor");
+        }
+        pub mod shard {
+            pub mod v1 {
+                tonic::include_proto!("sidecar.shard.v1");
+            }
+        }
+    }
 }
 
 /// The generated code of the protocol between routers and shard servers.
-pub mod shard_pb {
-    tonic::include_proto!("sidecar.shard.v1");
-}
+pub use proto::sidecar::shard::v1 as shard_pb;
+/// The generated code of the API.
+pub use proto::sidecar::v1 as pb;
 
 #[derive(Clone)]
 pub struct SidecarService {

@@ -12,8 +12,8 @@ use super::session::Sessions;
 use super::{ServeError, SidecarService, State};
 use crate::cpu::{CpuInfo, KernelFlavour};
 use crate::evidence::{byte_reference, ReferenceData};
-use crate::index::corpus::Corpus;
 use crate::index::fm::CompressedIndex;
+use crate::index::partial::PartialAnswers;
 use crate::index::{Index, OpenOptions, TokenWidth};
 use crate::live::{LiveIndex, LiveStore, Vocabulary};
 use crate::mix::MixingParams;
@@ -23,8 +23,7 @@ use crate::tokenizer::Tokenizer;
 
 /// Where a service's evidence comes from, and what reads ids and text for it.
 pub(super) struct Evidence {
-    pub(super) corpus: Option<Arc<dyn Corpus>>,
-    pub(super) index: Option<Arc<Index>>,
+    pub(super) corpus: Option<Arc<dyn PartialAnswers>>,
     pub(super) reference: Arc<dyn ReferenceData>,
     pub(super) tokenizer: Tokenizer,
     pub(super) live: Option<Arc<dyn LiveStore>>,
@@ -173,8 +172,7 @@ impl SidecarService {
             config,
             metrics,
             Evidence {
-                corpus: Some(index.clone()),
-                index: Some(index),
+                corpus: Some(index),
                 reference,
                 tokenizer,
                 live,
@@ -183,9 +181,8 @@ impl SidecarService {
         ))
     }
 
-    /// A sidecar over a compressed index, and no shard server (routers merge suffix-array
-    /// answers). Over bytes it takes no model: a model's tokens follow a byte-level index by
-    /// reading its suffix arrays.
+    /// A sidecar over a compressed index, or a shard server over one. Over bytes it takes no
+    /// model: a model's tokens follow a byte-level index by reading its suffix arrays.
     fn open_compressed(config: &ServeConfig, metrics: Arc<Metrics>) -> Result<Self, ServeError> {
         if config.sample_ranks {
             tracing::warn!(
@@ -199,12 +196,6 @@ impl SidecarService {
                 config.index.display()
             ))
         })?;
-        if config.cluster.role == Role::Shard {
-            return Err(ServeError::Setup(
-                "a shard server answers its routers from a suffix-array index, not a compressed one"
-                    .into(),
-            ));
-        }
         if tokenizer.is_utf8_bytes() && config.model.is_some() {
             return Err(ServeError::Setup(
                 "a compressed byte-level index is served without a model: a model's tokens \
@@ -224,7 +215,6 @@ impl SidecarService {
             metrics,
             Evidence {
                 corpus: Some(index.clone()),
-                index: None,
                 reference: index,
                 tokenizer,
                 live,
@@ -246,7 +236,6 @@ impl SidecarService {
         Self {
             state: Arc::new(State {
                 corpus: evidence.corpus,
-                index: evidence.index,
                 reference: evidence.reference,
                 tokenizer: evidence.tokenizer,
                 mixing: neural.mixing,

@@ -1,38 +1,23 @@
-//! The shard role: `sidecar.shard.v1` over this sidecar's index, for routers to fan out to. Each
-//! answer is what this index alone knows ([`crate::index::partial`]); the router merges them
+//! The shard role: `sidecar.shard.v1` over this sidecar's index (a suffix array or a compressed
+//! one), for routers to fan out to. Each answer is what this index alone knows
+//! ([`crate::index::partial::PartialAnswers`]); the router merges them
 //! (`cluster::merge`). A shard server is an ordinary sidecar besides: its `sidecar.v1` API serves
 //! its own shard.
 
-use tonic::{Request, Response, Status};
-use xxhash_rust::xxh3::Xxh3;
-
 use super::drafting::MAX_DRAFT_TOKENS;
-use super::engine::check_answer_size;
+use super::engine::{check_answer_size, document};
 use super::shard_pb as spb;
 use super::{check_max_support, deadline_of, index_status, live_status, SidecarService, State};
 use crate::index::docs::SearchOptions;
 use crate::index::partial::LocalSample;
 use crate::index::query::Spread;
-use crate::index::trace;
-use crate::index::Index;
 use crate::live::namespace::check_name;
 use crate::live::{Appended, LiveStore, Piece};
-
-/// The checksums of the index's files, hashed: what replicas of a shard must agree on.
-fn content_id(index: &Index) -> String {
-    let mut hasher = Xxh3::new();
-    if let Some(m) = index.manifest() {
-        for file in m.shards.iter().flat_map(|s| &s.files) {
-            hasher.update(file.name.as_bytes());
-            hasher.update(file.xxh3.as_bytes());
-        }
-    }
-    format!("{:016x}", hasher.digest())
-}
+use tonic::{Request, Response, Status};
 
 fn describe(s: &State) -> Result<spb::ShardDescription, Status> {
-    let index = s.index()?;
-    let set = index.manifest().and_then(|m| m.shard_set.clone());
+    let index = s.corpus()?;
+    let set = index.shard_set();
     Ok(spb::ShardDescription {
         set_id: set.as_ref().map(|r| r.set_id.clone()).unwrap_or_default(),
         shard: set.as_ref().map_or(0, |r| r.shard),
@@ -48,7 +33,7 @@ fn describe(s: &State) -> Result<spb::ShardDescription, Status> {
             .tokenizer
             .to_json()
             .map_err(|e| Status::internal(e.to_string()))?,
-        content_id: content_id(index),
+        content_id: index.content_id(),
         version: env!("CARGO_PKG_VERSION").into(),
     })
 }
@@ -109,7 +94,7 @@ fn continuations(
         return drafts(s, r);
     }
     let lengths = count_lengths(&r.count_lengths)?;
-    let index = s.index()?;
+    let index = s.corpus()?;
     let cap = (r.max_support > 0).then_some(r.max_support);
     let part = index
         .partial_continuations(&r.prompt, r.infinite, cap)
@@ -139,7 +124,7 @@ fn drafts(s: &State, r: spb::ContinuationsRequest) -> Result<spb::ContinuationsA
         )));
     }
     let part = s
-        .index()?
+        .corpus()?
         .partial_drafts(&r.prompt, r.max_support, r.depth as usize)
         .map_err(index_status)?;
     Ok(spb::ContinuationsAnswer {
@@ -171,7 +156,7 @@ fn score_tokens(s: &State, r: spb::ScoreTokensRequest) -> Result<spb::ScoreToken
         )));
     }
     let lengths = count_lengths(&r.count_lengths)?;
-    let index = s.index()?;
+    let index = s.corpus()?;
     let evidence = index.evidence(&r.ids).map_err(index_status)?;
     let tokens = evidence
         .into_iter()
@@ -227,24 +212,13 @@ fn search(s: &State, r: spb::SearchRequest) -> Result<spb::SearchAnswer, Status>
         ..SearchOptions::default()
     };
     let found = s
-        .index()?
+        .corpus()?
         .search_strided(&cnf, &r.strides, opts)
         .map_err(index_status)?;
     Ok(spb::SearchAnswer {
         doc_cnt: found.doc_cnt,
         clause_places: found.clause_places,
-        documents: found
-            .documents
-            .into_iter()
-            .map(|d| spb::Document {
-                doc_ix: d.doc_ix,
-                doc_len: d.doc_len,
-                disp_len: d.disp_len,
-                needle_offset: d.needle_offset,
-                metadata: d.metadata.unwrap_or_default(),
-                token_ids: d.token_ids,
-            })
-            .collect(),
+        documents: found.documents.into_iter().map(document).collect(),
     })
 }
 
@@ -324,7 +298,7 @@ impl spb::shard_server::Shard for SidecarService {
             let counts = r
                 .ngrams
                 .iter()
-                .map(|g| s.index()?.count(&g.ids).map_err(index_status))
+                .map(|g| s.corpus()?.count(&g.ids).map_err(index_status))
                 .collect::<Result<_, Status>>()?;
             Ok(spb::CountAnswer { counts })
         })
@@ -366,7 +340,7 @@ impl spb::shard_server::Shard for SidecarService {
         let r = request.into_inner();
         self.run(deadline, move |s| {
             s.check_len("the traced sequence", r.ids.len())?;
-            let lengths = trace::span_lengths(s.index()?, &r.ids).map_err(index_status)?;
+            let lengths = s.corpus()?.span_lengths(&r.ids).map_err(index_status)?;
             Ok(spb::SpanLengthsAnswer {
                 lengths: lengths.into_iter().map(|(len, _)| len as u32).collect(),
             })

@@ -13,8 +13,7 @@ use super::session::Sessions;
 use super::status::{index_status, model_status};
 use crate::cpu::CpuInfo;
 use crate::evidence::ReferenceData;
-use crate::index::corpus::Corpus;
-use crate::index::Index;
+use crate::index::partial::PartialAnswers;
 use crate::live::LiveStore;
 use crate::mix::MixingParams;
 use crate::model::budget::KvBudget;
@@ -23,10 +22,9 @@ use crate::tokenizer::Tokenizer;
 
 /// What every request reads.
 pub(super) struct State {
-    /// The index every engine call reads, of whichever kind; `None` in a router.
-    pub(super) corpus: Option<Arc<dyn Corpus>>,
-    /// The same index when it is a suffix array: what a shard server's partial answers read.
-    pub(super) index: Option<Arc<Index>>,
+    /// The index every engine call and a shard server's partial answers read, of whichever kind;
+    /// `None` in a router.
+    pub(super) corpus: Option<Arc<dyn PartialAnswers>>,
     /// Where scoring, mixing and drafting get the ∞-gram's evidence: the index, or a router's
     /// shard servers.
     pub(super) reference: Arc<dyn ReferenceData>,
@@ -130,18 +128,12 @@ impl State {
         }
     }
 
-    /// The index, for the engine calls (a router answers those itself).
-    pub(super) fn corpus(&self) -> Result<&dyn Corpus, Status> {
+    /// The index, for the engine calls and a shard server's answers (a router answers those
+    /// itself).
+    pub(super) fn corpus(&self) -> Result<&dyn PartialAnswers, Status> {
         self.corpus
             .as_deref()
             .ok_or_else(|| Status::internal("this service holds no index"))
-    }
-
-    /// The suffix-array index a shard server answers its routers from (it opens no other kind).
-    pub(super) fn index(&self) -> Result<&Index, Status> {
-        self.index
-            .as_deref()
-            .ok_or_else(|| Status::internal("this service holds no suffix-array index"))
     }
 
     pub(super) fn model(&self) -> Result<&Model, Status> {

@@ -5,8 +5,10 @@
 use std::collections::BTreeMap;
 
 use infini_sidecar::corpus::Content;
-use infini_sidecar::index::backoff::{Backoff, Weighting};
+use infini_sidecar::index::backoff::{Backoff, Draw, Weighting};
 use infini_sidecar::index::build::BuildOptions;
+use infini_sidecar::index::corpus::Corpus;
+use infini_sidecar::index::fm::CompressedIndex;
 use infini_sidecar::index::{Index, TokenWidth};
 use proptest::prelude::*;
 
@@ -91,9 +93,17 @@ proptest! {
         const VOCAB: u64 = 8;
         let (_dir, index) = index_of(&docs, VOCAB, shard_tokens);
         let oracle = Oracle { docs: docs.clone(), eos: 0 };
+        // The compressed form answers as the suffix array does.
+        let fm_dir = tempfile::tempdir().unwrap();
+        let fm = CompressedIndex::build(&index, &fm_dir.path().join("fm"), 1, |_| {}).unwrap();
         for spec in specs() {
             for text in &texts {
                 let got = index.backoff_score(text, &spec).unwrap();
+                prop_assert_eq!(&fm.backoff_score(text, &spec).unwrap(), &got);
+                prop_assert_eq!(
+                    fm.backoff_generate(text, &spec, draw(6, 1.0, 3)).unwrap(),
+                    index.backoff_generate(text, &spec, draw(6, 1.0, 3)).unwrap()
+                );
                 for (i, &p) in got.iter().enumerate() {
                     let naive = naive_distribution(&oracle, &text[..i], &spec);
                     let want = naive.get(&text[i]).copied().unwrap_or(0.0) + spec.floor / VOCAB as f64;
@@ -103,7 +113,7 @@ proptest! {
                     );
                 }
                 // Greedy generation takes the naive distribution's most likely token each step.
-                let made = index.backoff_generate(text, &spec, 6, 0.0, 0).unwrap();
+                let made = index.backoff_generate(text, &spec, draw(6, 0.0, 0)).unwrap();
                 let mut seq = text.clone();
                 for &t in &made.tokens {
                     let naive = naive_distribution(&oracle, &seq, &spec);
@@ -127,13 +137,17 @@ fn sampled_generation_follows_its_seed_and_refuses_bad_settings() {
         levels: None,
         ..Backoff::default()
     };
-    let a = index.backoff_generate(&[1, 2], &spec, 40, 1.0, 7).unwrap();
-    let b = index.backoff_generate(&[1, 2], &spec, 40, 1.0, 7).unwrap();
+    let a = index
+        .backoff_generate(&[1, 2], &spec, draw(40, 1.0, 7))
+        .unwrap();
+    let b = index
+        .backoff_generate(&[1, 2], &spec, draw(40, 1.0, 7))
+        .unwrap();
     assert_eq!(a, b);
     let others: Vec<_> = (0..8)
         .map(|seed| {
             index
-                .backoff_generate(&[1, 2], &spec, 40, 1.0, seed)
+                .backoff_generate(&[1, 2], &spec, draw(40, 1.0, seed))
                 .unwrap()
                 .tokens
         })
@@ -152,7 +166,9 @@ fn sampled_generation_follows_its_seed_and_refuses_bad_settings() {
     ] {
         assert!(index.backoff_score(&[1, 2], &bad).is_err(), "{bad:?}");
     }
-    assert!(index.backoff_generate(&[1], &spec, 4, -1.0, 0).is_err());
+    assert!(index
+        .backoff_generate(&[1], &spec, draw(4, -1.0, 0))
+        .is_err());
     assert!(
         index.backoff_score(&[9], &spec).is_err(),
         "an id past the vocabulary"
@@ -203,7 +219,7 @@ fn shakespeare_at_byte_level_has_the_posts_shape() {
 
     let prompt: Vec<u32> = b"KING HENRY:\n".iter().map(|&b| u32::from(b)).collect();
     let made = index
-        .backoff_generate(&prompt, &Backoff::default(), 400, 1.0, 1)
+        .backoff_generate(&prompt, &Backoff::default(), draw(400, 1.0, 1))
         .unwrap();
     assert!(made.tokens.len() > 100);
     // Copying verbatim would keep the first level at a single match; k = 2 leaves it often.
@@ -213,4 +229,12 @@ fn shakespeare_at_byte_level_has_the_posts_shape() {
         "{fresh} of {}",
         made.levels.len()
     );
+}
+
+fn draw(max_new: usize, temperature: f64, seed: u64) -> Draw {
+    Draw {
+        max_new,
+        temperature,
+        seed,
+    }
 }

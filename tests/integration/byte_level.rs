@@ -7,6 +7,7 @@ use std::path::Path;
 
 use infini_sidecar::corpus::Content;
 use infini_sidecar::index::build::BuildOptions;
+use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
 use infini_sidecar::tokenizer::{Spelling, Tokenizer, BYTE_EOS, BYTE_VOCAB_SIZE};
 use proptest::prelude::*;

@@ -16,6 +16,7 @@ use infini_sidecar::cluster::merge;
 use infini_sidecar::decoding::Sequence;
 use infini_sidecar::draft::DraftOptions;
 use infini_sidecar::evidence::{document_records, mix_tokens, ReferenceData};
+use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::dense::TokenEvidence;
 use infini_sidecar::index::query::Spread;
 use infini_sidecar::index::{Index, OpenOptions};

@@ -4,6 +4,7 @@
 
 use std::process::Command;
 
+use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::fm::file::with_checksum;
 use infini_sidecar::index::fm::{shard_file, CompressedIndex};
 use infini_sidecar::index::Index;

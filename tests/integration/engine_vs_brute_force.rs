@@ -5,6 +5,7 @@
 
 use infini_sidecar::corpus::{Content, InputDoc};
 use infini_sidecar::index::build::{build, BuildOptions};
+use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::docs::SearchOptions;
 use infini_sidecar::index::fm::suffix::FmSuffixMatch;
 use infini_sidecar::index::fm::CompressedIndex;

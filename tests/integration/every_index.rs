@@ -13,7 +13,7 @@ use infini_sidecar::server::pb::sidecar_client::SidecarClient;
 use serde_json::{json, Value};
 use tonic::transport::Channel;
 
-use crate::cluster::{corpus, router, shard_server};
+use crate::cluster::{corpus, router, shard_server, Process};
 use crate::common::server::{config, start, Running};
 use crate::common::smollm2_gguf;
 
@@ -244,8 +244,7 @@ fn query_answers_over_every_kind_of_index() {
             }
             assert_answers_alike(op, got, want);
         }
-        // `eval contamination`: the same report, the folder it names aside; `eval backoff` needs
-        // the suffix array's ranges, and says so.
+        // `eval contamination`: the same report, the folder it names aside.
         let bench = tmp.path().join("bench.jsonl");
         std::fs::write(&bench, bench_items(&input)).unwrap();
         let report = |index: &Path| -> Value {
@@ -272,18 +271,32 @@ fn query_answers_over_every_kind_of_index() {
             "{want_report}"
         );
         assert_eq!(report(&fm), want_report, "{name}");
-        let refused = sidecar(&[
-            "eval",
-            "backoff",
-            "--index",
-            &fm.display().to_string(),
-            "--input",
-            &bench.display().to_string(),
-        ]);
-        assert!(!refused.status.success());
-        let said = String::from_utf8_lossy(&refused.stderr);
-        assert!(said.contains("this needs a suffix-array index"), "{said}");
-
+        // `eval backoff`: the same perplexities and the same generated text (times aside).
+        let backoff = |index: &Path| -> Value {
+            let (index, bench) = (index.display().to_string(), bench.display().to_string());
+            let out = succeeds(&[
+                "eval",
+                "backoff",
+                "--index",
+                &index,
+                "--input",
+                &bench,
+                "--generate",
+                "40",
+                "--json",
+            ]);
+            let mut report: Value = serde_json::from_str(&out).unwrap();
+            for row in report["rows"].as_array_mut().unwrap() {
+                row["seconds"] = Value::Null;
+            }
+            for time in ["seconds", "bytes_per_second"] {
+                report["generation"][time] = Value::Null;
+            }
+            report
+        };
+        let want_backoff = backoff(&sa);
+        assert!(want_backoff["generation"]["tokens"].as_u64().unwrap() > 0);
+        assert_eq!(backoff(&fm), want_backoff, "{name}");
         // The trace found spans from both documents; the broad search was subsampled.
         let spans = want[13]["spans"].as_array().unwrap();
         assert!(spans.len() >= 2, "{name}: {spans:?}");
@@ -528,8 +541,12 @@ fn roots(d: &pb::DraftResponse) -> Vec<(u32, u64)> {
         .collect()
 }
 
-/// What only a suffix array answers: back-off generation and training hints.
-async fn suffix_array_calls(client: &mut SidecarClient<Channel>, doc: &[u32]) -> Vec<Answer<()>> {
+/// Back-off generation and training hints (which only a suffix array answers): their answers as
+/// text, or their refusals.
+async fn generate_and_hints(
+    client: &mut SidecarClient<Channel>,
+    doc: &[u32],
+) -> Vec<Answer<String>> {
     let generate = pb::GenerateRequest {
         prompt: doc[..20].to_vec(),
         max_new_tokens: 8,
@@ -542,9 +559,26 @@ async fn suffix_array_calls(client: &mut SidecarClient<Channel>, doc: &[u32]) ->
         ..Default::default()
     };
     vec![
-        answer(client.generate(generate).await).map(|_| ()),
-        answer(client.hints(hints).await).map(|_| ()),
+        answer(client.generate(generate).await).map(|a| format!("{a:?}")),
+        answer(client.hints(hints).await).map(|a| format!("{a:?}")),
     ]
+}
+
+/// Three shard servers over `shards` behind a router: their processes, and a client of the router.
+async fn routed(
+    dir: &Path,
+    name: &str,
+    shards: &[PathBuf],
+) -> (Vec<Process>, Process, SidecarClient<Channel>) {
+    let mut held = Vec::new();
+    let mut addrs = Vec::new();
+    for (k, shard) in shards.iter().enumerate() {
+        let (process, addr) = shard_server(dir, &format!("{name}-{k}"), shard).await;
+        held.push(process);
+        addrs.push(addr.to_string());
+    }
+    let (router, client, _) = router(dir, &format!("{name}-router"), &addrs, "").await;
+    (held, router, client)
 }
 
 fn serving(index: PathBuf, dir: &Path) -> ServeConfig {
@@ -554,10 +588,9 @@ fn serving(index: PathBuf, dir: &Path) -> ServeConfig {
     }
 }
 
-/// `serve` over each kind and granularity, and a router over three suffix-array shard servers:
-/// every engine call answered as a single suffix-array sidecar answers it; a compressed index
-/// refuses back-off generation and hints naming the suffix array, and a shard server refuses to
-/// start over a compressed index.
+/// `serve` over each kind and granularity, and a router over three shard servers of each kind:
+/// every engine call answered as a single suffix-array sidecar answers it (back-off generation
+/// too); a compressed index refuses hints naming the suffix array.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_answers_over_every_kind_of_index() {
     let tmp = tempfile::tempdir().unwrap();
@@ -579,60 +612,76 @@ async fn serve_answers_over_every_kind_of_index() {
         );
         let got = engine_calls(&mut fm.client, &doc, &other, at).await;
         assert_calls_alike(&got, &want, name);
-        for a in suffix_array_calls(&mut sa.client, &doc).await {
-            assert!(a.is_ok(), "{name}: {a:?}");
-        }
-        for a in suffix_array_calls(&mut fm.client, &doc).await {
-            let (code, message) = a.unwrap_err();
-            assert_eq!(code, tonic::Code::FailedPrecondition, "{message}");
-            assert!(message.contains("needs a suffix-array index"), "{message}");
-        }
+        // Back-off generation over both kinds; hints refused over a compressed index.
+        let want_extra = generate_and_hints(&mut sa.client, &doc).await;
+        assert!(
+            want_extra.iter().all(Result::is_ok),
+            "{name}: {want_extra:?}"
+        );
+        let got_extra = generate_and_hints(&mut fm.client, &doc).await;
+        assert_eq!(got_extra[0], want_extra[0], "{name}: Generate");
+        let (code, message) = got_extra[1].clone().unwrap_err();
+        assert_eq!(code, tonic::Code::FailedPrecondition, "{message}");
+        assert!(message.contains("needs a suffix-array index"), "{message}");
 
         // Three shard servers behind a router answer as the single index.
-        let mut held = Vec::new();
-        let mut addrs = Vec::new();
-        for (k, shard) in kinds.shards.iter().enumerate() {
-            let (process, addr) = shard_server(tmp.path(), &format!("{name}-{k}"), shard).await;
-            held.push(process);
-            addrs.push(addr.to_string());
-        }
-        let (_router, mut routed, _) =
-            router(tmp.path(), &format!("{name}-router"), &addrs, "").await;
-        let mut got = engine_calls(&mut routed, &doc, &other, at).await;
+        let (_held, _router, mut routed_sa) =
+            routed(tmp.path(), &format!("{name}-sa"), &kinds.shards).await;
+        let mut got = engine_calls(&mut routed_sa, &doc, &other, at).await;
         let mut want = want.clone();
         // The router names no folder and counts its shards.
         got.remove(0);
         want.remove(0);
         // A router refuses what it does not yet answer across shards (the README's table).
-        for a in suffix_array_calls(&mut routed, &doc).await {
+        for a in generate_and_hints(&mut routed_sa, &doc).await {
             assert_eq!(a.unwrap_err().0, tonic::Code::Unimplemented, "{name}");
         }
         // Every engine call, maximal spans included.
         // A subsampled distribution is the one of the shards' joined index, sampled in its own
         // order (`tests/integration/cluster.rs` compares it so): its count and suffix agree.
+        let routed_want = got.clone();
         for answers in [&mut got, &mut want] {
             answers[4] = without_dist(&answers[4]);
         }
         assert_calls_alike(&got[..8], &want[..8], &format!("{name} router"));
 
-        // A shard server over a compressed index refuses to start, saying why.
-        let fm_shard = tmp.path().join(format!("{name}-fm-shard-0"));
-        compress(&kinds.shards[0], &fm_shard);
-        let config = tmp.path().join(format!("{name}-fm-shard.toml"));
-        std::fs::write(
-            &config,
-            format!(
-                "bind = \"127.0.0.1:0\"\nindex = \"{}\"\n[cluster]\nrole = \"shard\"\n[live]\nenabled = false\n",
-                fm_shard.display()
-            ),
-        )
-        .unwrap();
-        let out = sidecar(&["serve", "--config", &config.display().to_string()]);
-        assert!(!out.status.success());
-        let log = String::from_utf8_lossy(&out.stderr);
+        // Shard servers over the shards compressed, behind a router: every engine call as the
+        // router over the suffix-array shards answers it, samples and drafts included.
+        let fm_shards: Vec<PathBuf> = (kinds.shards.iter().enumerate())
+            .map(|(k, shard)| {
+                let out = tmp.path().join(format!("{name}-fm-shard-{k}"));
+                compress(shard, &out);
+                out
+            })
+            .collect();
+        let (_held, _router, mut routed_fm) =
+            routed(tmp.path(), &format!("{name}-fm"), &fm_shards).await;
+        let mut got = engine_calls(&mut routed_fm, &doc, &other, at).await;
+        got.remove(0);
+        assert_calls_alike(
+            &got,
+            &routed_want,
+            &format!("{name} router over compressed shards"),
+        );
+        // A search the router subsamples: over suffix-array shards in their order; compressed
+        // shards refuse it as one compressed index does, and the router says so.
+        let broad = pb::SearchDocumentsRequest {
+            cnf: vec![pb::Clause {
+                ngrams: vec![pb::NGram {
+                    ids: doc[at.0..at.0 + 1].to_vec(),
+                }],
+            }],
+            maxnum: 1,
+            max_clause_freq: 10,
+            ..Default::default()
+        };
+        let subsampled = routed_sa.search_documents(broad.clone()).await.unwrap();
+        assert!(subsampled.into_inner().approx, "{name}");
+        let (code, message) = answer(routed_fm.search_documents(broad).await).unwrap_err();
+        assert_eq!(code, tonic::Code::FailedPrecondition, "{name}: {message}");
         assert!(
-            log.contains("a shard server answers its routers from a suffix-array index"),
-            "{log}"
+            message.contains("search the suffix-array index"),
+            "{message}"
         );
         for running in [sa, fm] {
             let _ = running.stop.send(());

@@ -14,6 +14,7 @@ use infini_sidecar::eval::documents::{load_documents, TokenBudget};
 use infini_sidecar::eval::experiment::{self, EvalInputs, Pairing};
 use infini_sidecar::eval::records::Collector;
 use infini_sidecar::index::build::{build, BuildOptions};
+use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::decontam::Decontaminator;
 use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
 use infini_sidecar::mix::{self, GateOptions, MixingParams};

@@ -6,7 +6,7 @@ use crate::common;
 use common::server::{authed, build_index, config, open_session, start, step, Running};
 use infini_sidecar::decoding::Sequence;
 use infini_sidecar::draft::DraftOptions;
-use infini_sidecar::index::backoff::Backoff;
+use infini_sidecar::index::backoff::{Backoff, Draw};
 use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::docs::SearchOptions;
 use infini_sidecar::index::trace::TraceOptions;
@@ -583,7 +583,15 @@ async fn generate_and_trace_answer_as_the_library_does() {
             ..Backoff::default()
         };
         let want = index
-            .backoff_generate(&prompt, &spec, 40, temperature, 5)
+            .backoff_generate(
+                &prompt,
+                &spec,
+                Draw {
+                    max_new: 40,
+                    temperature,
+                    seed: 5,
+                },
+            )
             .unwrap();
         assert_eq!(made.tokens, want.tokens, "{levels:?}");
         assert_eq!(made.steps.len(), want.levels.len());

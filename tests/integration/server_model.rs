@@ -17,6 +17,7 @@ use infini_sidecar::eval::documents::{load_documents, TokenBudget};
 use infini_sidecar::eval::records::Collector;
 use infini_sidecar::eval::report::build_report;
 use infini_sidecar::evidence::{self, document_records};
+use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::mix::{self, LambdaRule, MixingParams, NeuralDistribution, SparseDistribution};
 use infini_sidecar::model::{Model, WindowOptions};

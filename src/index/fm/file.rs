@@ -41,6 +41,11 @@ impl Words {
     }
 }
 
+/// The checksum a file records (its last eight bytes; [`WordReader::checked`] checks it).
+pub fn recorded_checksum(bytes: &[u8]) -> &[u8] {
+    &bytes[bytes.len().saturating_sub(8)..]
+}
+
 /// A file's `body` followed by the checksum that [`WordReader::checked`] expects.
 pub fn with_checksum(mut body: Vec<u8>) -> Vec<u8> {
     let checksum = xxhash_rust::xxh3::xxh3_64(&body);

@@ -12,6 +12,7 @@
 
 pub mod bits;
 pub mod file;
+mod partial;
 pub mod query;
 pub mod shard;
 pub mod suffix;
@@ -19,22 +20,28 @@ pub mod wavelet;
 
 use std::path::{Path, PathBuf};
 
+use xxhash_rust::xxh3::Xxh3;
+
 use crate::index::docs::{
     self, Document, DocumentIndex, DocumentShard, SearchOptions, SearchResult,
 };
-use crate::index::format::{TokenWidth, TOKENIZER_FILE};
+use crate::index::format::{ShardSetRecord, TokenWidth, TOKENIZER_FILE};
 use crate::index::query::check_vocabulary;
 use crate::index::ranks::RankRange;
 use crate::index::{Index, IndexError, Result};
 use crate::tokenizer::Tokenizer;
 
-use file::{WordReader, Words, MAGIC};
+use file::{recorded_checksum, WordReader, Words, MAGIC};
 use shard::{FmShard, ShardText};
 
 /// The file of compressed shard `n`.
 pub fn shard_file(dir: &Path, n: usize) -> PathBuf {
     dir.join(format!("fm.{n}"))
 }
+
+/// The shard-set record of a compressed index compressed from one shard of a set (as the suffix
+/// array's manifest holds it), so a shard server can serve it to its routers.
+const SHARD_SET_FILE: &str = "shard-set.json";
 
 /// Whether `dir` holds a compressed index.
 pub fn is_compressed(dir: &Path) -> bool {
@@ -50,6 +57,9 @@ pub struct CompressedIndex {
     pub(crate) eos_token_id: u32,
     vocab_size: u64,
     tokenizer: Option<Tokenizer>,
+    shard_set: Option<ShardSetRecord>,
+    /// Its files' checksums hashed (see [`crate::index::partial::LocalParts::content_id`]).
+    content_id: String,
 }
 
 impl CompressedIndex {
@@ -96,6 +106,7 @@ impl CompressedIndex {
         let width = index.width();
         let w = width.bytes() as u64;
         let mut shards = Vec::with_capacity(index.num_shards());
+        let mut content = Xxh3::new();
         for (n, shard) in index.shards.iter().enumerate() {
             if crate::interrupt::interrupted() {
                 return Err(IndexError::Interrupted);
@@ -119,7 +130,9 @@ impl CompressedIndex {
             words.u64(index.vocab_size());
             built.write(&mut words);
             let path = shard_file(out, n);
-            std::fs::write(&path, words.into_bytes()).map_err(|e| IndexError::io(&path, e))?;
+            let bytes = words.into_bytes();
+            content.update(recorded_checksum(&bytes));
+            std::fs::write(&path, bytes).map_err(|e| IndexError::io(&path, e))?;
             progress(tokens.len() as u64);
             shards.push(built);
         }
@@ -128,6 +141,14 @@ impl CompressedIndex {
             let to = out.join(TOKENIZER_FILE);
             std::fs::copy(&tokenizer, &to).map_err(|e| IndexError::io(&to, e))?;
         }
+        let shard_set = index.manifest().and_then(|m| m.shard_set.clone());
+        if let Some(record) = &shard_set {
+            let path = out.join(SHARD_SET_FILE);
+            let json = serde_json::to_vec_pretty(record)
+                .map_err(|e| IndexError::Invalid(format!("{}: {e}", path.display())))?;
+            content.update(&json);
+            std::fs::write(&path, json).map_err(|e| IndexError::io(&path, e))?;
+        }
         Ok(CompressedIndex {
             dir: out.to_path_buf(),
             shards,
@@ -135,6 +156,8 @@ impl CompressedIndex {
             eos_token_id: index.eos_token_id(),
             vocab_size: index.vocab_size(),
             tokenizer: index.tokenizer().cloned(),
+            shard_set,
+            content_id: format!("{:016x}", content.digest()),
         })
     }
 
@@ -150,10 +173,12 @@ impl CompressedIndex {
         }
         let mut shards = Vec::with_capacity(count);
         let mut vocabulary = None;
+        let mut content = Xxh3::new();
         for n in 0..count {
             let path = shard_file(dir, n);
             let bytes = std::fs::read(&path).map_err(|e| IndexError::io(&path, e))?;
             let mut input = WordReader::checked(&bytes, &path)?;
+            content.update(recorded_checksum(&bytes));
             if input.u64()? != MAGIC || input.u64()? != FORMAT_VERSION {
                 return input.corrupt("not a compressed index shard of this version");
             }
@@ -189,6 +214,18 @@ impl CompressedIndex {
             } else {
                 None
             };
+        let shard_set_path = dir.join(SHARD_SET_FILE);
+        let shard_set = match shard_set_path.exists() {
+            true => {
+                let json = std::fs::read(&shard_set_path)
+                    .map_err(|e| IndexError::io(&shard_set_path, e))?;
+                content.update(&json);
+                Some(serde_json::from_slice(&json).map_err(|e| {
+                    IndexError::Corrupt(format!("{}: {e}", shard_set_path.display()))
+                })?)
+            }
+            false => None,
+        };
         Ok(CompressedIndex {
             dir: dir.to_path_buf(),
             shards,
@@ -196,6 +233,8 @@ impl CompressedIndex {
             eos_token_id,
             vocab_size,
             tokenizer,
+            shard_set,
+            content_id: format!("{:016x}", content.digest()),
         })
     }
 
@@ -209,10 +248,10 @@ impl CompressedIndex {
         self.shards.len()
     }
     pub fn total_tokens(&self) -> u64 {
-        self.shards.iter().map(|s| s.tok_cnt()).sum()
+        self.shards.iter().map(FmShard::tok_cnt).sum()
     }
     pub fn total_documents(&self) -> u64 {
-        self.shards.iter().map(|s| s.doc_cnt()).sum()
+        self.shards.iter().map(FmShard::doc_cnt).sum()
     }
 
     /// Bytes of each part over all shards (transform, samples, documents).

@@ -5,17 +5,16 @@
 //! evenly spread ranks of a range sorted by what follows, and the exact counts in that order
 //! say which token sits at each such rank, so the same samples come out without reading a rank.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use crate::index::fm::CompressedIndex;
 use crate::index::next_tokens::token_of_key;
-use crate::index::query::{
-    FindResult, InfgramNtdResult, InfgramProbResult, NtdResult, ProbResult, Spread,
-};
+use crate::index::query::{FindResult, NtdResult, ProbResult, Spread};
 use crate::index::ranks::RankRange;
 use crate::index::sampling;
 use crate::index::shard::NextKey;
-use crate::index::suffix::{longest_suffix, Counted, Occurrences};
+use crate::index::suffix::{Counted, Occurrences};
 use crate::index::Result;
 
 /// One query's rows in every shard, with its length in tokens (the empty query's rows hold the
@@ -37,8 +36,44 @@ impl Counted for FmMatches {
     }
 }
 
+/// One shard's next tokens of a range as the suffix array orders the same matches (by what
+/// follows), counted: the token at any rank of the suffix array's range, without reading a rank.
+pub(crate) struct SuffixOrdered {
+    counts: Vec<(NextKey, u64)>,
+    run: usize,
+    run_start: u64,
+}
+
+impl SuffixOrdered {
+    /// Matches in the range (the empty query's leave the shard's end out).
+    pub(crate) fn len(&self) -> u64 {
+        self.counts.iter().map(|&(_, n)| n).sum()
+    }
+
+    /// `(next key, count)` runs in order.
+    pub(crate) fn runs(&self) -> &[(NextKey, u64)] {
+        &self.counts
+    }
+
+    /// The next key at `offset` into the range, and the offset among the matches it follows.
+    /// Offsets must ascend from one call to the next and stay below [`Self::len`].
+    pub(crate) fn at(&mut self, offset: u64) -> (NextKey, u64) {
+        while offset >= self.run_start + self.counts[self.run].1 {
+            self.run_start += self.counts[self.run].1;
+            self.run += 1;
+        }
+        (self.counts[self.run].0, offset - self.run_start)
+    }
+}
+
 impl Occurrences for CompressedIndex {
     type Matches = FmMatches;
+    fn eos_token_id(&self) -> u32 {
+        self.eos_token_id
+    }
+    fn vocab_size(&self) -> u64 {
+        CompressedIndex::vocab_size(self)
+    }
     fn check_query(&self, ids: &[u32]) -> Result<()> {
         self.check_ids(ids)
     }
@@ -47,6 +82,18 @@ impl Occurrences for CompressedIndex {
     }
     fn grow_matches(&self, m: &mut FmMatches, token: u32) {
         *m = self.extend(m, token)
+    }
+    fn cont_count(&self, m: &FmMatches, token: u32) -> u64 {
+        CompressedIndex::cont_count(self, m, token)
+    }
+    fn spread(&self, m: &FmMatches) -> Spread {
+        CompressedIndex::spread(self, m)
+    }
+    fn next_counts(&self, m: &FmMatches) -> Result<Cow<'_, BTreeMap<u32, u64>>> {
+        Ok(Cow::Owned(self.ntd_given(m, None).dist))
+    }
+    fn ntd_given(&self, m: &FmMatches, max_support: Option<u64>) -> Result<NtdResult> {
+        Ok(CompressedIndex::ntd_given(self, m, max_support))
     }
 }
 
@@ -134,6 +181,22 @@ impl CompressedIndex {
         counts
     }
 
+    /// Shard `s`'s next tokens of its rows `range` of `m`, in the suffix array's order.
+    pub(crate) fn suffix_ordered(
+        &self,
+        s: usize,
+        range: RankRange,
+        m: &FmMatches,
+    ) -> SuffixOrdered {
+        let mut counts = self.shard_counts(s, range, m, usize::MAX);
+        self.shards[s].suffix_order(&mut counts);
+        SuffixOrdered {
+            counts,
+            run: 0,
+            run_start: 0,
+        }
+    }
+
     pub fn ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult> {
         self.check_ids(prompt)?;
         Ok(self.ntd_given(&self.locate(prompt), max_support))
@@ -144,24 +207,18 @@ impl CompressedIndex {
         let approx = max_support.is_some_and(|cap| prompt_cnt > cap);
         let mut dist = BTreeMap::new();
         for (s, &range) in m.ranges.iter().enumerate() {
-            let mut counts = self.shard_counts(s, range, m, usize::MAX);
             match max_support {
                 Some(cap) if approx => {
                     // The suffix array's samples: ranks spread over the range in its order.
-                    self.shards[s].suffix_order(&mut counts);
-                    let len: u64 = counts.iter().map(|&(_, n)| n).sum();
-                    let (mut run, mut run_end) = (0, counts.first().map_or(0, |c| c.1));
+                    let mut ordered = self.suffix_ordered(s, range, m);
+                    let len = ordered.len();
                     for offset in sampling::offsets(len, cap, sampling::share(cap, len, prompt_cnt))
                     {
-                        while offset >= run_end {
-                            run += 1;
-                            run_end += counts[run].1;
-                        }
-                        *dist.entry(self.token_of(counts[run].0)).or_insert(0) += 1;
+                        *dist.entry(self.token_of(ordered.at(offset).0)).or_insert(0) += 1;
                     }
                 }
                 _ => {
-                    for (key, n) in counts {
+                    for (key, n) in self.shard_counts(s, range, m, usize::MAX) {
                         *dist.entry(self.token_of(key)).or_insert(0) += n;
                     }
                 }
@@ -187,36 +244,5 @@ impl CompressedIndex {
             }
         }
         spread
-    }
-
-    pub fn infgram_prob(&self, prompt: &[u32], cont: u32) -> Result<InfgramProbResult> {
-        self.check_ids(prompt)?;
-        self.check_ids(&[cont])?;
-        let (suffix_len, m) = longest_suffix(self, prompt);
-        Ok(InfgramProbResult {
-            prob: self.prob_given(&m, cont),
-            suffix_len,
-            sparse: self.spread(&m).is_sparse(),
-        })
-    }
-
-    pub fn infgram_ntd(
-        &self,
-        prompt: &[u32],
-        max_support: Option<u64>,
-    ) -> Result<InfgramNtdResult> {
-        self.check_ids(prompt)?;
-        let (suffix_len, m) = longest_suffix(self, prompt);
-        Ok(self.infgram_ntd_given(suffix_len, &m, max_support))
-    }
-
-    pub(crate) fn infgram_ntd_given(
-        &self,
-        suffix_len: usize,
-        m: &FmMatches,
-        max_support: Option<u64>,
-    ) -> InfgramNtdResult {
-        let ntd = self.ntd_given(m, max_support);
-        InfgramNtdResult::new(ntd, suffix_len, || self.spread(m).is_sparse())
     }
 }

@@ -106,11 +106,7 @@ pub struct FmShard {
     /// which no symbol precedes).
     bwt: HuffmanWavelet,
     end_row: u64,
-    /// `(symbol, first row of the rows it starts)`, sorted by symbol; derived from the tree.
-    first_rows: Vec<(u32, u64)>,
-    /// Every token's count, in the suffix array's order: the full range's next tokens, which
-    /// the empty prompt and the gate's first position ask for (σ descents otherwise).
-    unigram: Vec<(NextKey, u64)>,
+    symbols: SymbolCounts,
     /// Rows whose text position is a multiple of `SAMPLE_EVERY`, and those positions / it, by row.
     sampled: CompressedBits,
     samples: PackedInts,
@@ -131,18 +127,24 @@ fn byte_order(width: TokenWidth, token: u32) -> u32 {
     }
 }
 
-/// Each symbol's first row, sorted by symbol, and every token's count in suffix-array order.
-type RowsAndCounts = (Vec<(u32, u64)>, Vec<(NextKey, u64)>);
+/// What the transform's symbol counts give, derived from the tree when a shard is built or read.
+struct SymbolCounts {
+    /// `(symbol, first row of the rows it starts)`, sorted by symbol.
+    first_rows: Vec<(u32, u64)>,
+    /// Every token's count, in the suffix array's order: the full range's next tokens, which
+    /// the empty prompt and the gate's first position ask for (σ descents otherwise).
+    unigram: Vec<(NextKey, u64)>,
+}
 
-/// Each symbol's first row (sorted by symbol) and every token's count in the suffix array's
-/// order, from the tree's counts less the stand-in at `end_row`: `None` unless that row holds
-/// the separator and the counts fill the `n` rows after the empty suffix's.
-fn first_rows(
+/// The symbol counts of a transform, from the tree's counts less the stand-in at `end_row`:
+/// `None` unless that row holds the separator and the counts fill the `n` rows after the empty
+/// suffix's.
+fn symbol_counts(
     width: TokenWidth,
     n: u64,
     bwt: &HuffmanWavelet,
     end_row: u64,
-) -> Option<RowsAndCounts> {
+) -> Option<SymbolCounts> {
     let separator = width.separator();
     if bwt.symbol_and_rank(end_row).0 != separator {
         return None;
@@ -162,7 +164,10 @@ fn first_rows(
     }
     first.sort_unstable();
     let unigram = counts.into_iter().map(|(s, c)| (s as NextKey, c)).collect();
-    (row == n + 1).then_some((first, unigram))
+    (row == n + 1).then_some(SymbolCounts {
+        first_rows: first,
+        unigram,
+    })
 }
 
 /// What a shard is built from: its tokens (starting with a separator), the token offset of each
@@ -241,15 +246,14 @@ impl FmShard {
         });
         let bwt = HuffmanWavelet::new(&symbols);
         drop(symbols);
-        let (first_rows, unigram) = first_rows(width, n, &bwt, end_row)
+        let symbols = symbol_counts(width, n, &bwt, end_row)
             .ok_or_else(|| IndexError::Invalid("the transform built is inconsistent".into()))?;
         Ok(FmShard {
             width,
             n,
             bwt,
             end_row,
-            first_rows,
-            unigram,
+            symbols,
             sampled: marks.finish(),
             samples: PackedInts::new(&samples),
             doc_starts: text.doc_starts,
@@ -279,10 +283,10 @@ impl FmShard {
     }
 
     fn first_row(&self, symbol: u32) -> Option<u64> {
-        self.first_rows
-            .binary_search_by_key(&symbol, |&(s, _)| s)
+        let rows = &self.symbols.first_rows;
+        rows.binary_search_by_key(&symbol, |&(s, _)| s)
             .ok()
-            .map(|i| self.first_rows[i].1)
+            .map(|i| rows[i].1)
     }
 
     /// Occurrences of `symbol` in the transform's rows `[0, row)`.
@@ -316,7 +320,7 @@ impl FmShard {
     /// range holds the shard's end; all of them, or at least `limit` when there are more.
     pub fn next_counts(&self, range: RankRange, limit: usize, out: &mut Vec<(NextKey, u64)>) {
         if range == self.full_range() {
-            out.extend_from_slice(&self.unigram);
+            out.extend_from_slice(&self.symbols.unigram);
             out.push((END, 1));
             return;
         }
@@ -506,8 +510,8 @@ impl FmShard {
             _ => Some((input.bytes()?, input.u64s()?)),
         };
         let sizes_ok = bwt.len() == n + 1 && end_row <= n && sampled.len() == n + 1;
-        let Some((first_rows, unigram)) = sizes_ok
-            .then(|| first_rows(width, n, &bwt, end_row))
+        let Some(symbols) = sizes_ok
+            .then(|| symbol_counts(width, n, &bwt, end_row))
             .flatten()
         else {
             return input.corrupt("its transform disagrees with the shard's size");
@@ -533,8 +537,7 @@ impl FmShard {
             n,
             bwt,
             end_row,
-            first_rows,
-            unigram,
+            symbols,
             sampled,
             samples,
             doc_starts,

@@ -112,7 +112,6 @@ impl RouterService {
                     return Err(Status::failed_precondition(e.to_string()));
                 }
                 let evidence = Evidence {
-                    index: None,
                     corpus: None,
                     reference: Arc::new(reference::RemoteReference::new(
                         Arc::clone(&self.shards),
