@@ -12,6 +12,7 @@
 //! alternative averages the levels' normalised distributions. A `floor` of probability mass spread
 //! evenly over the vocabulary keeps every token possible (a byte that never occurs in the corpus).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use rand::distr::weighted::WeightedIndex;
@@ -117,28 +118,62 @@ fn levels<I: Occurrences + ?Sized>(
     }];
     while max.is_none_or(|k| levels.len() < k) {
         let last = &levels[levels.len() - 1];
-        let (above, seen) = (last.suffix_len, last.count());
-        if above == 0 || total <= seen {
+        let Some(mut search) = LevelSearch::below(last.suffix_len, last.count(), total) else {
             break;
-        }
-        // count(good) > seen ≥ count(bad).
-        let (mut good, mut bad) = (0, above);
-        let mut good_m = None;
-        while bad - good > 1 {
-            let mid = good + (bad - good) / 2;
-            let m = index.matches_of(&context[n - mid..]);
-            if m.count() > seen {
-                (good, good_m) = (mid, Some(m));
-            } else {
-                bad = mid;
+        };
+        let mut found = None;
+        while let Some(len) = search.next_probe() {
+            let m = index.matches_of(&context[n - len..]);
+            if search.counted(len, m.count()) {
+                found = Some(m);
             }
         }
         levels.push(Level {
-            suffix_len: good,
-            matches: good_m.unwrap_or_else(everything),
+            suffix_len: search.found(),
+            matches: found.unwrap_or_else(everything),
         });
     }
     levels
+}
+
+/// The search for the level below a suffix of `above` tokens matched `seen` times: the longest
+/// shorter suffix matched more often, by binary search (counts only grow as a suffix shrinks),
+/// O(log n) counts. Whoever counts (an index, a router's shards) feeds it.
+pub struct LevelSearch {
+    /// count(good) > seen ≥ count(bad).
+    good: usize,
+    bad: usize,
+    seen: u64,
+}
+
+impl LevelSearch {
+    /// `None` when there is no level below: the suffix is empty, or matches all `total` places.
+    pub fn below(above: usize, seen: u64, total: u64) -> Option<Self> {
+        (above > 0 && seen < total).then_some(Self {
+            good: 0,
+            bad: above,
+            seen,
+        })
+    }
+
+    /// The suffix length to count next, until the search is done.
+    pub fn next_probe(&self) -> Option<usize> {
+        (self.bad - self.good > 1).then(|| self.good + (self.bad - self.good) / 2)
+    }
+
+    /// Takes in the count of the suffix of `len` tokens: true when it is the longest found yet.
+    pub fn counted(&mut self, len: usize, count: u64) -> bool {
+        match count > self.seen {
+            true => self.good = len,
+            false => self.bad = len,
+        }
+        count > self.seen
+    }
+
+    /// The level's suffix length (0: the empty suffix, every place).
+    pub fn found(&self) -> usize {
+        self.good
+    }
 }
 
 /// The back-off probability of `next` after the levels: one count per level.
@@ -162,22 +197,25 @@ fn probability<I: Occurrences + ?Sized>(
     (1.0 - spec.floor) * mixed + spec.floor / index.vocab_size() as f64
 }
 
+/// One level as generation reads it: its suffix length, its matches and what followed them.
+pub struct CountedLevel<'a> {
+    pub suffix_len: usize,
+    pub count: u64,
+    pub next: Cow<'a, BTreeMap<u32, u64>>,
+}
+
 /// The whole back-off distribution after the levels (the floor left out: it is the same for
 /// every token), as probabilities that sum to 1 − floor.
-fn distribution<I: Occurrences + ?Sized>(
-    index: &I,
-    levels: &[Level<I::Matches>],
-    spec: &Backoff,
-) -> Result<BTreeMap<u32, f64>> {
+fn mix(levels: &[CountedLevel], spec: &Backoff) -> BTreeMap<u32, f64> {
     let mut mixed: BTreeMap<u32, f64> = BTreeMap::new();
     let (mut den, mut w) = (0.0, 1.0);
     for level in levels {
-        let m = level.count() as f64;
+        let m = level.count as f64;
         let scale = match spec.weighting {
             Weighting::Counts => w,
             Weighting::Distributions => w / m,
         };
-        for (&token, &c) in index.next_counts(&level.matches)?.iter() {
+        for (&token, &c) in level.next.iter() {
             *mixed.entry(token).or_default() += scale * c as f64;
         }
         den += scale * m;
@@ -187,7 +225,7 @@ fn distribution<I: Occurrences + ?Sized>(
     for p in mixed.values_mut() {
         *p *= keep / den;
     }
-    Ok(mixed)
+    mixed
 }
 
 /// What [`generate`] made.
@@ -236,54 +274,95 @@ pub struct Draw {
     pub seed: u64,
 }
 
-/// Tokens after `prompt` drawn from the back-off distribution as `draw` says; stops after an end
-/// of text.
+/// Where generation reads each step's levels: an index, or a router's shard servers.
+pub trait LevelSource {
+    fn eos_token_id(&self) -> u32;
+    /// The levels after `seq` (the prompt, then one token longer at each call), at most `max`.
+    fn levels(&mut self, seq: &[u32], max: Option<usize>) -> Result<Vec<CountedLevel<'_>>>;
+}
+
+/// An index's levels, its longest suffix's match followed token by token.
+struct IndexLevels<'a, I: Occurrences + ?Sized> {
+    index: &'a I,
+    suffix: SuffixMatch<I::Matches>,
+}
+
+impl<I: Occurrences + ?Sized> LevelSource for IndexLevels<'_, I> {
+    fn eos_token_id(&self) -> u32 {
+        self.index.eos_token_id()
+    }
+
+    fn levels(&mut self, seq: &[u32], max: Option<usize>) -> Result<Vec<CountedLevel<'_>>> {
+        if crate::interrupt::interrupted() {
+            return Err(IndexError::Interrupted);
+        }
+        // The token drawn last, taken in (the prompt was at the start).
+        if seq.len() > self.suffix.seen() {
+            self.suffix.advance(self.index, seq);
+        }
+        let (len, matches) = (self.suffix.suffix_len(), self.suffix.matches().clone());
+        levels(self.index, seq, len, matches, max)
+            .into_iter()
+            .map(|level| {
+                Ok(CountedLevel {
+                    suffix_len: level.suffix_len,
+                    count: level.count(),
+                    next: self.index.next_counts(&level.matches)?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Tokens after `prompt` drawn from `index`'s back-off distribution as `draw` says; stops after
+/// an end of text.
 pub fn generate<I: Occurrences + ?Sized>(
     index: &I,
     prompt: &[u32],
     spec: &Backoff,
     draw: Draw,
 ) -> Result<BackoffGeneration> {
+    index.check_query(prompt)?;
+    let suffix = SuffixMatch::of(index, prompt)?;
+    generate_from(&mut IndexLevels { index, suffix }, prompt, spec, draw)
+}
+
+/// Tokens after `prompt` (ids checked) drawn from the back-off distribution of `source`'s levels
+/// as `draw` says; stops after an end of text.
+pub fn generate_from(
+    source: &mut impl LevelSource,
+    prompt: &[u32],
+    spec: &Backoff,
+    draw: Draw,
+) -> Result<BackoffGeneration> {
+    spec.check()?;
     let Draw {
         max_new,
         temperature,
         seed,
     } = draw;
-    spec.check()?;
-    index.check_query(prompt)?;
     if !(temperature >= 0.0 && temperature.is_finite()) {
         return Err(IndexError::Invalid(format!(
             "temperature must be finite and at least 0, not {temperature}"
         )));
     }
+    let eos = source.eos_token_id();
     let mut rng = StdRng::seed_from_u64(seed);
     let mut seq = prompt.to_vec();
-    let mut suffix = SuffixMatch::of(index, prompt)?;
     let mut out = BackoffGeneration {
         tokens: Vec::new(),
         levels: Vec::new(),
     };
     while out.tokens.len() < max_new {
-        if crate::interrupt::interrupted() {
-            return Err(IndexError::Interrupted);
-        }
-        let levels = levels(
-            index,
-            &seq,
-            suffix.suffix_len(),
-            suffix.matches().clone(),
-            spec.levels,
-        );
-        let dist = distribution(index, &levels, spec)?;
-        let token = draw_from(&dist, temperature, &mut rng);
+        let levels = source.levels(&seq, spec.levels)?;
+        let token = draw_from(&mix(&levels, spec), temperature, &mut rng);
         out.levels
-            .push(levels.iter().map(|l| (l.suffix_len, l.count())).collect());
+            .push(levels.iter().map(|l| (l.suffix_len, l.count)).collect());
         out.tokens.push(token);
-        if token == index.eos_token_id() {
+        if token == eos {
             break;
         }
         seq.push(token);
-        suffix.advance(index, &seq);
     }
     Ok(out)
 }

@@ -9,7 +9,7 @@ use tonic::Status;
 use super::checks::check_text;
 use super::config::Limits;
 use super::{check_len, check_max_support, index_status, pb, State};
-use crate::index::backoff::{Backoff, Draw, Weighting};
+use crate::index::backoff::{Backoff, BackoffGeneration, Draw, Weighting};
 use crate::index::docs::{Cnf, Document, SearchOptions, SearchResult};
 use crate::index::hints::HintOptions;
 use crate::index::trace::{self, TraceOptions};
@@ -260,8 +260,12 @@ pub(super) fn token_probs(dist: &BTreeMap<u32, u64>) -> Vec<pb::TokenProb> {
 /// per level; the request's deadline stops a long one.
 const MAX_GENERATED_TOKENS: u32 = 8192;
 
-pub(super) fn generate(s: &State, r: pb::GenerateRequest) -> Result<pb::GenerateResponse, Status> {
-    check_len(&s.limits, "the prompt", r.prompt.len())?;
+/// A `Generate` request's prompt, back-off settings and draw, checked.
+pub(super) fn generate_request(
+    limits: &Limits,
+    r: pb::GenerateRequest,
+) -> Result<(Vec<u32>, Backoff, Draw), Status> {
+    check_len(limits, "the prompt", r.prompt.len())?;
     if r.max_new_tokens > MAX_GENERATED_TOKENS {
         return Err(Status::invalid_argument(format!(
             "max_new_tokens must be at most {MAX_GENERATED_TOKENS}"
@@ -286,20 +290,21 @@ pub(super) fn generate(s: &State, r: pb::GenerateRequest) -> Result<pb::Generate
         },
         ..defaults
     };
-    let made = s
-        .corpus()?
-        .backoff_generate(
-            &r.prompt,
-            &spec,
-            Draw {
-                max_new: r.max_new_tokens as usize,
-                temperature: r.temperature,
-                seed: r.seed,
-            },
-        )
-        .map_err(index_status)?;
-    Ok(pb::GenerateResponse {
-        text: s.tokenizer.decode(&made.tokens).unwrap_or_default(),
+    let draw = Draw {
+        max_new: r.max_new_tokens as usize,
+        temperature: r.temperature,
+        seed: r.seed,
+    };
+    Ok((r.prompt, spec, draw))
+}
+
+/// What back-off generation made, as `Generate` answers it.
+pub(super) fn generate_response(
+    tokenizer: &Tokenizer,
+    made: BackoffGeneration,
+) -> pb::GenerateResponse {
+    pb::GenerateResponse {
+        text: tokenizer.decode(&made.tokens).unwrap_or_default(),
         steps: made
             .levels
             .iter()
@@ -314,7 +319,15 @@ pub(super) fn generate(s: &State, r: pb::GenerateRequest) -> Result<pb::Generate
             })
             .collect(),
         tokens: made.tokens,
-    })
+    }
+}
+
+pub(super) fn generate(s: &State, r: pb::GenerateRequest) -> Result<pb::GenerateResponse, Status> {
+    let (prompt, spec, draw) = generate_request(&s.limits, r)?;
+    let made = (s.corpus()?)
+        .backoff_generate(&prompt, &spec, draw)
+        .map_err(index_status)?;
+    Ok(generate_response(&s.tokenizer, made))
 }
 
 pub(super) fn trace(s: &State, r: pb::TraceRequest) -> Result<pb::TraceResponse, Status> {

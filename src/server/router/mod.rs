@@ -5,6 +5,7 @@
 //! (`cluster::validate`), fails the call with UNAVAILABLE naming it, or, with `allow_partial`, gives
 //! the other shards' answer flagged `partial`.
 
+mod backoff;
 mod live;
 mod reference;
 mod shards;
@@ -17,7 +18,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::config::{Limits, ServeConfig};
 use super::engine::{
-    neural_info, search_request, search_response, token_probs, trace_request, trace_span,
+    generate_request, generate_response, neural_info, search_request, search_response, token_probs,
+    trace_request, trace_span,
 };
 use super::metrics::Metrics;
 use super::pb::sidecar_server::Sidecar;
@@ -28,8 +30,10 @@ use super::{
 use crate::cluster::merge;
 use crate::cluster::wire::{continuations_of, search_of};
 use crate::cpu::CpuInfo;
+use crate::index::backoff::generate_from;
 use crate::index::docs::{self, PartialSearch};
 use crate::index::partial::PartialContinuations;
+use crate::index::query::check_vocabulary;
 use crate::index::trace;
 pub(crate) use shards::ShardSet;
 use shards::{Answered, Members};
@@ -480,9 +484,24 @@ impl Sidecar for RouterService {
 
     async fn generate(
         &self,
-        _request: Request<pb::GenerateRequest>,
+        request: Request<pb::GenerateRequest>,
     ) -> Result<Response<pb::GenerateResponse>, Status> {
-        Err(single_index_only("Generate"))
+        let deadline = deadline_of(&request);
+        let (prompt, spec, draw) = generate_request(&self.limits, request.into_inner())?;
+        let (m, _permit) = self.begin()?;
+        let first = m.layout.first();
+        check_vocabulary(&prompt, first.vocab_size).map_err(super::index_status)?;
+        let shards = reference::RemoteReference::new(Arc::clone(&self.shards), &m);
+        let eos = first.eos_token_id;
+        let made = (self.mixer().await?)
+            .run(deadline, move |_| {
+                backoff::RemoteLevels::new(shards, eos)
+                    .and_then(|mut levels| generate_from(&mut levels, &prompt, &spec, draw))
+                    .map_err(super::index_status)
+            })
+            .await?
+            .into_inner();
+        Ok(Response::new(generate_response(&m.tokenizer, made)))
     }
 
     async fn trace(

@@ -106,17 +106,46 @@ impl RemoteReference {
 
     /// The exact ∞-gram after `seq`, whose match is among its last `tail` tokens.
     fn infgram_of_tail(&self, seq: &[u32], tail: usize) -> Result<InfgramNtdResult, IndexError> {
-        let prompt = seq[seq.len() - tail.min(seq.len())..].to_vec();
+        self.next_tokens(&seq[seq.len() - tail.min(seq.len())..], true)
+    }
+
+    /// What followed `prompt` over every shard, exactly (counts summed): after all of it, or
+    /// (`infinite`) after its longest suffix found in any shard.
+    pub(super) fn next_tokens(
+        &self,
+        prompt: &[u32],
+        infinite: bool,
+    ) -> Result<InfgramNtdResult, IndexError> {
         let parts: Vec<PartialContinuations> = self
             .continuations(spb::ContinuationsRequest {
-                prompt,
-                infinite: true,
+                prompt: prompt.to_vec(),
+                infinite,
                 ..Default::default()
             })?
             .into_iter()
             .map(continuations_of)
             .collect();
         merge::continuations(&parts, None).map_err(merge_error)
+    }
+
+    /// The count of `ids` over every shard.
+    pub(super) fn count(&self, ids: &[u32]) -> Result<u64, IndexError> {
+        let members = self.members()?;
+        let deadline: Option<Instant> = crate::interrupt::deadline();
+        let ask = spb::CountRequest {
+            ngrams: vec![spb::NGram { ids: ids.to_vec() }],
+        };
+        let counts = self.wait(async {
+            let fanned = self
+                .shards
+                .fan_out(&members, deadline, &ask, |mut c, r| async move {
+                    c.count(r).await
+                })
+                .await?;
+            let Answered { parts, .. } = fanned.complete(false)?;
+            Ok(parts.into_iter().flat_map(|(_, a)| a.counts))
+        })?;
+        merge::sum(counts).map_err(merge_error)
     }
 }
 
