@@ -181,7 +181,7 @@ fn main() {
     );
 
     // Last, so that neither its samples nor its pages count in the soak: the reference index
-    // without and with its ranks sampled as the live runs' are (`index::rank_samples`), the
+    // without and with its ranks sampled as the live runs' are (`index::read::rank_samples`), the
     // samples' own gain apart from the runs' layout.
     let open = |sample_ranks| {
         let started = Instant::now();

@@ -1,6 +1,6 @@
 //! Reading text documents: plain text files (one document each) and Pile-style JSON lines
 //! (`{"text": ..., "meta": ...}` one document a line, optionally gzipped). The bottom of the data
-//! path: the index builds on it (and reads its own pre-tokenized files, `index::token_file`); it
+//! path: the index builds on it (and reads its own pre-tokenized files, `index::build::token_file`); it
 //! imports nothing of the crate.
 
 use std::fs::File;

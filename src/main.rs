@@ -16,12 +16,13 @@ use infini_sidecar::corpus;
 use infini_sidecar::eval::documents::{load_documents, TokenBudget};
 use infini_sidecar::eval::neural::score_documents;
 use infini_sidecar::eval::EvalError;
+use infini_sidecar::index::build::decontam::{self, Decontaminator};
+use infini_sidecar::index::build::split::{self, ShardSplit};
+use infini_sidecar::index::build::token_file;
 use infini_sidecar::index::build::{self, build, BuildOptions, GivenVocabulary};
-use infini_sidecar::index::decontam::{self, Decontaminator};
 use infini_sidecar::index::fm::CompressedIndex;
 use infini_sidecar::index::format::NextTableSpec;
-use infini_sidecar::index::split::{self, ShardSplit};
-use infini_sidecar::index::{token_file, Index, IndexError, OpenOptions, TokenWidth};
+use infini_sidecar::index::{Index, IndexError, OpenOptions, TokenWidth};
 use infini_sidecar::interrupt;
 use infini_sidecar::model::{
     self, DeviceChoice, GenerateOptions, LoadOptions, Model, ModelError, WindowOptions,

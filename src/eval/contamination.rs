@@ -1,7 +1,7 @@
 //! Benchmark contamination reports (infini-gram mini's bulletin): how much of each evaluation item
 //! appears verbatim in the reference data, asked before any perplexity on it is trusted.
 //!
-//! An item's n-grams are judged by the decontamination rule (`index::decontam`): it is contaminated
+//! An item's n-grams are judged by the decontamination rule (`index::build::decontam`): it is contaminated
 //! when at least `threshold` of its n-grams occur in the index. One left-to-right pass of the
 //! ∞-gram's own match gives, at each position j, the longest suffix of `item[..=j]` that occurs,
 //! l(j); the n-gram ending at j occurs exactly when l(j) ≥ n, and the longest match is the largest
@@ -23,7 +23,7 @@ use crate::index::suffix::{Occurrences, SuffixMatch};
 use crate::index::IndexError;
 
 /// The decontamination rule's n-gram over an index of text cut into tokens: 13 tokens (the paper's).
-pub const TOKEN_NGRAM: usize = crate::index::decontam::DEFAULT_NGRAM;
+pub const TOKEN_NGRAM: usize = crate::index::build::decontam::DEFAULT_NGRAM;
 /// About the same span of text over a byte-level index: 13 SmolLM2 tokens of the mini-Pile are
 /// about 46 bytes, of English prose about 55 (the byte index's decontamination used 48).
 pub const BYTE_NGRAM: usize = 50;
@@ -111,7 +111,7 @@ pub fn report<I: Corpus + Occurrences>(
     items: &[EvalDocument],
     opts: &ContaminationOptions,
 ) -> Result<ContaminationReport> {
-    crate::index::decontam::check_settings(opts.ngram, opts.threshold)?;
+    crate::index::build::decontam::check_settings(opts.ngram, opts.threshold)?;
     let (items, skipped): (Vec<&EvalDocument>, Vec<&EvalDocument>) = items
         .iter()
         .partition(|d| d.tokens.len() <= MAX_QUERY_TOKENS);

@@ -19,8 +19,8 @@
 //!
 //! `evidence::bytes` mixes a model with a byte index through this routine.
 
-use crate::index::query::Matches;
 use crate::index::ranks::RankRange;
+use crate::index::read::query::Matches;
 use crate::index::suffix::{longest_suffix, SuffixMatch};
 use crate::index::{Index, IndexError, Result};
 use crate::tokenizer::{Spelling, Tokenizer, BYTE_EOS};

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::index::ranks::RankRange;
-use crate::index::shard::Shard;
+use crate::index::read::shard::Shard;
 use crate::index::{Index, IndexError, Result};
 use crate::tokenizer::Tokenizer;
 
@@ -140,19 +140,27 @@ pub fn search_strides(totals: &[u64], place_cost: u64, opts: SearchOptions) -> R
             opts.max_clause_freq, opts.max_places
         )));
     }
-    let limit = opts.max_places / place_cost;
-    if places > limit {
-        return Err(IndexError::Unsupported(format!(
-            "this search would visit {places} places, and a compressed index locates each at \
-             {place_cost} times a suffix array's cost, so it visits at most {limit} (the limit of \
-             {} places / {place_cost}): search the suffix-array index, or use rarer n-grams",
-            opts.max_places
-        )));
-    }
+    check_locatable(places, place_cost, opts.max_places)?;
     Ok(totals
         .iter()
         .map(|t| t.div_ceil(opts.max_clause_freq).max(1))
         .collect())
+}
+
+/// Refuses, as unsupported, a search of `places` places over `max_places` / `place_cost`
+/// (`DocumentIndex::PLACE_COST`: a compressed index locates each place at many times a suffix
+/// array's cost).
+fn check_locatable(places: u64, place_cost: u64, max_places: u64) -> Result<()> {
+    let limit = max_places / place_cost;
+    match places <= limit {
+        true => Ok(()),
+        false => Err(IndexError::Unsupported(format!(
+            "this search would visit {places} places, and a compressed index locates each at \
+             {place_cost} times a suffix array's cost, so it visits at most {limit} (the limit of \
+             {max_places} places / {place_cost}): search the suffix-array index, or use rarer \
+             n-grams"
+        ))),
+    }
 }
 
 /// What document search reads of one shard. Places are where matches start, in the shard's own
@@ -274,14 +282,13 @@ pub(crate) fn search_strided<I: DocumentIndex>(
         .zip(strides)
         .map(|(clause, &stride)| matches_of(clause).div_ceil(stride))
         .fold(0u64, u64::saturating_add);
-    if places > opts.max_places / I::PLACE_COST {
+    if places > opts.max_places {
         return Err(IndexError::Invalid(format!(
-            "this search would visit {places} places here, beyond the limit of {} (max_places / \
-             {}, what locating a place costs this index)",
-            opts.max_places / I::PLACE_COST,
-            I::PLACE_COST
+            "this search would visit {places} places here, beyond the limit of {}",
+            opts.max_places
         )));
     }
+    check_locatable(places, I::PLACE_COST, opts.max_places)?;
     visit_cnf(index, &located, strides, opts.maxnum, opts.max_disp_len)
 }
 

@@ -276,7 +276,7 @@ pub struct Manifest {
     pub shard_set: Option<ShardSetRecord>,
 }
 
-/// What a build's decontamination ([`crate::index::decontam`]) dropped, recorded in the manifest.
+/// What a build's decontamination ([`crate::index::build::decontam`]) dropped, recorded in the manifest.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DecontaminationRecord {
     pub ngram: usize,
@@ -423,7 +423,7 @@ pub(crate) fn map_file(path: &Path) -> Result<Mmap, IndexError> {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardSetRecord {
     /// Equal for every shard of one set: the input's content, N, and everything that decides what
-    /// a token id means or which documents are kept (see `index::split`).
+    /// a token id means or which documents are kept (see `index::build::split`).
     pub set_id: String,
     pub shard: u32,
     pub shards: u32,

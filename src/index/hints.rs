@@ -39,8 +39,8 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::index::query::Matches;
-use crate::index::shard::{NextKey, Shard};
+use crate::index::read::query::Matches;
+use crate::index::read::shard::{NextKey, Shard};
 use crate::index::suffix::SuffixMatch;
 use crate::index::{Index, IndexError, Result};
 

@@ -11,10 +11,11 @@ use crate::index::corpus::Corpus;
 use crate::index::dense::{self, TokenEvidence};
 use crate::index::docs::{self, DocumentIndex, PartialSearch, SearchOptions};
 use crate::index::format::ShardSetRecord;
-use crate::index::query::{Matches, Spread};
+use crate::index::query::Spread;
 use crate::index::ranks::RankRange;
+use crate::index::read::query::Matches;
+use crate::index::read::shard::Shard;
 use crate::index::sampling;
-use crate::index::shard::Shard;
 use crate::index::suffix::{longest_suffix, Counted, Occurrences};
 use crate::index::trace;
 use crate::index::{Index, Result};
@@ -286,7 +287,7 @@ impl Index {
     ) -> Result<Vec<(u32, u64)>> {
         let keys: Vec<(u64, u64)> = if range.len() <= cap {
             let mut runs = Vec::new();
-            crate::index::next_tokens::ordered_runs(shard, range, query_bytes, &mut runs)?;
+            crate::index::read::next_tokens::ordered_runs(shard, range, query_bytes, &mut runs)?;
             runs
         } else {
             (0..cap)

@@ -7,11 +7,10 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use crate::index::query::{
-    InfgramNtdResult, InfgramProbResult, Matches, NtdResult, ProbResult, Spread,
-};
+use crate::index::query::{InfgramNtdResult, InfgramProbResult, NtdResult, ProbResult, Spread};
+use crate::index::read::query::Matches;
+use crate::index::read::shard::{NextKey, Shard, END};
 use crate::index::sampling;
-use crate::index::shard::{NextKey, Shard, END};
 use crate::index::{Index, Result};
 
 /// How many occurrences a set of matches holds.

@@ -17,7 +17,7 @@ pub struct ServeConfig {
     /// The reference index (built by `index build`); none for a router.
     #[serde(default)]
     pub index: PathBuf,
-    /// Keep every 32nd suffix's first bytes of the reference index in RAM (`index::rank_samples`):
+    /// Keep every 32nd suffix's first bytes of the reference index in RAM (`index::read::rank_samples`):
     /// faster lookups for 0.5 bytes a token, paid for at start-up by reading every 32nd suffix. Off
     /// by default: an index whose pages are cold on disk would take long to start. The live
     /// index's runs are always sampled.

@@ -119,7 +119,7 @@ fn build_corpus(symbol_docs: &[Vec<u32>], width: TokenWidth, max_shard_tokens: u
     }
 }
 
-/// The same index opened again with its ranks sampled (`index::rank_samples`): the samples only
+/// The same index opened again with its ranks sampled (`index::read::rank_samples`): the samples only
 /// narrow searches, so every answer must stay the oracle's. Small alphabets give many samples
 /// whose keys equal a query's, and suffixes at the corpus end shorter than a key.
 fn with_rank_samples(b: Built) -> Built {

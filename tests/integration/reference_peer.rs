@@ -13,9 +13,10 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use infini_sidecar::index::build::token_file;
 use infini_sidecar::index::build::{build, BuildOptions};
 use infini_sidecar::index::format::NextTableSpec;
-use infini_sidecar::index::{token_file, Index, OpenOptions, TokenWidth};
+use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
 use infini_sidecar::protocol::answer_line;
 use serde_json::{json, Value};
 

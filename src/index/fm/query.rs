@@ -9,11 +9,11 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use crate::index::fm::CompressedIndex;
-use crate::index::next_tokens::token_of_key;
 use crate::index::query::{FindResult, NtdResult, ProbResult, Spread};
 use crate::index::ranks::RankRange;
+use crate::index::read::next_tokens::token_of_key;
+use crate::index::read::shard::NextKey;
 use crate::index::sampling;
-use crate::index::shard::NextKey;
 use crate::index::suffix::{Counted, Occurrences};
 use crate::index::Result;
 
@@ -176,7 +176,7 @@ impl CompressedIndex {
         let mut counts = Vec::new();
         self.shards[s].next_counts(range, limit, &mut counts);
         if m.tokens == 0 {
-            counts.retain(|&(key, _)| key != crate::index::shard::END);
+            counts.retain(|&(key, _)| key != crate::index::read::shard::END);
         }
         counts
     }

@@ -16,13 +16,13 @@
 //! ends at `e = n - q`. Rows sort as the suffix array sorts (little-endian token bytes), so the
 //! rows of one first token are contiguous.
 
+use crate::index::build::sa::{TokenBuf, MAX_SHARD_TOKENS};
 use crate::index::fm::bits::{BitsBuilder, CompressedBits};
 use crate::index::fm::file::{WordReader, Words};
 use crate::index::fm::wavelet::HuffmanWavelet;
 use crate::index::format::TokenWidth;
 use crate::index::ranks::RankRange;
-use crate::index::sa::{TokenBuf, MAX_SHARD_TOKENS};
-use crate::index::shard::{NextKey, END};
+use crate::index::read::shard::{NextKey, END};
 use crate::index::{IndexError, Result};
 
 /// Every `SAMPLE_EVERY`-th text position keeps its row's position, so locating a match walks at

@@ -7,8 +7,8 @@ use crate::index::fm::query::{FmMatches, SuffixOrdered};
 use crate::index::fm::shard::FmShard;
 use crate::index::fm::CompressedIndex;
 use crate::index::ranks::RankRange;
+use crate::index::read::shard::END;
 use crate::index::sampling;
-use crate::index::shard::END;
 use crate::index::suffix::SuffixMatch;
 use crate::index::Result;
 

@@ -237,7 +237,8 @@ impl RouterService {
                 .collect()
         };
         let totals = clause_totals(&|_| true)?;
-        // Shard servers search suffix arrays.
+        // The strides a suffix array takes: a compressed shard refuses a search it would
+        // subsample, or whose places it cannot locate in time, as one compressed index does.
         let place_cost = <crate::index::Index as docs::DocumentIndex>::PLACE_COST;
         let strides =
             docs::search_strides(&totals, place_cost, opts).map_err(super::index_status)?;

@@ -1,4 +1,4 @@
-//! Computing a shard's next-token table at build time (`index::next_table` has its layout and
+//! Computing a shard's next-token table at build time (`index::read::next_table` has its layout and
 //! reads it): the most frequent short prompts' exact next-token counts, kept within a budget.
 
 use std::cmp::Reverse;
@@ -8,10 +8,10 @@ use std::path::Path;
 use rayon::prelude::*;
 
 use crate::index::format::NextTableSpec;
-use crate::index::next_table::{write, Entry, ENTRY_BYTES, HEADER_BYTES, PAIR_BYTES};
-use crate::index::next_tokens::{sum_by_token, token_of_key};
 use crate::index::ranks::RankRange;
-use crate::index::shard::{NextKey, Shard, END};
+use crate::index::read::next_table::{write, Entry, ENTRY_BYTES, HEADER_BYTES, PAIR_BYTES};
+use crate::index::read::next_tokens::{sum_by_token, token_of_key};
+use crate::index::read::shard::{NextKey, Shard, END};
 use crate::index::{IndexError, Result};
 
 /// Ranks whose suffixes are asked for together, one block ahead of the pass over them.

@@ -1,7 +1,7 @@
 //! The next-token table: exact next-token counts of a shard's most frequent short prompts, computed at
 //! build time so that `ntd` after them costs one lookup and a copy instead of a walk over a range of
 //! hundreds of thousands of ranks (eval/ENGINE.md has the cost model and the figures). This file
-//! is its layout and its reading; `index::next_table_build` computes it.
+//! is its layout and its reading; `index::build::next_table` computes it.
 //!
 //! An entry is found by the prompt's rank range, which the shard's search has already computed: ranges of
 //! distinct prompts of one length never share a first rank, so `(prompt bytes, lo)` is a key.

@@ -9,6 +9,12 @@
 //! plain file, a link or a folder holding anything else. `.partial-PID` folders that a killed build left
 //! beside the output are removed when their process is gone and they hold only index files.
 
+pub mod decontam;
+pub mod next_table;
+pub mod sa;
+pub mod split;
+pub mod token_file;
+
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -18,17 +24,16 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::corpus::{Content, InputDoc};
-use crate::index::decontam::Decontaminator;
+use crate::index::build::decontam::Decontaminator;
+use crate::index::build::sa::{write_table, TokenBuf, MAX_SHARD_TOKENS};
+use crate::index::build::split::{CorpusSurvey, ShardSplit};
 use crate::index::format::{
     is_index_file, ptr_size_for, DecontaminationRecord, FileRecord, Manifest, ShardPaths,
     ShardRecord, TokenWidth, TokenizerRecord, FIRST_FORMAT_VERSION, FORMAT_NAME, FORMAT_VERSION,
     MANIFEST_FILE, TOKENIZER_FILE,
 };
 use crate::index::format::{NextTableSpec, ShardSetRecord};
-use crate::index::next_table_build;
-use crate::index::sa::{write_table, TokenBuf, MAX_SHARD_TOKENS};
-use crate::index::shard::Shard;
-use crate::index::split::{CorpusSurvey, ShardSplit};
+use crate::index::read::shard::Shard;
 use crate::index::{IndexError, Result};
 use crate::progress;
 use crate::tokenizer::Tokenizer;
@@ -207,8 +212,7 @@ impl ShardBuilder {
         if let Some(spec) = &opts.next_table {
             let bar = progress::spinner(format!("shard {n}: next-token table"));
             let shard = Shard::open(&paths, width)?;
-            let entries =
-                next_table_build::build(&shard, opts.eos_token_id, spec, &paths.next_tokens)?;
+            let entries = next_table::build(&shard, opts.eos_token_id, spec, &paths.next_tokens)?;
             bar.finish_and_clear();
             names.push(&paths.next_tokens);
             tracing::info!(shard = n, entries, "next-token table written");

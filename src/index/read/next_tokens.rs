@@ -3,7 +3,7 @@
 //!
 //! A prompt's range is sorted by the token that follows it, so each distinct next token is one run of
 //! ranks. Two ways give the runs, chosen per range (the measurements are in eval/ENGINE.md):
-//! - **the next-token table** ([`crate::index::next_table`]), when the build stored the prompt: a
+//! - **the next-token table** ([`crate::index::read::next_table`]), when the build stored the prompt: a
 //!   lookup and a copy of its `d` counts. It holds the prompts with the largest ranges, where walking
 //!   costs most (after a one-token prompt, the median ntd fell from 0.55 ms to 0.08 ms).
 //! - **divide and conquer** (paper App. A) for every other range: a sub-range whose first and last next
@@ -13,7 +13,7 @@
 //!   because ranges that are not in the table are short or have long runs.
 
 use crate::index::ranks::RankRange;
-use crate::index::shard::{NextKey, Shard, END};
+use crate::index::read::shard::{NextKey, Shard, END};
 use crate::index::{IndexError, Result};
 
 /// How many reads pass between two checks for an interrupt.

@@ -1,14 +1,23 @@
-//! Opening an index: finding its shards, checking every size against the others and the manifest,
-//! and refusing anything inconsistent before the first query can read garbage.
+//! The suffix-array read side: an index opened (its shards found, every size checked against the
+//! others and the manifest, anything inconsistent refused before the first query can read
+//! garbage), its shards' memory-mapped lookups (`shard`, `rank_samples`, `next_table`), and its
+//! queries (`query`, `next_tokens`, `short_counts`).
+
+pub mod next_table;
+pub mod next_tokens;
+pub mod query;
+pub mod rank_samples;
+pub mod shard;
+pub(crate) mod short_counts;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use crate::index::format::{Manifest, ShardPaths, TokenWidth, MANIFEST_FILE, TOKENIZER_FILE};
-use crate::index::next_table::NextTable;
-use crate::index::shard::Shard;
-use crate::index::short_counts::ShortCounts;
+use crate::index::read::next_table::NextTable;
+use crate::index::read::shard::Shard;
+use crate::index::read::short_counts::ShortCounts;
 use crate::index::{IndexError, Result};
 use crate::tokenizer::Tokenizer;
 
@@ -23,7 +32,7 @@ pub struct OpenOptions {
     pub tokenizer_fingerprint: Option<String>,
     /// Recompute every file's checksum (reads the whole index).
     pub verify_checksums: bool,
-    /// Keep every 32nd suffix's first 16 bytes in RAM (`index::rank_samples`): faster searches
+    /// Keep every 32nd suffix's first 16 bytes in RAM (`index::read::rank_samples`): faster searches
     /// for 0.5 bytes a token and a read of every 32nd suffix at open.
     pub sample_ranks: bool,
 }

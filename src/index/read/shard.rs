@@ -8,9 +8,9 @@ use std::path::Path;
 use memmap2::Mmap;
 
 use crate::index::format::{map_file, ptr_size_for, ShardPaths, TokenWidth};
-use crate::index::next_table::{NextTable, PromptRanks};
-use crate::index::rank_samples::{RankSamples, KEY_BYTES, STRIDE};
 use crate::index::ranks::RankRange;
+use crate::index::read::next_table::{NextTable, PromptRanks};
+use crate::index::read::rank_samples::{RankSamples, KEY_BYTES, STRIDE};
 use crate::index::IndexError;
 
 /// The token after a match, as a sortable key: `END` for a match at the very end of the shard (which

@@ -1,0 +1,257 @@
+//! n-gram and ∞-gram queries over a suffix-array index's shards: counts add up, distributions
+//! merge.
+//!
+//! The token after a match is the eos token when the match is followed by a document separator or sits
+//! at the very end of a shard, as in the reference; unlike the reference, a prompt that also occurs at the
+//! end of the corpus still gets its full distribution.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use crate::index::query::{check_vocabulary, FindResult, NtdResult, ProbResult, Spread};
+use crate::index::ranks::RankRange;
+use crate::index::read::next_tokens;
+use crate::index::read::shard::{NextKey, Shard};
+use crate::index::sampling;
+use crate::index::{Index, Result};
+
+/// Per-shard ranges of one query, with the query's byte encoding.
+#[derive(Clone)]
+pub struct Matches {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) ranges: Vec<RankRange>,
+}
+
+impl Matches {
+    pub fn count(&self) -> u64 {
+        self.ranges.iter().map(|r| r.len()).sum()
+    }
+}
+
+impl Index {
+    /// Rejects ids the vocabulary does not have and queries beyond `MAX_QUERY_TOKENS`.
+    pub fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        check_vocabulary(ids, self.vocab_size())
+    }
+
+    pub(crate) fn encode(&self, ids: &[u32]) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(ids.len() * self.width().bytes());
+        self.width().encode_into(ids, &mut bytes);
+        bytes
+    }
+
+    /// Ranges of `bytes` in every shard.
+    pub(crate) fn locate(&self, bytes: Vec<u8>) -> Matches {
+        let ranges = self
+            .shards
+            .iter()
+            .map(|s| s.find(&bytes, s.full_range(), 0))
+            .collect();
+        Matches { bytes, ranges }
+    }
+
+    /// The whole suffix array of every shard: the matches of the empty query.
+    pub(crate) fn everything(&self) -> Matches {
+        Matches {
+            bytes: Vec::new(),
+            ranges: self.shards.iter().map(|s| s.full_range()).collect(),
+        }
+    }
+
+    pub fn find(&self, ids: &[u32]) -> Result<FindResult> {
+        self.check_ids(ids)?;
+        let m = self.locate(self.encode(ids));
+        Ok(FindResult {
+            cnt: m.count(),
+            segment_by_shard: m.ranges.iter().map(|r| (r.lo, r.hi)).collect(),
+        })
+    }
+
+    pub fn count(&self, ids: &[u32]) -> Result<u64> {
+        self.check_ids(ids)?;
+        if let Some(count) = self.short_counts.get(ids) {
+            return Ok(count);
+        }
+        let count = self.locate(self.encode(ids)).count();
+        self.short_counts.put(ids, count);
+        Ok(count)
+    }
+
+    pub fn prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
+        self.check_ids(prompt)?;
+        self.check_ids(&[cont])?;
+        let m = self.locate(self.encode(prompt));
+        Ok(self.prob_given(&m, cont))
+    }
+
+    pub(crate) fn prob_given(&self, prompt: &Matches, cont: u32) -> ProbResult {
+        ProbResult::of_counts(prompt.count(), self.cont_count(prompt, cont))
+    }
+
+    /// Matches of the prompt followed by `cont`, searched inside the prompt's ranges. For eos this is only
+    /// the literal eos token; `cont_count` adds separators and shard ends.
+    pub(crate) fn extend(&self, prompt: &Matches, cont: u32) -> Matches {
+        let mut grown = prompt.clone();
+        self.grow(&mut grown, cont);
+        grown
+    }
+
+    /// [`Index::extend`] in place, for a match that is not kept: nothing is copied, and only the
+    /// new token's bytes are compared, inside the match's own ranges.
+    pub(crate) fn grow(&self, m: &mut Matches, cont: u32) {
+        let shared = m.bytes.len();
+        self.width().encode_into(&[cont], &mut m.bytes);
+        for (shard, range) in self.shards.iter().zip(&mut m.ranges) {
+            *range = shard.find(&m.bytes, *range, shared);
+        }
+    }
+
+    /// How often the prompt is followed by `cont`, counting separators and shard ends as eos.
+    pub(crate) fn cont_count(&self, prompt: &Matches, cont: u32) -> u64 {
+        let mut total = self.extend(prompt, cont).count();
+        let sep = self.width().separator();
+        if cont == self.eos_token_id() {
+            if sep != cont {
+                total += self.extend(prompt, sep).count();
+            }
+            if !prompt.bytes.is_empty() {
+                total += self
+                    .shards
+                    .iter()
+                    .filter(|s| s.ends_with(&prompt.bytes))
+                    .count() as u64;
+            }
+        }
+        total
+    }
+
+    pub(crate) fn token_of(&self, key: NextKey) -> u32 {
+        next_tokens::token_of_key(key, self.width().separator(), self.eos_token_id())
+    }
+
+    pub fn ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult> {
+        self.check_ids(prompt)?;
+        let m = self.locate(self.encode(prompt));
+        self.ntd_given(&m, max_support)
+    }
+
+    pub(crate) fn ntd_given(
+        &self,
+        prompt: &Matches,
+        max_support: Option<u64>,
+    ) -> Result<NtdResult> {
+        let prompt_cnt = prompt.count();
+        let approx = max_support.is_some_and(|cap| prompt_cnt > cap);
+        let dist = match max_support {
+            Some(cap) if approx => self.sampled(prompt, prompt_cnt, cap),
+            _ => self.exact_counts(prompt)?.into_owned(),
+        };
+        Ok(NtdResult {
+            prompt_cnt,
+            dist,
+            approx,
+        })
+    }
+
+    /// Exact counts of what follows the prompt's matches. The empty prompt (a context whose last
+    /// token the data never saw) matches the whole corpus: every token's count, a walk of
+    /// milliseconds, kept after the first and lent from then on.
+    pub(crate) fn exact_counts(&self, prompt: &Matches) -> Result<Cow<'_, BTreeMap<u32, u64>>> {
+        Ok(match prompt.bytes.is_empty() {
+            true => Cow::Borrowed(self.unigram()?),
+            false => Cow::Owned(self.counted(prompt)?),
+        })
+    }
+
+    /// Every token's count after the empty prompt, worked out at the first call and kept.
+    fn unigram(&self) -> Result<&BTreeMap<u32, u64>> {
+        if let Some(dist) = self.unigram.get() {
+            return Ok(dist);
+        }
+        let dist = self.counted(&self.everything())?;
+        Ok(self.unigram.get_or_init(|| dist))
+    }
+
+    /// Exact counts of what follows the prompt's matches, walked.
+    fn counted(&self, prompt: &Matches) -> Result<BTreeMap<u32, u64>> {
+        let mut runs = Vec::new();
+        for (shard, range) in self.shards.iter().zip(&prompt.ranges) {
+            next_tokens::collect_runs(shard, *range, prompt.bytes.len(), &mut runs)?;
+        }
+        Ok(self.merge_runs(runs))
+    }
+
+    /// What follows `cap` of the prompt's `total` matches spread evenly over its ranges (each shard
+    /// its share).
+    fn sampled(&self, prompt: &Matches, total: u64, cap: u64) -> BTreeMap<u32, u64> {
+        let mut dist = BTreeMap::new();
+        for (shard, range) in self.shards.iter().zip(&prompt.ranges) {
+            if range.is_empty() {
+                continue;
+            }
+            let share = sampling::share(cap, range.len(), total);
+            for offset in sampling::offsets(range.len(), cap, share) {
+                *dist
+                    .entry(self.token_of(shard.next_key(range.lo + offset, prompt.bytes.len())))
+                    .or_insert(0) += 1;
+            }
+        }
+        dist
+    }
+
+    /// One count per token from runs in suffix order (bytes, not token values; a token may have a run
+    /// per shard, and separators and shard ends all mean eos): sorted once, then built in bulk.
+    fn merge_runs(&self, runs: Vec<(NextKey, u64)>) -> BTreeMap<u32, u64> {
+        let counts = runs
+            .into_iter()
+            .map(|(key, n)| (self.token_of(key), n))
+            .collect();
+        next_tokens::sum_by_token(counts).into_iter().collect()
+    }
+
+    /// What follows the prompt's matches over all shards.
+    pub(crate) fn spread(&self, prompt: &Matches) -> Spread {
+        let mut spread = Spread::None;
+        for (shard, range) in self.shards.iter().zip(&prompt.ranges) {
+            spread = spread.merge(self.continuations(shard, *range, prompt));
+            if spread == Spread::Several {
+                break;
+            }
+        }
+        spread
+    }
+
+    fn continuations(&self, shard: &Shard, range: RankRange, prompt: &Matches) -> Spread {
+        if range.is_empty() {
+            return Spread::None;
+        }
+        let qlen = prompt.bytes.len();
+        let (first, last) = (
+            shard.next_key(range.lo, qlen),
+            shard.next_key(range.hi - 1, qlen),
+        );
+        if first == last {
+            return Spread::Single(self.token_of(first));
+        }
+        let eos = self.eos_token_id();
+        if self.token_of(first) != eos || self.token_of(last) != eos {
+            return Spread::Several;
+        }
+        // The ends disagree in raw value but both mean eos (end of shard, eos id, separator): the range is
+        // all eos only if those three account for every match.
+        let sub = |t: u32| {
+            let mut bytes = prompt.bytes.clone();
+            self.width().encode_into(&[t], &mut bytes);
+            shard.find(&bytes, range, prompt.bytes.len()).len()
+        };
+        let sep = self.width().separator();
+        let eos_like = sub(eos)
+            + if sep != eos { sub(sep) } else { 0 }
+            + u64::from(qlen > 0 && shard.ends_with(&prompt.bytes));
+        if eos_like == range.len() {
+            Spread::Single(eos)
+        } else {
+            Spread::Several
+        }
+    }
+}
