@@ -285,15 +285,17 @@ struct BuildArgs {
 /// (built by the reference indexer).
 #[derive(Args)]
 struct VocabularyArgs {
-    /// Token width in bits (8, 16, 32); default: the manifest's, or for a build the narrowest
-    /// that fits the vocabulary.
+    /// Token width in bits (8, 16, 32). A build: default the narrowest that fits the vocabulary.
+    /// An index without our manifest: its width (default 16); with one, it must agree.
     #[arg(long)]
     token_width: Option<u32>,
-    /// End-of-sequence id; default: the manifest's, or for a build the tokenizer's.
+    /// End-of-sequence id. A build: default the tokenizer's. An index without our manifest:
+    /// required; with one, it must agree.
     #[arg(long)]
     eos_id: Option<u32>,
-    /// Vocabulary size; default: the manifest's, or for a build the tokenizer's (for token files,
-    /// all ids but the separator).
+    /// Vocabulary size. A build: default the tokenizer's (for token files, all ids but the
+    /// separator). An index without our manifest: default every id of its width but the
+    /// separator; with one, it must agree.
     #[arg(long)]
     vocab_size: Option<u64>,
 }

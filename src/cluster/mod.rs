@@ -7,8 +7,10 @@
 //!
 //! # Why the merged answers are exact
 //!
-//! A shard server answers over its own suffix arrays with [`crate::index::partial`] answers, and
-//! the router merges them into what one index holding every suffix array would answer:
+//! A shard server answers over its own suffix arrays, or the compressed index made from them (which
+//! reads each suffix array's samples from its exact counts in the suffix array's order), with
+//! [`crate::index::partial`] answers, and the router merges them into what one index holding every
+//! suffix array would answer:
 //! - **Counts add up**: an n-gram's occurrences are the sum of each shard's (documents never span
 //!   shards, and a document end is an eos wherever the shard cuts).
 //! - **∞-gram**: a suffix occurs in the corpus iff it occurs in some shard, and occurrence only
@@ -18,6 +20,9 @@
 //!   suffix, so one round trip is enough. The same holds per position for dense scoring.
 //! - **Sparse**: the ∞-gram distribution has one token iff every shard that matched that far has
 //!   only that token after its matches ([`crate::index::query::Spread`] merges).
+//! - **Back-off levels**: a suffix's count and its next tokens' counts add up over the shards, so
+//!   each level (the longest suffix, then each shorter one whose count grows) and the mixture drawn
+//!   from are one index's (`server::router::backoff`).
 //! - **Documents**: a document lies in one shard. The router numbers shard k's documents after
 //!   those of shards 0..k, so with a build split by `--shard K/N` (contiguous runs of the input)
 //!   every document keeps its number in a single index over the same input. Searches take two

@@ -87,13 +87,13 @@ impl Backoff {
 }
 
 /// One level: a suffix of the context and its matches.
-pub struct Level<M> {
-    pub suffix_len: usize,
+struct Level<M> {
+    suffix_len: usize,
     matches: M,
 }
 
 impl<M: Counted> Level<M> {
-    pub fn count(&self) -> u64 {
+    fn count(&self) -> u64 {
         self.matches.count()
     }
 }
@@ -274,10 +274,24 @@ pub struct Draw {
     pub seed: u64,
 }
 
+impl Draw {
+    /// Refuses a temperature that gives no distribution.
+    pub fn check(&self) -> Result<()> {
+        match self.temperature >= 0.0 && self.temperature.is_finite() {
+            true => Ok(()),
+            false => Err(IndexError::Invalid(format!(
+                "temperature must be finite and at least 0, not {}",
+                self.temperature
+            ))),
+        }
+    }
+}
+
 /// Where generation reads each step's levels: an index, or a router's shard servers.
 pub trait LevelSource {
     fn eos_token_id(&self) -> u32;
-    /// The levels after `seq` (the prompt, then one token longer at each call), at most `max`.
+    /// The levels after `seq`, at most `max`. `seq` is the prompt at the first call and one token
+    /// longer at each call after it ([`generate_from`] calls so), which lets a source follow it.
     fn levels(&mut self, seq: &[u32], max: Option<usize>) -> Result<Vec<CountedLevel<'_>>>;
 }
 
@@ -322,7 +336,8 @@ pub fn generate<I: Occurrences + ?Sized>(
     spec: &Backoff,
     draw: Draw,
 ) -> Result<BackoffGeneration> {
-    index.check_query(prompt)?;
+    spec.check()?;
+    draw.check()?;
     let suffix = SuffixMatch::of(index, prompt)?;
     generate_from(&mut IndexLevels { index, suffix }, prompt, spec, draw)
 }
@@ -336,16 +351,12 @@ pub fn generate_from(
     draw: Draw,
 ) -> Result<BackoffGeneration> {
     spec.check()?;
+    draw.check()?;
     let Draw {
         max_new,
         temperature,
         seed,
     } = draw;
-    if !(temperature >= 0.0 && temperature.is_finite()) {
-        return Err(IndexError::Invalid(format!(
-            "temperature must be finite and at least 0, not {temperature}"
-        )));
-    }
     let eos = source.eos_token_id();
     let mut rng = StdRng::seed_from_u64(seed);
     let mut seq = prompt.to_vec();

@@ -309,7 +309,7 @@ fn longest_between<I: Occurrences + ?Sized>(
 }
 
 /// The last `len` tokens of `seq` (all of them when it is shorter).
-fn tail(seq: &[u32], len: usize) -> &[u32] {
+pub(crate) fn tail(seq: &[u32], len: usize) -> &[u32] {
     &seq[seq.len() - len.min(seq.len())..]
 }
 

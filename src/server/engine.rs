@@ -295,6 +295,9 @@ pub(super) fn generate_request(
         temperature: r.temperature,
         seed: r.seed,
     };
+    spec.check()
+        .and_then(|_| draw.check())
+        .map_err(index_status)?;
     Ok((r.prompt, spec, draw))
 }
 

@@ -47,23 +47,14 @@ pub(super) async fn on_pool<T: Send + 'static>(
     let signal = StopSignal::new(deadline);
     let stop_on_drop = StopOnDrop(signal.clone());
     let worker_state = Arc::clone(state);
-    let worker_signal = signal.clone();
     let sent = Instant::now();
-    let worker = tokio::task::spawn_blocking(move || {
+    let worker = spawn_under(&signal, move || {
         let _permit = permit;
-        let started = Instant::now();
-        let outcome = worker_signal.run(|| {
-            if worker_signal.is_stopped() {
-                return Err(stopped());
-            }
-            work(&worker_state)
-        });
-        (outcome, started)
+        work(&worker_state)
     });
     let outcome = tokio::select! {
         joined = worker => {
-            let (outcome, started) =
-                joined.map_err(|e| Status::internal(format!("worker failed: {e}")))?;
+            let (outcome, started) = joined.map_err(worker_failed)?;
             record_work(started - sent, started.elapsed());
             outcome
         }
@@ -72,10 +63,46 @@ pub(super) async fn on_pool<T: Send + 'static>(
             Err(closing_status())
         }
     };
-    let answer = stop_status(state, &signal, outcome);
+    let answer = stop_status(*state.closing.borrow(), &signal, outcome);
     // The work is over: raising the signal now changes nothing.
     drop(stop_on_drop);
     answer
+}
+
+/// Runs a router's own CPU work (back-off generation, which waits on its shards) on the blocking
+/// pool as [`on_pool`] runs a sidecar's, stopped by its deadline and by its caller leaving; the
+/// router holds its in-flight permit itself.
+pub(super) async fn on_pool_alone<T: Send + 'static>(
+    deadline: Option<Instant>,
+    work: impl FnOnce() -> Result<T, Status> + Send + 'static,
+) -> Result<T, Status> {
+    let signal = StopSignal::new(deadline);
+    let stop_on_drop = StopOnDrop(signal.clone());
+    let (outcome, _) = spawn_under(&signal, work).await.map_err(worker_failed)?;
+    let answer = stop_status(false, &signal, outcome);
+    drop(stop_on_drop);
+    answer
+}
+
+/// `work` on the blocking pool under `signal` (not started if it is already raised), with when it
+/// started.
+fn spawn_under<T: Send + 'static>(
+    signal: &StopSignal,
+    work: impl FnOnce() -> Result<T, Status> + Send + 'static,
+) -> tokio::task::JoinHandle<(Result<T, Status>, Instant)> {
+    let signal = signal.clone();
+    tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        let outcome = signal.run(|| match signal.is_stopped() {
+            true => Err(stopped()),
+            false => work(),
+        });
+        (outcome, started)
+    })
+}
+
+fn worker_failed(e: tokio::task::JoinError) -> Status {
+    Status::internal(format!("worker failed: {e}"))
 }
 
 /// Runs one step of a stream (`Session`, `Batch`) as [`on_pool`] runs a unary call's work, under

@@ -55,7 +55,7 @@ pub(super) fn start(
     };
     tokio::task::spawn_blocking(move || {
         let outcome = signal.run(|| score_all(&state, request, rule, &tx, permit));
-        let outcome = stop_status(&state, &signal, outcome);
+        let outcome = stop_status(*state.closing.borrow(), &signal, outcome);
         if let Err(status) = outcome {
             // The client may be gone already; nothing else to tell.
             let _ = tx.blocking_send(Err(status));

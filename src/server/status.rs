@@ -2,7 +2,6 @@
 
 use tonic::Status;
 
-use super::State;
 use crate::decoding::DecodeError;
 use crate::evidence::EvidenceError;
 use crate::index::IndexError;
@@ -78,14 +77,14 @@ pub(super) fn model_status(e: ModelError) -> Status {
 /// The status of work that `signal` stopped (a deadline, the client leaving, or the drain deadline
 /// of a shutdown); other outcomes pass unchanged.
 pub(super) fn stop_status<T>(
-    state: &State,
+    closing: bool,
     signal: &StopSignal,
     outcome: Result<T, Status>,
 ) -> Result<T, Status> {
     match (outcome, signal.reason()) {
         (Err(status), Some(reason)) if status.code() == tonic::Code::Cancelled => {
             Err(match reason {
-                _ if *state.closing.borrow() => closing_status(),
+                _ if closing => closing_status(),
                 StopReason::Deadline => {
                     Status::deadline_exceeded("the deadline passed before the work was done")
                 }

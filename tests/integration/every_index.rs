@@ -547,11 +547,12 @@ async fn generate_and_hints(
     client: &mut SidecarClient<Channel>,
     doc: &[u32],
 ) -> Vec<Answer<String>> {
-    // Three levels, drawn at temperature 1: every level's distribution decides the draws.
-    let generate = pb::GenerateRequest {
+    // Three levels, then every level down to the empty suffix, drawn at temperature 1: every
+    // level's distribution decides the draws.
+    let generate = |levels| pb::GenerateRequest {
         prompt: doc[..20].to_vec(),
         max_new_tokens: 12,
-        levels: Some(3),
+        levels: Some(levels),
         temperature: 1.0,
         seed: 7,
         ..Default::default()
@@ -563,7 +564,8 @@ async fn generate_and_hints(
         ..Default::default()
     };
     vec![
-        answer(client.generate(generate).await).map(|a| format!("{a:?}")),
+        answer(client.generate(generate(3)).await).map(|a| format!("{a:?}")),
+        answer(client.generate(generate(0)).await).map(|a| format!("{a:?}")),
         answer(client.hints(hints).await).map(|a| format!("{a:?}")),
     ]
 }
@@ -623,8 +625,8 @@ async fn serve_answers_over_every_kind_of_index() {
             "{name}: {want_extra:?}"
         );
         let got_extra = generate_and_hints(&mut fm.client, &doc).await;
-        assert_eq!(got_extra[0], want_extra[0], "{name}: Generate");
-        let (code, message) = got_extra[1].clone().unwrap_err();
+        assert_eq!(got_extra[..2], want_extra[..2], "{name}: Generate");
+        let (code, message) = got_extra[2].clone().unwrap_err();
         assert_eq!(code, tonic::Code::FailedPrecondition, "{message}");
         assert!(message.contains("needs a suffix-array index"), "{message}");
 
@@ -639,9 +641,21 @@ async fn serve_answers_over_every_kind_of_index() {
         // Back-off generation as the single index draws it; hints, which a router does not yet
         // answer across shards, refused (the README's table).
         let routed_extra = generate_and_hints(&mut routed_sa, &doc).await;
-        assert_eq!(routed_extra[0], want_extra[0], "{name}: routed Generate");
-        let (code, message) = routed_extra[1].clone().unwrap_err();
+        assert_eq!(
+            routed_extra[..2],
+            want_extra[..2],
+            "{name}: routed Generate"
+        );
+        let (code, message) = routed_extra[2].clone().unwrap_err();
         assert_eq!(code, tonic::Code::Unimplemented, "{name}: {message}");
+        // Its settings are checked before any shard is asked.
+        let cold = pb::GenerateRequest {
+            prompt: doc[..4].to_vec(),
+            temperature: -1.0,
+            ..Default::default()
+        };
+        let (code, message) = answer(routed_sa.generate(cold).await).unwrap_err();
+        assert_eq!(code, tonic::Code::InvalidArgument, "{name}: {message}");
         // Every engine call, maximal spans included.
         // A subsampled distribution is the one of the shards' joined index, sampled in its own
         // order (`tests/integration/cluster.rs` compares it so): its count and suffix agree.
@@ -671,7 +685,8 @@ async fn serve_answers_over_every_kind_of_index() {
         );
         let routed_extra = generate_and_hints(&mut routed_fm, &doc).await;
         assert_eq!(
-            routed_extra[0], want_extra[0],
+            routed_extra[..2],
+            want_extra[..2],
             "{name}: Generate over compressed shards"
         );
         // A search the router subsamples: over suffix-array shards in their order; compressed

@@ -36,7 +36,7 @@ impl SuffixMatch<FmMatches> {
         let ranges = &self.matches().ranges;
         for (s, (shard, &range)) in index.shards.iter().zip(ranges).enumerate() {
             let mut ordered = index.suffix_ordered(s, range, self.matches());
-            let len = range.len();
+            let len = ordered.len();
             for offset in sampling::offsets(len, cap, sampling::share(cap, len, total)) {
                 out.push(index.continuation_at(shard, range, &mut ordered, offset, depth));
             }

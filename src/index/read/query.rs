@@ -1,5 +1,5 @@
-//! n-gram and ∞-gram queries over a suffix-array index's shards: counts add up, distributions
-//! merge.
+//! n-gram queries over a suffix-array index's shards (the ∞-gram's are written once over any kind,
+//! in `index::suffix`): counts add up, distributions merge.
 //!
 //! The token after a match is the eos token when the match is followed by a document separator or sits
 //! at the very end of a shard, as in the reference; unlike the reference, a prompt that also occurs at the

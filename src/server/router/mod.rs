@@ -23,6 +23,7 @@ use super::engine::{
 };
 use super::metrics::Metrics;
 use super::pb::sidecar_server::Sidecar;
+use super::pool::on_pool_alone;
 use super::{
     check_len, check_max_support, deadline_of, pb, shard_pb as spb, Evidence, Neural,
     ResponseStream, ServeError, SidecarService,
@@ -494,14 +495,12 @@ impl Sidecar for RouterService {
         check_vocabulary(&prompt, first.vocab_size).map_err(super::index_status)?;
         let shards = reference::RemoteReference::new(Arc::clone(&self.shards), &m);
         let eos = first.eos_token_id;
-        let made = (self.mixer().await?)
-            .run(deadline, move |_| {
-                backoff::RemoteLevels::new(shards, eos)
-                    .and_then(|mut levels| generate_from(&mut levels, &prompt, &spec, draw))
-                    .map_err(super::index_status)
-            })
-            .await?
-            .into_inner();
+        let made = on_pool_alone(deadline, move || {
+            backoff::RemoteLevels::new(shards, eos)
+                .and_then(|mut levels| generate_from(&mut levels, &prompt, &spec, draw))
+                .map_err(super::index_status)
+        })
+        .await?;
         Ok(Response::new(generate_response(&m.tokenizer, made)))
     }
 

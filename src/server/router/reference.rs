@@ -24,6 +24,7 @@ use crate::evidence::{Followed, ReferenceData};
 use crate::index::dense::{TokenEvidence, TokenScore};
 use crate::index::partial::{PartialContinuations, PartialDrafts};
 use crate::index::query::{check_vocabulary, InfgramNtdResult};
+use crate::index::suffix;
 use crate::index::IndexError;
 use crate::mix::features::{step_score, InfgramContext, SUFFIX_LENGTHS, SUPPORT_SAMPLES};
 use crate::mix::MixError;
@@ -106,7 +107,7 @@ impl RemoteReference {
 
     /// The exact ∞-gram after `seq`, whose match is among its last `tail` tokens.
     fn infgram_of_tail(&self, seq: &[u32], tail: usize) -> Result<InfgramNtdResult, IndexError> {
-        self.next_tokens(&seq[seq.len() - tail.min(seq.len())..], true)
+        self.next_tokens(suffix::tail(seq, tail), true)
     }
 
     /// What followed `prompt` over every shard, exactly (counts summed): after all of it, or
@@ -126,6 +127,22 @@ impl RemoteReference {
             .map(continuations_of)
             .collect();
         merge::continuations(&parts, None).map_err(merge_error)
+    }
+
+    /// The length of `prompt`'s longest suffix found in any shard (each shard's answer carries a
+    /// sample, not a distribution).
+    pub(super) fn longest_suffix_len(&self, prompt: &[u32]) -> Result<usize, IndexError> {
+        let parts = self.continuations(spb::ContinuationsRequest {
+            prompt: prompt.to_vec(),
+            infinite: true,
+            max_support: 1,
+            ..Default::default()
+        })?;
+        Ok(parts
+            .iter()
+            .map(|a| a.suffix_len as usize)
+            .max()
+            .unwrap_or(0))
     }
 
     /// The count of `ids` over every shard.
