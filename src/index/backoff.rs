@@ -342,16 +342,15 @@ pub fn generate<I: Occurrences + ?Sized>(
     generate_from(&mut IndexLevels { index, suffix }, prompt, spec, draw)
 }
 
-/// Tokens after `prompt` (ids checked) drawn from the back-off distribution of `source`'s levels
-/// as `draw` says; stops after an end of text.
-pub fn generate_from(
+/// Tokens after `prompt` drawn from the back-off distribution of `source`'s levels as `draw`
+/// says; stops after an end of text. The caller has checked the prompt's ids, `spec` and `draw`
+/// (before any work: a router's shards are asked nothing for a request refused).
+pub(crate) fn generate_from(
     source: &mut impl LevelSource,
     prompt: &[u32],
     spec: &Backoff,
     draw: Draw,
 ) -> Result<BackoffGeneration> {
-    spec.check()?;
-    draw.check()?;
     let Draw {
         max_new,
         temperature,
