@@ -14,11 +14,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::runtime::Handle;
-use tonic::Status;
+use tonic::{Request, Response, Status};
 
-use super::shards::{Answered, Members, ShardSet};
+use super::shards::{Answered, Members, ShardClient, ShardSet};
 use super::unmergeable;
 use crate::cluster::merge;
+use crate::cluster::validate::ShardAnswer;
 use crate::cluster::wire::{continuations_of, drafts_of, evidence_of, support_of};
 use crate::evidence::{Followed, ReferenceData};
 use crate::index::dense::{TokenEvidence, TokenScore};
@@ -86,23 +87,29 @@ impl RemoteReference {
         self.runtime.block_on(work).map_err(remote)
     }
 
-    /// Every shard's answer to `ask`, in shard order (each validated against it).
+    /// Every shard's answer to `ask` through `call`, in shard order (each validated against it),
+    /// under the deadline of the request this thread works for.
+    fn every_shard<Q, T, F, Fut>(&self, ask: Q, call: F) -> Result<Vec<T>, IndexError>
+    where
+        Q: Clone,
+        T: ShardAnswer<Q>,
+        F: Fn(ShardClient, Request<Q>) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        let members = self.members()?;
+        let deadline: Option<Instant> = crate::interrupt::deadline();
+        self.wait(async {
+            let fanned = self.shards.fan_out(&members, deadline, &ask, call).await?;
+            let Answered { parts, .. } = fanned.complete(false)?;
+            Ok(parts.into_iter().map(|(_, a)| a).collect())
+        })
+    }
+
     fn continuations(
         &self,
         ask: spb::ContinuationsRequest,
     ) -> Result<Vec<spb::ContinuationsAnswer>, IndexError> {
-        let members = self.members()?;
-        let deadline: Option<Instant> = crate::interrupt::deadline();
-        self.wait(async {
-            let fanned = self
-                .shards
-                .fan_out(&members, deadline, &ask, |mut c, r| async move {
-                    c.continuations(r).await
-                })
-                .await?;
-            let Answered { parts, .. } = fanned.complete(false)?;
-            Ok(parts.into_iter().map(|(_, a)| a).collect())
-        })
+        self.every_shard(ask, |mut c, r| async move { c.continuations(r).await })
     }
 
     /// The exact ∞-gram after `seq`, whose match is among its last `tail` tokens.
@@ -147,22 +154,11 @@ impl RemoteReference {
 
     /// The count of `ids` over every shard.
     pub(super) fn count(&self, ids: &[u32]) -> Result<u64, IndexError> {
-        let members = self.members()?;
-        let deadline: Option<Instant> = crate::interrupt::deadline();
         let ask = spb::CountRequest {
             ngrams: vec![spb::NGram { ids: ids.to_vec() }],
         };
-        let counts = self.wait(async {
-            let fanned = self
-                .shards
-                .fan_out(&members, deadline, &ask, |mut c, r| async move {
-                    c.count(r).await
-                })
-                .await?;
-            let Answered { parts, .. } = fanned.complete(false)?;
-            Ok(parts.into_iter().flat_map(|(_, a)| a.counts))
-        })?;
-        merge::sum(counts).map_err(merge_error)
+        let parts = self.every_shard(ask, |mut c, r| async move { c.count(r).await })?;
+        merge::sum(parts.into_iter().flat_map(|a| a.counts)).map_err(merge_error)
     }
 }
 
@@ -238,23 +234,16 @@ impl ReferenceData for RemoteReference {
 
     fn document(&self, tokens: &[u32]) -> Result<(Vec<TokenScore>, Vec<InfgramContext>), MixError> {
         self.check_ids(tokens)?;
-        let members = self.members()?;
-        let deadline = crate::interrupt::deadline();
         let ask = spb::ScoreTokensRequest {
             ids: tokens.to_vec(),
             support_samples: SUPPORT_SAMPLES,
             count_lengths: lengths(),
         };
-        let mut parts: Vec<Vec<spb::TokenEvidence>> = self.wait(async {
-            let fanned = self
-                .shards
-                .fan_out(&members, deadline, &ask, |mut c, r| async move {
-                    c.score_tokens(r).await
-                })
-                .await?;
-            let Answered { parts, .. } = fanned.complete(false)?;
-            Ok(parts.into_iter().map(|(_, a)| a.tokens).collect())
-        })?;
+        let mut parts: Vec<Vec<spb::TokenEvidence>> = self
+            .every_shard(ask, |mut c, r| async move { c.score_tokens(r).await })?
+            .into_iter()
+            .map(|a| a.tokens)
+            .collect();
         let evidence: Vec<Vec<TokenEvidence>> = parts
             .iter()
             .map(|p| p.iter().map(evidence_of).collect())
