@@ -149,7 +149,7 @@ fn main() {
         "index": dir.display().to_string(),
         "index_bytes": bytes,
         "index_tokens": tokens,
-        "suffix_arrays": index.num_shards(),
+        "suffix_arrays": index.num_parts(),
         "cold": {"count": percentiles(cold_count), "infgram_ntd_64": percentiles(cold_infgram)},
         // Pages each cold query read from the device (major faults): its latency on another
         // device is about this many random reads.

@@ -7,6 +7,7 @@
 mod common;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use infini_sidecar::decoding::Sequence;
@@ -17,7 +18,7 @@ use infini_sidecar::server::config::ServeConfig;
 fn main() {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let config = ServeConfig::load(&repo.join("configs/default.toml")).unwrap();
-    let index = Index::open(&config.index, &OpenOptions::default()).unwrap();
+    let index = Arc::new(Index::open(&config.index, &OpenOptions::default()).unwrap());
     let tokenizer = index.tokenizer().unwrap().clone();
     let assets = config.index.parent().unwrap().to_path_buf();
     let docs: Vec<Vec<u32>> = common::test_documents(&assets, &tokenizer, 600, 20)
@@ -37,15 +38,15 @@ fn main() {
             let (mut append_s, mut draft_s, mut drafts, mut drafted, mut appended) =
                 (0.0, 0.0, 0usize, 0usize, 0usize);
             for doc in &docs {
-                let mut seq = Sequence::new(&index, doc[..100].to_vec()).unwrap();
+                let mut seq = Sequence::new(index.clone(), doc[..100].to_vec()).unwrap();
                 for &t in &doc[100..] {
                     let started = Instant::now();
-                    let draft = seq.draft(&index, &opts).unwrap();
+                    let draft = seq.draft(&opts).unwrap();
                     draft_s += started.elapsed().as_secs_f64();
                     drafts += 1;
                     drafted += draft.len();
                     let started = Instant::now();
-                    seq.append(&index, &[t]).unwrap();
+                    seq.append(&[t]).unwrap();
                     append_s += started.elapsed().as_secs_f64();
                     appended += 1;
                 }

@@ -12,14 +12,14 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
+use infini_sidecar::cluster::split::{self, ShardSplit};
 use infini_sidecar::corpus;
 use infini_sidecar::eval::documents::{load_documents, TokenBudget};
 use infini_sidecar::eval::neural::score_documents;
 use infini_sidecar::eval::EvalError;
 use infini_sidecar::index::build::decontam::{self, Decontaminator};
-use infini_sidecar::index::build::split::{self, ShardSplit};
 use infini_sidecar::index::build::token_file;
-use infini_sidecar::index::build::{self, build, BuildOptions, GivenVocabulary};
+use infini_sidecar::index::build::{build, BuildOptions, GivenVocabulary};
 use infini_sidecar::index::fm::CompressedIndex;
 use infini_sidecar::index::format::NextTableSpec;
 use infini_sidecar::index::{Index, IndexError, OpenOptions, TokenWidth};
@@ -243,12 +243,12 @@ struct BuildArgs {
     bytes: bool,
     #[command(flatten)]
     vocabulary: VocabularyArgs,
-    /// Peak memory for the build, in GiB: decides how many tokens go in one shard.
+    /// Peak memory for the build, in GiB: decides how many tokens go in one part (one suffix array).
     #[arg(long, default_value_t = 8.0)]
     memory_gib: f64,
-    /// Most tokens in one shard, whatever the memory budget.
-    #[arg(long)]
-    max_shard_tokens: Option<u64>,
+    /// Most tokens in one part, whatever the memory budget.
+    #[arg(long, alias = "max-shard-tokens")]
+    max_part_tokens: Option<u64>,
     /// Threads for tokenizing and suffix arrays (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -387,7 +387,7 @@ fn run_build(args: BuildArgs) -> Result<()> {
         tokenizer: tokenizer.as_ref(),
         decontaminate: decontaminator.as_ref(),
         memory_budget: (args.memory_gib * (1u64 << 30) as f64) as u64,
-        max_shard_tokens: args.max_shard_tokens,
+        max_part_tokens: args.max_part_tokens,
         threads: args.threads.unwrap_or_else(rayon::current_num_threads),
         force: args.force,
         next_table: (args.next_token_table_mib > 0.0).then(|| NextTableSpec {
@@ -423,7 +423,7 @@ fn run_build(args: BuildArgs) -> Result<()> {
         Some(split) => {
             let survey = split::survey(documents()?)?;
             split.check(&survey)?;
-            opts.shard_set = Some(build::shard_set_record(split, &survey, &opts));
+            opts.shard_set = Some(split::set_record(split, &survey, &opts));
             opts.input_bytes = 0;
             build(split.take(&survey, documents()?), &opts)?
         }
@@ -548,7 +548,7 @@ fn run(cli: Cli) -> Result<()> {
             println!(
                 "{}: ok ({} shards, checksums and document offsets verified)",
                 index.dir().display(),
-                index.num_shards()
+                index.num_parts()
             );
             Ok(())
         }

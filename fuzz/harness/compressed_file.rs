@@ -9,7 +9,7 @@ use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::docs::SearchOptions;
 use infini_sidecar::index::fm::file::with_checksum;
 use infini_sidecar::index::fm::suffix::FmSuffixMatch;
-use infini_sidecar::index::fm::{shard_file, CompressedIndex};
+use infini_sidecar::index::fm::{part_file, CompressedIndex};
 use infini_sidecar::index::{Index, TokenWidth};
 
 use super::tiny;
@@ -29,7 +29,7 @@ impl Fixture {
 
     pub fn run(&self, input: &[u8]) {
         let bytes = with_checksum(input[..input.len() / 8 * 8].to_vec());
-        std::fs::write(shard_file(&self.scratch, 0), bytes).unwrap();
+        std::fs::write(part_file(&self.scratch, 0), bytes).unwrap();
         if let Ok(index) = CompressedIndex::open(&self.scratch) {
             query_everything(&index);
         }
@@ -96,13 +96,13 @@ pub fn seeds(dir: &Path) -> Vec<(&'static str, Vec<u8>)> {
             vocab,
             tokenizer: with_tokenizer.then_some(&tokenizer),
             docs: tiny::documents(6, alphabet),
-            shard_tokens: 1000,
+            part_tokens: 1000,
         };
         let path = tiny::build_index(dir, name, &spec);
         let index = Index::open(&path, &Default::default()).unwrap();
         let out = dir.join(format!("{name}-compressed"));
         CompressedIndex::build(&index, &out, 1, |_| {}).unwrap();
-        let mut bytes = std::fs::read(shard_file(&out, 0)).unwrap();
+        let mut bytes = std::fs::read(part_file(&out, 0)).unwrap();
         bytes.truncate(bytes.len() - 8);
         (name, bytes)
     };

@@ -1,15 +1,15 @@
-//! Target `index_files`: an index folder made from the input (shard files mutated from a valid tiny
+//! Target `index_files`: an index folder made from the input (part files mutated from a valid tiny
 //! index, a manifest recomputed over them), opened with and without checksums and, when it opens,
 //! asked every kind of query and for every document.
 //!
 //! Input layout, all integers little-endian:
 //! - `flags: u8` (see the `NO_*` and `VERIFY` constants), `width: u8` (1, 2 or 4 bytes: `% 3` picks),
 //!   `eos: u32`, `vocab: u32`;
-//! - then up to `MAX_SHARDS` shards, each five files in `ShardPaths::all` order (tokenized, table,
+//! - then up to `MAX_PARTS` parts, each five files in `PartPaths::all` order (tokenized, table,
 //!   offset, metadata, metaoff), each `len: u16` and `len` bytes; a short input gives short files;
-//! - then, if bytes are left, each shard's next-token table (`nexttok.N`) the same way. (It comes last
+//! - then, if bytes are left, each part's next-token table (`nexttok.N`) the same way. (It comes last
 //!   so that inputs written before the table existed still mean the same index, unless they held
-//!   bytes past their shards, which now become tables.)
+//!   bytes past their parts, which now become tables.)
 //!
 //! The manifest records the written files' sizes and checksums and the counts the files imply, so
 //! open gets past its size checks to the content; the flags take parts of it away.
@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::docs::SearchOptions;
 use infini_sidecar::index::format::{
-    FileRecord, Manifest, ShardPaths, ShardRecord, TokenizerRecord, FORMAT_NAME, FORMAT_VERSION,
+    FileRecord, Manifest, PartPaths, PartRecord, TokenizerRecord, FORMAT_NAME, FORMAT_VERSION,
     MANIFEST_FILE, TOKENIZER_FILE,
 };
 use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
@@ -37,7 +37,7 @@ const NO_TOKENIZER: u8 = 8;
 const NO_METADATA: u8 = 16;
 
 const HEADER_BYTES: usize = 10;
-const MAX_SHARDS: usize = 3;
+const MAX_PARTS: usize = 3;
 const WIDTHS: [TokenWidth; 3] = [TokenWidth::U8, TokenWidth::U16, TokenWidth::U32];
 
 pub struct Fixture {
@@ -53,8 +53,8 @@ struct Layout<'a> {
     width: TokenWidth,
     eos: u32,
     vocab: u64,
-    /// Per shard, its five files' bytes, then its next-token table if the input has one.
-    shards: Vec<[&'a [u8]; 5]>,
+    /// Per part, its five files' bytes, then its next-token table if the input has one.
+    parts: Vec<[&'a [u8]; 5]>,
     next_tables: Vec<&'a [u8]>,
 }
 
@@ -81,16 +81,16 @@ fn parse(mut input: &[u8]) -> Option<Layout<'_>> {
     }
     let header = take(&mut input, HEADER_BYTES);
     let u32_at = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().unwrap());
-    let mut shards = Vec::new();
-    while !input.is_empty() && shards.len() < MAX_SHARDS {
+    let mut parts = Vec::new();
+    while !input.is_empty() && parts.len() < MAX_PARTS {
         let mut files: [&[u8]; 5] = [&[]; 5];
         for f in &mut files {
             *f = take_file(&mut input);
         }
-        shards.push(files);
+        parts.push(files);
     }
     let mut next_tables = Vec::new();
-    while !input.is_empty() && next_tables.len() < shards.len() {
+    while !input.is_empty() && next_tables.len() < parts.len() {
         next_tables.push(take_file(&mut input));
     }
     Some(Layout {
@@ -98,7 +98,7 @@ fn parse(mut input: &[u8]) -> Option<Layout<'_>> {
         width: WIDTHS[header[1] as usize % WIDTHS.len()],
         eos: u32_at(2),
         vocab: u32_at(6) as u64,
-        shards,
+        parts,
         next_tables,
     })
 }
@@ -148,9 +148,9 @@ impl Fixture {
     fn write(&self, layout: &Layout) {
         let dir = &self.scratch;
         let mut records = Vec::new();
-        for n in 0..MAX_SHARDS {
-            let paths = ShardPaths::new(dir, n);
-            let files = layout.shards.get(n);
+        for n in 0..MAX_PARTS {
+            let paths = PartPaths::new(dir, n);
+            let files = layout.parts.get(n);
             let mut written = Vec::new();
             for (i, path) in paths.all().into_iter().enumerate() {
                 let is_metadata = *path == paths.metadata || *path == paths.metaoff;
@@ -167,7 +167,7 @@ impl Fixture {
                 }
             }
             if let Some(files) = files {
-                records.push(ShardRecord {
+                records.push(PartRecord {
                     documents: files[2].len() as u64 / 8,
                     tokens: files[0].len() as u64 / layout.width.bytes() as u64,
                     files: written,
@@ -201,7 +201,7 @@ impl Fixture {
                 .map(|r| r.tokens)
                 .sum::<u64>()
                 .saturating_sub(documents),
-            shards: records,
+            parts: records,
             built_by: "fuzz".into(),
             decontamination: None,
             next_token_table: None,
@@ -221,11 +221,11 @@ fn put(path: &Path, bytes: Option<&[u8]>) {
     }
 }
 
-/// Every query kind, with n-grams taken from the first document of the input's first shard (so
+/// Every query kind, with n-grams taken from the first document of the input's first part (so
 /// they mostly occur), and every document (and one past the last) in full.
 fn query_everything(index: &Index, layout: &Layout) {
     let w = index.width().bytes();
-    let first_doc: Vec<u32> = layout.shards[0][0]
+    let first_doc: Vec<u32> = layout.parts[0][0]
         .chunks_exact(w)
         .skip(1)
         .take(8)
@@ -260,7 +260,7 @@ fn query_everything(index: &Index, layout: &Layout) {
     }
 }
 
-/// Whether every shard's document offsets increase from 0 and stay on token boundaries inside it.
+/// Whether every part's document offsets increase from 0 and stay on token boundaries inside it.
 /// The files of the index at `dir` as an input of this target, with `flags` and `eos`/`vocab` as
 /// the header's (they matter only under `NO_MANIFEST`).
 pub fn serialize(dir: &Path, flags: u8, width: TokenWidth, eos: u32, vocab: u64) -> Vec<u8> {
@@ -270,8 +270,8 @@ pub fn serialize(dir: &Path, flags: u8, width: TokenWidth, eos: u32, vocab: u64)
     ];
     out.extend_from_slice(&eos.to_le_bytes());
     out.extend_from_slice(&(vocab as u32).to_le_bytes());
-    let shards: Vec<ShardPaths> = (0..)
-        .map(|n| ShardPaths::new(dir, n))
+    let parts: Vec<PartPaths> = (0..)
+        .map(|n| PartPaths::new(dir, n))
         .take_while(|paths| paths.tokenized.exists())
         .collect();
     let mut put_file = |path: &Path| {
@@ -279,13 +279,13 @@ pub fn serialize(dir: &Path, flags: u8, width: TokenWidth, eos: u32, vocab: u64)
         out.extend_from_slice(&u16::try_from(bytes.len()).unwrap().to_le_bytes());
         out.extend_from_slice(&bytes);
     };
-    for paths in &shards {
+    for paths in &parts {
         let [tokenized, table, offset, metadata, metaoff, _] = paths.all();
         for path in [tokenized, table, offset, metadata, metaoff] {
             put_file(path);
         }
     }
-    for paths in &shards {
+    for paths in &parts {
         put_file(&paths.next_tokens);
     }
     out
@@ -302,7 +302,7 @@ pub fn seeds(dir: &Path) -> Vec<(&'static str, Vec<u8>)> {
             vocab,
             tokenizer: (flags & NO_TOKENIZER == 0).then_some(&tokenizer),
             docs: tiny::documents(6, alphabet),
-            shard_tokens: 20,
+            part_tokens: 20,
         };
         let path = tiny::build_index(dir, name, &spec);
         (name, serialize(&path, flags, width, eos, vocab))

@@ -23,11 +23,11 @@ impl Fixture {
             vocab: tiny::VOCAB,
             tokenizer: Some(&tokenizer),
             docs: tiny::documents(40, &tiny::WORDS),
-            shard_tokens: 128,
+            part_tokens: 128,
         };
         let path = tiny::build_index(dir, "protocol-index", &spec);
         let index = Index::open(&path, &OpenOptions::default()).unwrap();
-        assert!(index.num_shards() > 1);
+        assert!(index.num_parts() > 1);
         Fixture { index }
     }
 

@@ -100,7 +100,7 @@ impl Fixture {
             vocab: tiny::VOCAB,
             tokenizer: Some(&tokenizer),
             docs: tiny::documents(30, &tiny::WORDS),
-            shard_tokens: 96,
+            part_tokens: 96,
         };
         let config = ServeConfig {
             cluster: Default::default(),

@@ -43,7 +43,7 @@ fn shard(k: u32) -> ShardIdentity {
         shards: SHARDS as u32,
         documents: 3 + 4 * k as u64,
         tokens: 100 << (2 * k),
-        local_shards: 1 + k,
+        local_parts: 1 + k,
         token_width: 2,
         eos_token_id: 0,
         vocab_size: VOCAB,
@@ -108,7 +108,7 @@ impl Fixture {
     }
 
     fn arrays(&self) -> u64 {
-        self.shards.iter().map(|s| s.local_shards as u64).sum()
+        self.shards.iter().map(|s| s.local_parts as u64).sum()
     }
 
     pub fn run(&self, input: &[u8]) {

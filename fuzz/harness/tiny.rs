@@ -110,7 +110,7 @@ pub struct Spec<'a> {
     pub tokenizer: Option<&'a Tokenizer>,
     pub docs: Vec<Vec<u32>>,
     /// Tokens per shard, separators included: small enough for more than one shard.
-    pub shard_tokens: u64,
+    pub part_tokens: u64,
 }
 
 /// Builds `spec` at `dir/name`, every document with a metadata line, and returns the index folder.
@@ -118,7 +118,7 @@ pub fn build_index(dir: &Path, name: &str, spec: &Spec) -> PathBuf {
     let out = dir.join(name);
     let opts = BuildOptions {
         tokenizer: spec.tokenizer,
-        max_shard_tokens: Some(spec.shard_tokens),
+        max_part_tokens: Some(spec.part_tokens),
         threads: 1,
         // Down to prompts seen twice, so that even these tiny shards have next-token tables.
         next_table: Some(NextTableSpec {

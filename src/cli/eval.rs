@@ -20,7 +20,7 @@ use infini_sidecar::eval::per_token::write_per_token;
 use infini_sidecar::eval::report as eval_report;
 use infini_sidecar::eval::spec::{self as eval_spec, SpecEvalOptions};
 use infini_sidecar::eval::workload;
-use infini_sidecar::evidence::{byte_reference, EvidenceIndex, ReferenceData};
+use infini_sidecar::evidence::{byte_source, EvidenceIndex, EvidenceSource};
 use infini_sidecar::index::backoff::{Backoff, Weighting};
 use infini_sidecar::index::build::decontam;
 use infini_sidecar::index::corpus::{self, Corpus};
@@ -231,7 +231,7 @@ fn open_pairing(args: &PairingArgs) -> Result<(Model, Arc<dyn EvidenceIndex>)> {
 
 /// An index of either kind as `model`'s decoding reads it (a byte-level suffix array through the
 /// model's tokens), checked to belong with it.
-fn decoding_reference(path: &Path, model: &Model) -> Result<Arc<dyn ReferenceData>> {
+fn decoding_reference(path: &Path, model: &Model) -> Result<Arc<dyn EvidenceSource>> {
     Ok(match fm::is_compressed(path) {
         true => {
             let index = CompressedIndex::open(path)?;
@@ -241,7 +241,7 @@ fn decoding_reference(path: &Path, model: &Model) -> Result<Arc<dyn ReferenceDat
         false => {
             let index = Index::open(path, &OpenOptions::default())?;
             Pairing::new(model, &index)?;
-            byte_reference::for_model(Arc::new(index), model.tokenizer())
+            byte_source::for_model(Arc::new(index), model.tokenizer())
         }
     })
 }
@@ -317,7 +317,7 @@ fn run_spec(args: SpecArgs) -> Result<()> {
         new_tokens: args.new_tokens,
         draft,
     };
-    let rows = eval_spec::run(&model, &*reference, &docs, &opts)?;
+    let rows = eval_spec::run(&model, &reference, &docs, &opts)?;
     let md = eval_spec::markdown(&rows);
     let written = match &args.out_dir {
         Some(dir) => write_results(dir, "spec", &rows, &md)?,
@@ -423,7 +423,7 @@ fn run_generate(args: GenerateArgs) -> Result<()> {
         ..GenerationEvalOptions::default()
     };
     let docs = load_documents(&args.pairing.inputs, &model, TokenBudget::All, None)?;
-    let rows = generation::run(&model, &*index, &params, &docs, &samplers, &opts)?;
+    let rows = generation::run(&model, Arc::clone(&index), &params, &docs, &samplers, &opts)?;
     let md = generation::markdown(&rows);
     let written = match &args.out_dir {
         Some(dir) => write_results(dir, "generate", &rows, &md)?,
@@ -521,12 +521,12 @@ fn run_workload(args: WorkloadArgs) -> Result<()> {
             draft,
             ..workload::WorkloadReport::default()
         },
-        None => workload::run(&model, &*index, &requests, &draft)?,
+        None => workload::run(&model, Arc::clone(&index), &requests, &draft)?,
     };
     report.cpu = infini_sidecar::cpu::CpuInfo::detect().summary();
     report.row_cost = args.row_cost;
     report.simulated = workload::simulate(
-        &*index,
+        Arc::clone(&index),
         &requests,
         &report.replay,
         &report.references,

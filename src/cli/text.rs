@@ -187,7 +187,7 @@ fn holds_and_vocabulary(fields: &mut Table, shape: &IndexShape) {
                 "token",
                 "tokens"
             ),
-            plural(shape.shards as u64, "shard", "shards"),
+            plural(shape.parts as u64, "part", "parts"),
         ),
     ]);
     fields.row([
@@ -233,18 +233,18 @@ pub fn index_info(info: &IndexInfo) -> String {
         fields.row(["decontamination".into(), decontamination(d)]);
     }
     out += &fields.render();
-    if info.by_shard.len() > 1 {
-        let mut shards = Table::new(&["shard", "documents", "tokens", "next-token prompts"]);
-        for (i, s) in info.by_shard.iter().enumerate() {
-            shards.row([
+    if info.by_part.len() > 1 {
+        let mut parts = Table::new(&["part", "documents", "tokens", "next-token prompts"]);
+        for (i, s) in info.by_part.iter().enumerate() {
+            parts.row([
                 i.to_string(),
                 count(s.documents),
                 count(s.tokens_with_separators.saturating_sub(s.documents)),
                 count(s.next_token_table_prompts),
             ]);
         }
-        out += "by shard:\n";
-        out += &shards.render();
+        out += "by part:\n";
+        out += &parts.render();
     }
     out
 }
@@ -284,7 +284,7 @@ pub fn build_report(report: &BuildReport) -> String {
         report.out,
         plural(report.documents, "document", "documents"),
         plural(report.tokens, "token", "tokens"),
-        plural(report.shards as u64, "shard", "shards"),
+        plural(report.parts as u64, "part", "parts"),
     );
     let mut fields = Table::fields();
     fields.row([

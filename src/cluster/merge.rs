@@ -1,13 +1,13 @@
 //! Answers of several indexes merged into the answer of one index over all their shards. Pure
-//! functions over [`crate::index::partial`] answers, in the order of the shards. Sums are checked:
+//! functions over [`crate::cluster::partial`] answers, in the order of the shards. Sums are checked:
 //! parts from shards that claim more than 2^64 occurrences together give [`Overflow`], never a
 //! wrapped count.
 
 use std::collections::BTreeMap;
 
+use crate::cluster::partial::{PartialContinuations, PartialDrafts};
 use crate::index::dense::{TokenEvidence, TokenScore};
 use crate::index::docs::{PartialSearch, SearchResult};
-use crate::index::partial::{PartialContinuations, PartialDrafts};
 use crate::index::query::{InfgramNtdResult, NtdResult, Spread};
 use crate::index::sampling;
 
@@ -212,8 +212,8 @@ mod tests {
     //! so rather than wrap (a wrapped sum made `prob = 1.1e13` with `rest_mass = 0`).
 
     use super::*;
+    use crate::cluster::partial::{LocalContinuations, LocalSample};
     use crate::index::docs::Document;
-    use crate::index::partial::{LocalContinuations, LocalSample};
 
     const HALF: u64 = u64::MAX / 2 + 1;
 

@@ -1,15 +1,20 @@
 //! Scale-out: one reference corpus split over shard servers, each a sidecar over its own shard
 //! (`index build --shard K/N`), behind stateless routers that serve the whole `sidecar.v1` API.
-//! This module is the protocol's library side: the shard set a router accepts ([`set`]), what it
-//! checks of every shard answer before trusting it ([`validate`]), how it reads them ([`wire`]) and
-//! the merge of the shards' answers ([`merge`]); the gRPC sides are `server::shard` and
-//! `server::router`.
+//! Every cluster role lives here; the server only wires them into gRPC services
+//! (`server::shard`, `server::router`):
+//! - building a shard: which documents it takes and the set's id ([`split`]);
+//! - answering as a shard: one index's part of a sharded answer, over either kind ([`partial`]);
+//! - routing: the shard set a router accepts ([`set`]), the fan-out of a call to every shard and
+//!   its replicas ([`fan_out`]), what it checks of every shard answer before trusting it
+//!   ([`validate`]), how it reads them ([`wire`]), their merge into one index's answer ([`merge`]),
+//!   and the shards seen as the library's own faces: evidence, back-off levels, live namespaces
+//!   ([`remote`]).
 //!
 //! # Why the merged answers are exact
 //!
 //! A shard server answers over its own suffix arrays, or the compressed index made from them (which
 //! reads each suffix array's samples from its exact counts in the suffix array's order), with
-//! [`crate::index::partial`] answers, and the router merges them into what one index holding every
+//! [`crate::cluster::partial`] answers, and the router merges them into what one index holding every
 //! suffix array would answer:
 //! - **Counts add up**: an n-gram's occurrences are the sum of each shard's (documents never span
 //!   shards, and a document end is an eos wherever the shard cuts).
@@ -22,7 +27,7 @@
 //!   only that token after its matches ([`crate::index::query::Spread`] merges).
 //! - **Back-off levels**: a suffix's count and its next tokens' counts add up over the shards, so
 //!   each level (the longest suffix, then each shorter one whose count grows) and the mixture drawn
-//!   from are one index's (`server::router::backoff`).
+//!   from are one index's ([`remote`]).
 //! - **Documents**: a document lies in one shard. The router numbers shard k's documents after
 //!   those of shards 0..k, so with a build split by `--shard K/N` (contiguous runs of the input)
 //!   every document keeps its number in a single index over the same input. Searches take two
@@ -50,7 +55,11 @@
 //! with its gate features (`ScoreTokens`), and a draft (`Continuations` with a depth); two for a
 //! document search, and for a decoding step's gate features (after its ∞-gram).
 
+pub(crate) mod fan_out;
 pub mod merge;
+pub mod partial;
+pub(crate) mod remote;
 pub mod set;
+pub mod split;
 pub mod validate;
 pub mod wire;

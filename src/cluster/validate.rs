@@ -7,7 +7,7 @@
 //!
 //! One [`ShardAnswer::validate`] per answer message, against the request that asked it and the
 //! shard's description (`set::ShardIdentity`, from the set's layout). The invariants are those of
-//! `server::shard` over [`crate::index::partial`]; each check names the one it enforces.
+//! `server::shard` over [`crate::cluster::partial`]; each check names the one it enforces.
 
 use crate::cluster::set::ShardIdentity;
 use crate::index::query::Spread;
@@ -146,7 +146,7 @@ fn samples(
     prompt_cnt: u64,
     shard: &ShardIdentity,
 ) -> Result {
-    length("samples", samples.len(), shard.local_shards as usize)?;
+    length("samples", samples.len(), shard.local_parts as usize)?;
     for sample in samples {
         count("a sample's matches", sample.matches, shard)?;
         let ids: Vec<u32> = sample.runs.iter().map(|r| r.token).collect();
@@ -301,7 +301,7 @@ fn drafts(
         nothing_else,
         "an answer for drafts carries more than drafts",
     )?;
-    length("drafts", a.drafts.len(), shard.local_shards as usize)?;
+    length("drafts", a.drafts.len(), shard.local_parts as usize)?;
     for array in &a.drafts {
         count("a suffix array's matches", array.matches, shard)?;
         let fine = match a.suffix_len {
@@ -430,7 +430,7 @@ mod tests {
             shards: 1,
             documents: 10,
             tokens: 1000,
-            local_shards: 2,
+            local_parts: 2,
             token_width: 2,
             eos_token_id: 0,
             vocab_size: 100,

@@ -1,10 +1,12 @@
-//! Shard answers (`sidecar.shard.v1`) read as the merge's parts ([`crate::index::partial`] and
+//! Shard answers (`sidecar.shard.v1`) read as the merge's parts ([`crate::cluster::partial`] and
 //! friends). Only answers that passed [`super::validate`] are read: these conversions trust the
 //! invariants it checked.
 
+use crate::cluster::partial::{
+    LocalContinuations, LocalSample, PartialContinuations, PartialDrafts,
+};
 use crate::index::dense::TokenEvidence;
 use crate::index::docs::{Document, PartialSearch};
-use crate::index::partial::{LocalContinuations, LocalSample, PartialContinuations, PartialDrafts};
 use crate::index::query::Spread;
 use crate::server::shard_pb as spb;
 

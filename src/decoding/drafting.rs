@@ -5,31 +5,22 @@
 use super::Sequence;
 use crate::draft::calibration::{Calibrated, Origin};
 use crate::draft::{DraftOptions, DraftTree};
-use crate::evidence::{Followed, ReferenceData};
 use crate::index::Result;
 
 impl Sequence {
     /// A draft continuing the sequence. The tokens appended next tell the sequence how much of it
     /// was accepted.
     /// A draft that fails (the reference data did not answer) leaves the sequence as it was.
-    pub fn draft(
-        &mut self,
-        reference: &dyn ReferenceData,
-        opts: &DraftOptions,
-    ) -> Result<DraftTree> {
+    pub fn draft(&mut self, opts: &DraftOptions) -> Result<DraftTree> {
         let before = (self.calibration.clone(), self.last_origin);
-        let drafted = self.draft_here(reference, opts);
+        let drafted = self.draft_here(opts);
         if drafted.is_err() {
             (self.calibration, self.last_origin) = before;
         }
         drafted
     }
 
-    fn draft_here(
-        &mut self,
-        reference: &dyn ReferenceData,
-        opts: &DraftOptions,
-    ) -> Result<DraftTree> {
+    fn draft_here(&mut self, opts: &DraftOptions) -> Result<DraftTree> {
         self.calibration.release();
         self.last_origin = None;
         let mut offers = Vec::new();
@@ -60,7 +51,7 @@ impl Sequence {
             }
             let tree = match nothing_to_read {
                 true => DraftTree::default(),
-                false => self.raw_draft(origin, reference, opts)?,
+                false => self.raw_draft(origin, opts)?,
             };
             let draft = self.calibrate(origin, tree, opts);
             if draft.tree.is_empty() {
@@ -114,12 +105,7 @@ impl Sequence {
     }
 
     /// `origin`'s draft before calibration.
-    fn raw_draft(
-        &self,
-        origin: Origin,
-        reference: &dyn ReferenceData,
-        opts: &DraftOptions,
-    ) -> Result<DraftTree> {
+    fn raw_draft(&self, origin: Origin, opts: &DraftOptions) -> Result<DraftTree> {
         let (conts, len) = match origin {
             Origin::Index => {
                 let Some(followed) = &self.followed else {
@@ -127,8 +113,7 @@ impl Sequence {
                 };
                 let len = followed.matched_tokens();
                 let depth = opts.depth_for(len);
-                let conts =
-                    reference.continuations(followed, &self.tokens, opts.index_samples, depth)?;
+                let conts = followed.continuations(&self.tokens, opts.index_samples, depth)?;
                 (conts, len)
             }
             Origin::Prompt => self.lookup.continuations(&self.tokens, opts.max_tokens),
@@ -153,7 +138,7 @@ impl Sequence {
 
     /// Tokens of the sequence its match in the reference data covers.
     fn matched_tokens(&self) -> usize {
-        self.followed.as_ref().map_or(0, Followed::matched_tokens)
+        self.followed.as_ref().map_or(0, |f| f.matched_tokens())
     }
 
     fn calibrate(&self, origin: Origin, tree: DraftTree, opts: &DraftOptions) -> Calibrated {

@@ -3,7 +3,7 @@
 //! top k for an answer, every token for sampling).
 
 use super::{DecodeError, Sequence};
-use crate::evidence::{self, DecodeStep, ReferenceData, StepInfgram, StepLambda};
+use crate::evidence::{self, DecodeStep, EvidenceSource, StepInfgram, StepLambda};
 use crate::mix::{
     AdaptiveSequence, LambdaRule, MixError, MixingParams, NeuralDistribution, SparseDistribution,
 };
@@ -31,7 +31,7 @@ pub struct MixedStep<T> {
 /// `output` gets the two distributions and λ. Under the adaptive rule `adaptive` (a caller that
 /// follows a sequence) gives λ and keeps the distributions for the token that comes next.
 pub fn mix_step<T>(
-    reference: &dyn ReferenceData,
+    source: &dyn EvidenceSource,
     how: MixRule,
     context: &[u32],
     infgram: StepInfgram,
@@ -45,7 +45,7 @@ pub fn mix_step<T>(
         neural: &neural,
     };
     let lambda = evidence::step_lambda(
-        reference,
+        source,
         how.params,
         how.rule,
         &decode,
@@ -70,7 +70,6 @@ impl Sequence {
     /// learns from the token appended next. A refused step changes nothing.
     pub fn mix<T>(
         &mut self,
-        reference: &dyn ReferenceData,
         how: MixRule,
         neural: NeuralDistribution,
         output: impl FnOnce(&SparseDistribution, &NeuralDistribution, f64) -> T,
@@ -78,7 +77,7 @@ impl Sequence {
         let followed = self.followed.as_ref().ok_or_else(|| {
             MixError::Invalid("a sequence the model decodes alone does not mix".into())
         })?;
-        let infgram = reference.step_followed(followed, &self.tokens, &neural)?;
+        let infgram = followed.step(&self.tokens, &neural)?;
         let first_adaptive = self.adaptive.is_none();
         let adaptive = match (how.rule, how.params) {
             (LambdaRule::Adaptive, Some(p)) => Some(
@@ -88,7 +87,7 @@ impl Sequence {
             _ => None,
         };
         let step = mix_step(
-            reference,
+            followed.source(),
             how,
             &self.tokens,
             infgram,

@@ -1,5 +1,5 @@
 //! A sequence being decoded, and the one owner of everything it carries: its tokens, its ∞-gram
-//! match (as the reference follows it), its own model's KV cache, its adaptive λ and how each draft
+//! match (as its evidence source follows it), its own model's KV cache, its adaptive λ and how each draft
 //! source has fared. Every step (append, truncate, mix, draft; learning into the live index rides
 //! on append) applies whole or leaves the sequence as it was. Sessions, `Batch`, `Mix` with a
 //! sequence id, `eval generate` and the speculative loop of `eval spec` and `eval workload` all
@@ -11,9 +11,11 @@ mod mixing;
 mod model_state;
 pub mod spec;
 
+use std::sync::Arc;
+
 use crate::draft::calibration::{Calibration, Origin};
 use crate::draft::lookup::PromptLookup;
-use crate::evidence::{EvidenceError, Followed, ReferenceData};
+use crate::evidence::{EvidenceError, EvidenceSource, Followed};
 use crate::index::IndexError;
 use crate::live::LiveError;
 use crate::mix::{AdaptiveSequence, MixError};
@@ -54,9 +56,10 @@ pub struct Sequence {
     tokens: Vec<u32>,
     /// Its match in the reference data; `None` for a sequence the model decodes alone
     /// ([`Sequence::model_only`]).
-    followed: Option<Followed>,
+    followed: Option<Box<dyn Followed>>,
     lookup: PromptLookup,
     live: Option<LiveLink>,
+    /// The reference text, when the caller gave one.
     reference: Option<ReferenceText>,
     calibration: Calibration,
     /// The source of the last draft handed out (`None` for a union of several, or no draft).
@@ -74,9 +77,9 @@ struct ReferenceText {
 }
 
 impl Sequence {
-    /// A sequence that follows `reference` from `context` on.
-    pub fn new(reference: &dyn ReferenceData, context: Vec<u32>) -> Result<Self, IndexError> {
-        let followed = reference.follow(&context)?;
+    /// A sequence that follows `source` from `context` on, and reads it in every step.
+    pub fn new(source: Arc<dyn EvidenceSource>, context: Vec<u32>) -> Result<Self, IndexError> {
+        let followed = source.follow(&context)?;
         Ok(Self::of(context, Some(followed)))
     }
 
@@ -87,7 +90,7 @@ impl Sequence {
         Self::of(context, None)
     }
 
-    fn of(context: Vec<u32>, followed: Option<Followed>) -> Self {
+    fn of(context: Vec<u32>, followed: Option<Box<dyn Followed>>) -> Self {
         let mut lookup = PromptLookup::default();
         lookup.extend(&context, 0);
         Self {
@@ -128,12 +131,12 @@ impl Sequence {
     /// Length of the longest suffix of the sequence found in the reference data (tokens, or bytes
     /// over a byte-level index).
     pub fn suffix_len(&self) -> usize {
-        self.followed.as_ref().map_or(0, Followed::suffix_len)
+        self.followed.as_ref().map_or(0, |f| f.suffix_len())
     }
 
     /// Occurrences of that suffix.
     pub fn prompt_cnt(&self) -> u64 {
-        self.followed.as_ref().map_or(0, Followed::prompt_cnt)
+        self.followed.as_ref().map_or(0, |f| f.prompt_cnt())
     }
 
     /// Whether the sequence keeps a model's KV cache.
@@ -147,13 +150,9 @@ impl Sequence {
     }
 
     /// Appends tokens. Checked against the KV budget and the vocabulary first, so a full budget or
-    /// a bad id changes nothing; a reference that fails to follow them leaves the sequence as it
+    /// a bad id changes nothing; a source that fails to follow them leaves the sequence as it
     /// was. The adaptive λ learns from the first of them, if a mixing step awaited it.
-    pub fn append(
-        &mut self,
-        reference: &dyn ReferenceData,
-        tokens: &[u32],
-    ) -> Result<(), DecodeError> {
+    pub fn append(&mut self, tokens: &[u32]) -> Result<(), DecodeError> {
         let Some(&first) = tokens.first() else {
             return Ok(());
         };
@@ -161,7 +160,7 @@ impl Sequence {
         if let Some(m) = &mut self.model {
             m.reserve(from + tokens.len())?;
         }
-        if let Err(e) = self.follow_appended(reference, tokens) {
+        if let Err(e) = self.follow_appended(tokens) {
             if let Some(m) = &mut self.model {
                 m.unreserve(from);
             }
@@ -182,38 +181,30 @@ impl Sequence {
     }
 
     /// Adds `tokens` to the tokens and to the match, ids checked first; refused, neither changed.
-    fn follow_appended(
-        &mut self,
-        reference: &dyn ReferenceData,
-        tokens: &[u32],
-    ) -> Result<(), DecodeError> {
+    fn follow_appended(&mut self, tokens: &[u32]) -> Result<(), DecodeError> {
         let from = self.tokens.len();
         let Some(followed) = &mut self.followed else {
             self.tokens.extend_from_slice(tokens);
             return Ok(());
         };
-        reference.check_ids(tokens)?;
+        followed.source().check_ids(tokens)?;
         self.tokens.extend_from_slice(tokens);
-        if let Err(e) = reference.advance(followed, &self.tokens, from) {
+        if let Err(e) = followed.advance(&self.tokens, from) {
             self.tokens.truncate(from);
             return Err(e.into());
         }
         Ok(())
     }
 
-    /// Keeps the first `len` tokens (nothing changes when it has no more). A reference that fails
+    /// Keeps the first `len` tokens (nothing changes when it has no more). A source that fails
     /// to follow the cut leaves the sequence as it was; the adaptive λ forgets what it learnt after
     /// the cut, the KV cache drops it, and a learning sequence takes it back from its live document.
-    pub fn truncate(
-        &mut self,
-        reference: &dyn ReferenceData,
-        len: usize,
-    ) -> Result<(), DecodeError> {
+    pub fn truncate(&mut self, len: usize) -> Result<(), DecodeError> {
         if len >= self.tokens.len() {
             return Ok(());
         }
         if let Some(followed) = &mut self.followed {
-            reference.truncate(followed, &self.tokens[..len])?;
+            followed.truncate(&self.tokens[..len])?;
         }
         self.calibration.release();
         self.lookup.truncate(&self.tokens[len..], len);
@@ -230,29 +221,27 @@ impl Sequence {
 
     /// Brings the sequence to `context`, for a caller that sends the whole context at each step:
     /// keeps what it shares with it (a truncate) and appends the rest. Bad ids are refused before
-    /// either, changing nothing; a reference that fails in the append leaves the sequence cut to
+    /// either, changing nothing; a source that fails in the append leaves the sequence cut to
     /// the shared part, still whole.
-    pub fn align(
-        &mut self,
-        reference: &dyn ReferenceData,
-        context: &[u32],
-    ) -> Result<(), DecodeError> {
+    pub fn align(&mut self, context: &[u32]) -> Result<(), DecodeError> {
         let common = self
             .tokens
             .iter()
             .zip(context)
             .take_while(|(a, b)| a == b)
             .count();
-        reference.check_ids(&context[common..])?;
-        self.truncate(reference, common)?;
-        self.append(reference, &context[common..])
+        if let Some(followed) = &self.followed {
+            followed.source().check_ids(&context[common..])?;
+        }
+        self.truncate(common)?;
+        self.append(&context[common..])
     }
 
     /// Memory held beyond the model's cache (budgeted on its own): the tokens, their match, the
     /// lookup of their positions and the adaptive λ's history.
     pub fn heap_bytes(&self) -> usize {
         self.tokens.capacity() * 4
-            + self.followed.as_ref().map_or(0, Followed::heap_bytes)
+            + self.followed.as_ref().map_or(0, |f| f.heap_bytes())
             + self.lookup.heap_bytes()
             + self
                 .adaptive
@@ -272,7 +261,7 @@ mod tests {
     use crate::mix::params::split_only;
     use crate::mix::{LambdaRule, NeuralDistribution};
 
-    fn index(dir: &std::path::Path) -> Index {
+    fn index(dir: &std::path::Path) -> Arc<dyn EvidenceSource> {
         let docs: Vec<Vec<u32>> = vec![
             vec![1, 2, 3, 4, 5, 1, 2, 3, 4, 6],
             vec![2, 3, 4, 7, 1, 2, 3, 9],
@@ -291,14 +280,14 @@ mod tests {
             &BuildOptions::new(out.clone(), TokenWidth::U16, 0, 100),
         )
         .unwrap();
-        Index::open(&out, &OpenOptions::default()).unwrap()
+        Arc::new(Index::open(&out, &OpenOptions::default()).unwrap())
     }
 
     /// λ and the whole mixture of the next token, as bits.
-    fn mixed(seq: &mut Sequence, index: &Index, how: MixRule) -> (u64, Vec<u64>) {
+    fn mixed(seq: &mut Sequence, how: MixRule) -> (u64, Vec<u64>) {
         let logits: Vec<f32> = (0..100).map(|i| (i % 7) as f32 * 0.3).collect();
         let neural = NeuralDistribution::from_logits(&logits).unwrap();
-        let step = seq.mix(index, how, neural, mix_full).unwrap();
+        let step = seq.mix(how, neural, mix_full).unwrap();
         let probs = step.output.iter().map(|p| p.to_bits()).collect();
         (step.lambda.lambda.to_bits(), probs)
     }
@@ -318,52 +307,50 @@ mod tests {
         };
         let view = |s: &Sequence| (s.tokens().to_vec(), s.suffix_len(), s.prompt_cnt());
 
-        let mut taken_back = Sequence::new(&index, vec![1, 2, 3]).unwrap();
+        let mut taken_back = Sequence::new(index.clone(), vec![1, 2, 3]).unwrap();
         let before = view(&taken_back);
-        assert!(taken_back.append(&index, &[4, 100]).is_err());
+        assert!(taken_back.append(&[4, 100]).is_err());
         assert_eq!(view(&taken_back), before, "a bad id appends nothing");
-        mixed(&mut taken_back, &index, how);
-        taken_back.append(&index, &[4]).unwrap();
-        mixed(&mut taken_back, &index, how);
-        taken_back.append(&index, &[5, 6, 7]).unwrap();
-        mixed(&mut taken_back, &index, how);
-        taken_back.truncate(&index, 4).unwrap();
+        mixed(&mut taken_back, how);
+        taken_back.append(&[4]).unwrap();
+        mixed(&mut taken_back, how);
+        taken_back.append(&[5, 6, 7]).unwrap();
+        mixed(&mut taken_back, how);
+        taken_back.truncate(4).unwrap();
 
-        let mut straight = Sequence::new(&index, vec![1, 2, 3]).unwrap();
-        mixed(&mut straight, &index, how);
-        straight.append(&index, &[4]).unwrap();
+        let mut straight = Sequence::new(index.clone(), vec![1, 2, 3]).unwrap();
+        mixed(&mut straight, how);
+        straight.append(&[4]).unwrap();
 
-        let mut aligned = Sequence::new(&index, vec![1, 2, 3]).unwrap();
-        mixed(&mut aligned, &index, how);
+        let mut aligned = Sequence::new(index.clone(), vec![1, 2, 3]).unwrap();
+        mixed(&mut aligned, how);
         let before = view(&aligned);
-        assert!(aligned.align(&index, &[1, 2, 5, 100]).is_err());
+        assert!(aligned.align(&[1, 2, 5, 100]).is_err());
         assert_eq!(
             view(&aligned),
             before,
             "a bad id in a new context changes nothing"
         );
-        aligned.align(&index, &[1, 2, 3, 4]).unwrap();
+        aligned.align(&[1, 2, 3, 4]).unwrap();
 
-        let fresh = Sequence::new(&index, vec![1, 2, 3, 4]).unwrap();
+        let fresh = Sequence::new(index.clone(), vec![1, 2, 3, 4]).unwrap();
         assert_eq!(view(&taken_back), view(&fresh));
         assert_eq!(view(&straight), view(&fresh));
         assert_eq!(view(&aligned), view(&fresh));
-        let want = mixed(&mut straight, &index, how);
-        assert_eq!(mixed(&mut taken_back, &index, how), want);
-        assert_eq!(mixed(&mut aligned, &index, how), want);
+        let want = mixed(&mut straight, how);
+        assert_eq!(mixed(&mut taken_back, how), want);
+        assert_eq!(mixed(&mut aligned, how), want);
         // The posterior learnt from the token 4: a fresh sequence's prior gives another λ.
         let mut fresh = fresh;
-        assert_ne!(mixed(&mut fresh, &index, how).0, want.0);
+        assert_ne!(mixed(&mut fresh, how).0, want.0);
     }
 
-    /// A sequence the model decodes alone never reads the reference: no match, no mixing, no
+    /// A sequence the model decodes alone never reads the reference data: no match, no mixing, no
     /// drafts from the index; its own tokens still draft.
     #[test]
     fn a_model_only_sequence_reads_no_reference() {
-        let tmp = tempfile::tempdir().unwrap();
-        let index = index(tmp.path());
         let mut seq = Sequence::model_only(vec![1, 2, 3, 4, 5, 1, 2, 3]);
-        seq.append(&index, &[4]).unwrap();
+        seq.append(&[4]).unwrap();
         assert_eq!((seq.suffix_len(), seq.prompt_cnt()), (0, 0));
         let how = MixRule {
             rule: LambdaRule::Fixed(0.5),
@@ -371,8 +358,8 @@ mod tests {
             max_match: None,
         };
         let neural = NeuralDistribution::from_logits(&[0.0; 100]).unwrap();
-        assert!(seq.mix(&index, how, neural, mix_full).is_err());
-        let draft = seq.draft(&index, &DraftOptions::default()).unwrap();
+        assert!(seq.mix(how, neural, mix_full).is_err());
+        let draft = seq.draft(&DraftOptions::default()).unwrap();
         // What followed the earlier "1 2 3 4", as deep as its match is long.
         assert_eq!(draft.chain(), vec![5, 1, 2, 3], "prompt lookup's draft");
         assert_eq!(seq.last_origin(), Some(Origin::Prompt));

@@ -7,13 +7,14 @@
 //! exact (the draft is a point mass).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
 
 use super::{DecodeError, Extras, Sequence};
 use crate::draft::{DraftOptions, DraftTree};
-use crate::evidence::ReferenceData;
+use crate::evidence::EvidenceSource;
 use crate::model::{KvCache, ModelError, Transformer, MAX_EXACT_ROWS, SHORT_PASS_ROWS};
 use crate::softmax::softmax;
 
@@ -228,12 +229,12 @@ fn verify_sampled(
     (draft.len(), draft.last().copied().unwrap_or(0))
 }
 
-/// Continues `prompt` with `model`, drafting when asked from `reference`, the sequence itself and
+/// Continues `prompt` with `model`, drafting when asked from the evidence `source`, the sequence itself and
 /// `extras` (a live namespace, which learns the output when `extras.learn`; a reference text).
 /// Without drafts (the baseline) the model decodes alone: the reference data is not read.
 pub fn decode(
     model: &Transformer,
-    reference: &dyn ReferenceData,
+    source: &Arc<dyn EvidenceSource>,
     prompt: &[u32],
     opts: &SpecOptions,
     extras: Extras,
@@ -267,7 +268,7 @@ pub fn decode(
         };
         let t = Instant::now();
         let seq = match opts.draft {
-            Some(_) => Sequence::new(reference, prompt.to_vec())?.with_extras(extras)?,
+            Some(_) => Sequence::new(Arc::clone(source), prompt.to_vec())?.with_extras(extras)?,
             None => Sequence::model_only(prompt.to_vec()),
         };
         let mut seq = seq.with_model(model, None);
@@ -286,7 +287,7 @@ pub fn decode(
             let t = Instant::now();
             let room = (opts.max_new_tokens - run.tokens.len() - 1).min(max_rows - 1);
             let rows = match &opts.draft {
-                Some(d) => Rows::of(&seq.draft(reference, d)?, room, trees),
+                Some(d) => Rows::of(&seq.draft(d)?, room, trees),
                 None => Rows::default(),
             };
             drafter_time(t, &mut run);
@@ -329,7 +330,7 @@ pub fn decode(
                 new.truncate(i + 1);
             }
             let t = Instant::now();
-            seq.append(reference, &new)?;
+            seq.append(&new)?;
             drafter_time(t, &mut run);
             run.tokens.extend(&new);
             pending = next;

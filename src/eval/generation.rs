@@ -6,6 +6,7 @@
 //! n-grams, and the model's own perplexity of what was generated.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 use candle_transformers::generation::LogitsProcessor;
@@ -134,7 +135,7 @@ struct Sample {
 
 fn sample(
     model: &Model,
-    index: &dyn EvidenceIndex,
+    index: &Arc<dyn EvidenceIndex>,
     params: &MixingParams,
     prompt: &[u32],
     sampler: Sampler,
@@ -142,12 +143,12 @@ fn sample(
     seed: u64,
 ) -> Result<Sample> {
     let transformer = model.transformer();
-    let vocab = Corpus::vocab_size(index) as usize;
+    let vocab = Corpus::vocab_size(&**index) as usize;
     let mut processor = LogitsProcessor::new(seed, Some(opts.temperature), Some(opts.top_p));
     // The model alone never reads the index.
     let seq = match sampler {
         Sampler::Neural => Sequence::model_only(prompt.to_vec()),
-        Sampler::Mixed { .. } => Sequence::new(index, prompt.to_vec())?,
+        Sampler::Mixed { .. } => Sequence::new(index.clone(), prompt.to_vec())?,
     };
     let mut seq = seq.with_model(transformer, None);
     let candle = |e: candle_core::Error| EvalError::from(ModelError::from(e));
@@ -184,7 +185,7 @@ fn sample(
                 };
                 // Drawn inside the step, which then keeps the model's distribution for the
                 // adaptive λ.
-                let step = seq.mix(index, how, neural, |sparse, neural, lambda| {
+                let step = seq.mix(how, neural, |sparse, neural, lambda| {
                     pick(&mix_full(sparse, neural, lambda), neural)
                 })?;
                 (step.output?, step.lambda.lambda)
@@ -193,7 +194,7 @@ fn sample(
         out.neural_logprobs.push(neural_logprob);
         out.lambdas.push(lambda);
         out.tokens.push(token);
-        seq.append(index, &[token])?;
+        seq.append(&[token])?;
     }
     Ok(out)
 }
@@ -252,7 +253,7 @@ pub fn distinct_n(texts: &[&[u32]]) -> [f64; 3] {
 /// Samples every prompt under every sampler and measures the generations per domain and sampler.
 pub fn run(
     model: &Model,
-    index: &dyn EvidenceIndex,
+    index: Arc<dyn EvidenceIndex>,
     params: &MixingParams,
     docs: &[EvalDocument],
     samplers: &[Sampler],
@@ -269,7 +270,7 @@ pub fn run(
         for (i, p) in prompts.iter().enumerate() {
             let s = sample(
                 model,
-                index,
+                &index,
                 params,
                 p.tokens,
                 sampler,
@@ -277,7 +278,7 @@ pub fn run(
                 opts.seed + i as u64,
             )?;
             let whole: Vec<u32> = p.tokens.iter().chain(&s.tokens).copied().collect();
-            let mask = verbatim_mask(index, &whole, p.tokens.len(), opts.verbatim_span)?;
+            let mask = verbatim_mask(&*index, &whole, p.tokens.len(), opts.verbatim_span)?;
             by_domain.entry(p.domain).or_default().push((s, mask));
             bar.inc(opts.new_tokens as u64);
         }

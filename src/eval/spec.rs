@@ -3,6 +3,7 @@
 //! SuffixDecoding's simulator metrics (`avg_accept_toks`, `accept_rate`, `spec_ms_per_tok`).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -11,7 +12,7 @@ use super::Result;
 use crate::decoding::spec::{decode, SpecOptions, SpecRun};
 use crate::decoding::Extras;
 use crate::draft::{DraftOptions, DraftSource};
-use crate::evidence::ReferenceData;
+use crate::evidence::EvidenceSource;
 use crate::model::Model;
 
 #[derive(Debug, Clone, Copy)]
@@ -95,7 +96,7 @@ fn prompts(docs: &[EvalDocument], opts: &SpecEvalOptions) -> BTreeMap<String, Ve
 /// Rows per domain and source, then the totals over all domains.
 pub fn run(
     model: &Model,
-    reference: &dyn ReferenceData,
+    evidence: &Arc<dyn EvidenceSource>,
     docs: &[EvalDocument],
     opts: &SpecEvalOptions,
 ) -> Result<Vec<SpecRow>> {
@@ -137,7 +138,7 @@ pub fn run(
                 };
                 let run = decode(
                     model.transformer(),
-                    reference,
+                    evidence,
                     prompt,
                     &spec,
                     Extras::default(),

@@ -14,7 +14,7 @@ use super::{EvalError, Result};
 use crate::decoding::spec::{decode, Rows, SourceTally, SpecOptions, SpecRun, MAX_VERIFY_ROWS};
 use crate::decoding::{Extras, Sequence};
 use crate::draft::{DraftOptions, DraftSource};
-use crate::evidence::EvidenceIndex;
+use crate::evidence::{EvidenceIndex, EvidenceSource};
 use crate::live::{LiveConfig, LiveIndex, Vocabulary};
 use crate::model::Model;
 
@@ -201,7 +201,7 @@ pub fn draft_options() -> DraftOptions {
 /// Replays `requests` in order: plain greedy first, then each configuration.
 pub fn run(
     model: &Model,
-    index: &dyn EvidenceIndex,
+    index: Arc<dyn EvidenceIndex>,
     requests: &[WorkloadRequest],
     draft: &DraftOptions,
 ) -> Result<WorkloadReport> {
@@ -211,7 +211,8 @@ pub fn run(
         .ok()
         .filter(|ids| ids.len() == 1)
         .map(|ids| ids[0]);
-    let vocab = Vocabulary::of(index);
+    let vocab = Vocabulary::of(&*index);
+    let evidence: Arc<dyn EvidenceSource> = index;
     let lives = CONFIGURATIONS
         .iter()
         .map(|_| LiveIndex::open(LiveConfig::default(), vocab).map(Arc::new))
@@ -241,7 +242,7 @@ pub fn run(
         };
         let plain = decode(
             model.transformer(),
-            index,
+            &evidence,
             &prompt,
             &spec(None),
             Extras::default(),
@@ -259,7 +260,7 @@ pub fn run(
                 source: config.source,
                 ..*draft
             }));
-            let run = decode(model.transformer(), index, &prompt, &opts, extras)?;
+            let run = decode(model.transformer(), &evidence, &prompt, &opts, extras)?;
             bar.inc(r.max_new_tokens as u64);
             runs.push(request_run(config.name, &run, &plain));
         }
@@ -457,14 +458,14 @@ struct ReplayCost {
 }
 
 pub fn simulate(
-    index: &dyn EvidenceIndex,
+    index: Arc<dyn EvidenceIndex>,
     requests: &[WorkloadRequest],
     replay: &[(Vec<u32>, Vec<u32>)],
     references: &[Vec<u32>],
     draft: &DraftOptions,
     row_cost: f64,
 ) -> Result<Vec<Simulated>> {
-    let vocab = Vocabulary::of(index);
+    let vocab = Vocabulary::of(&*index);
     let mut out = Vec::new();
     for config in CONFIGURATIONS {
         // Compaction in this thread after every step, at the same points every time: the replay
@@ -491,7 +492,7 @@ pub fn simulate(
             // The drafter's time counts taking in the prompt, as the real loop's does.
             let prompt = prompt.clone();
             let started = std::time::Instant::now();
-            let mut seq = Sequence::new(index, prompt)?
+            let mut seq = Sequence::new(index.clone(), prompt)?
                 .with_extras(extras)
                 .map_err(|e| EvalError::Invalid(format!("live index: {e}")))?;
             let mut seconds = started.elapsed().as_secs_f64();
@@ -503,14 +504,14 @@ pub fn simulate(
             while done < truth.len() {
                 let room = (truth.len() - done - 1).min(MAX_VERIFY_ROWS - 1);
                 let started = std::time::Instant::now();
-                let rows = Rows::of(&seq.draft(index, &opts)?, room, opts.tree);
+                let rows = Rows::of(&seq.draft(&opts)?, room, opts.tree);
                 let drafting = started.elapsed().as_secs_f64();
                 drafting_seconds += drafting;
                 seconds += drafting;
                 let agree = rows.accepted(|_, depth| truth[done + depth]).0.len();
                 let emit = (agree + 1).min(truth.len() - done);
                 let started = std::time::Instant::now();
-                seq.append(index, &truth[done..done + emit])?;
+                seq.append(&truth[done..done + emit])?;
                 seconds += started.elapsed().as_secs_f64();
                 live.compact();
                 cost += 1.0 + row_cost * rows.len() as f64;

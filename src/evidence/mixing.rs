@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use super::bytes::ByteStep;
-use super::{ReferenceData, TokenRecord};
+use super::{EvidenceSource, TokenRecord};
 use crate::index::query::InfgramNtdResult;
 use crate::mix::features::{gate_features, InfgramContext, NeuralContext, NUM_FEATURES};
 use crate::mix::{
@@ -178,16 +178,16 @@ impl StepInfgram {
     /// The gate's view of the step after `context`.
     fn gate_context(
         &self,
-        reference: &dyn ReferenceData,
+        source: &dyn EvidenceSource,
         context: &[u32],
     ) -> Result<InfgramContext, MixError> {
-        match (self, reference.byte_index()) {
-            (Self::Tokens(r), _) => reference.context_after(context, r),
+        match (self, source.byte_index()) {
+            (Self::Tokens(r), _) => source.context_after(context, r),
             (Self::Bytes { step, text, .. }, Some(index)) => {
                 InfgramContext::new(index, text, &step.score())
             }
             (Self::Bytes { .. }, None) => Err(MixError::Invalid(
-                "a byte-level step over a reference that is not byte-level".into(),
+                "a byte-level step over an evidence source that is not byte-level".into(),
             )),
         }
     }
@@ -207,7 +207,7 @@ pub struct DecodeStep<'a> {
 /// [`guard_copying`]); a fixed λ is taken as asked. A caller that follows the sequence leaves the
 /// step's distributions with [`AdaptiveSequence::await_token`].
 pub fn step_lambda(
-    reference: &dyn ReferenceData,
+    source: &dyn EvidenceSource,
     params: Option<&MixingParams>,
     rule: LambdaRule,
     step: &DecodeStep,
@@ -225,7 +225,7 @@ pub fn step_lambda(
     };
     let features = match base_rule {
         LambdaRule::Gate => {
-            let ctx = infgram.gate_context(reference, context)?;
+            let ctx = infgram.gate_context(source, context)?;
             let (entropy, top_prob) = neural.entropy_and_top();
             Some(gate_features(&ctx, &NeuralContext { entropy, top_prob }))
         }

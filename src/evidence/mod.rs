@@ -3,19 +3,19 @@
 //! both the evaluator (`eval ppl`, the per-token output) and the service (`Score`, `Mix`), so they
 //! score and mix documents one way.
 
-pub mod byte_reference;
+pub mod byte_source;
 pub mod bytes;
 mod mixing;
 mod records;
-mod reference;
+mod source;
 
-pub use byte_reference::ByteReference;
+pub use byte_source::ByteSource;
 pub use mixing::{
     bits_per_byte, guard_copying, lambdas, mix_tokens, perplexity, step_lambda, usable_lambda,
     DecodeStep, MixedToken, StepInfgram, StepLambda,
 };
 pub use records::{document_records, DocumentRecords, TokenRecord, RECORD_FORMAT};
-pub use reference::{EvidenceIndex, Followed, ReferenceData};
+pub use source::{EvidenceIndex, EvidenceSource, Followed};
 
 use crate::index::IndexError;
 use crate::mix::MixError;

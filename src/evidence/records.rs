@@ -5,7 +5,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::bytes;
-use super::{EvidenceError, ReferenceData};
+use super::{EvidenceError, EvidenceSource};
 use crate::index::dense::TokenScore;
 use crate::mix::features::{gate_features, GateFeatures, InfgramContext, NeuralContext};
 use crate::mix::fit::ScoredToken;
@@ -61,13 +61,13 @@ pub struct DocumentRecords {
 /// model's distribution at each position ([`super::bytes`]). `progress` hears of scored tokens.
 pub fn document_records(
     model: &Model,
-    reference: &dyn ReferenceData,
+    source: &dyn EvidenceSource,
     window: WindowOptions,
     doc: usize,
     tokens: &[u32],
     progress: impl FnMut(usize),
 ) -> Result<DocumentRecords, EvidenceError> {
-    let (neural, infgram, neural_seconds, infgram_seconds) = match reference.byte_index() {
+    let (neural, infgram, neural_seconds, infgram_seconds) = match source.byte_index() {
         Some(index) => {
             let t = Instant::now();
             let (neural, positions, infgram_seconds) =
@@ -86,7 +86,7 @@ pub fn document_records(
                 .score_document(tokens, window, progress)?;
             let neural_seconds = t.elapsed().as_secs_f64();
             let t = Instant::now();
-            let (scores, contexts) = reference.document(tokens)?;
+            let (scores, contexts) = source.document(tokens)?;
             // Neural position scores start at token 1 (token 0 is only context).
             let infgram = scores.into_iter().zip(contexts).skip(1).collect();
             (neural, infgram, neural_seconds, t.elapsed().as_secs_f64())

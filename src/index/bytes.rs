@@ -8,7 +8,7 @@
 //! match is the last one extended by a byte, searched inside its ranges, never a fresh search, and the
 //! product telescopes to count(s·b₁…bₙ) / count(s); the first factor of 0 ends the walk at 0.
 //!
-//! - End of text (the model's eos) is a document end: count(s then a separator or the shard's end) /
+//! - End of text (the model's eos) is a document end: count(s then a separator or the part's end) /
 //!   count(s), as the ∞-gram's eos everywhere in the engine.
 //! - A byte-fallback token is its one byte, even when that is part of a character: the index holds
 //!   bytes, so the chain rule is the same.

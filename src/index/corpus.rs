@@ -30,7 +30,7 @@ pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Arc<dyn Corpus>> {
 pub trait Corpus: Send + Sync {
     fn dir(&self) -> &Path;
     fn width(&self) -> TokenWidth;
-    fn num_shards(&self) -> usize;
+    fn num_parts(&self) -> usize;
     fn total_tokens(&self) -> u64;
     fn total_documents(&self) -> u64;
     fn vocab_size(&self) -> u64;
@@ -108,7 +108,7 @@ macro_rules! native_answers {
         forward! {
             dir() -> &Path;
             width() -> TokenWidth;
-            num_shards() -> usize;
+            num_parts() -> usize;
             total_tokens() -> u64;
             total_documents() -> u64;
             vocab_size() -> u64;

@@ -72,7 +72,7 @@ pub fn evidence<I: Occurrences + ?Sized>(index: &I, ids: &[u32]) -> Result<Vec<T
         }
         let (suffix_len, prompt_cnt) = (state.suffix_len(), state.prompt_cnt());
         let spread = index.spread(state.matches());
-        // Separators and shard ends also count as eos, beyond the literal token.
+        // Separators and part ends also count as eos, beyond the literal token.
         let eos_cnt = (token == eos).then(|| index.cont_count(state.matches(), token));
         let followed = state.advance(index, &ids[..=i]);
         out.push(TokenEvidence {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::index::ranks::RankRange;
-use crate::index::read::shard::Shard;
+use crate::index::read::part::Part;
 use crate::index::{Index, IndexError, Result};
 use crate::tokenizer::Tokenizer;
 
@@ -44,7 +44,7 @@ impl Default for SearchOptions {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Document {
-    /// Index of the document over all shards, in build order.
+    /// Index of the document over all parts, in build order.
     pub doc_ix: u64,
     /// Tokens in the document (separator excluded).
     pub doc_len: u64,
@@ -163,10 +163,10 @@ fn check_locatable(places: u64, place_cost: u64, max_places: u64) -> Result<()> 
     }
 }
 
-/// What document search reads of one shard. Places are where matches start, in the shard's own
+/// What document search reads of one part. Places are where matches start, in the part's own
 /// unit (a suffix array's byte offsets, a compressed index's token offsets); documents are the
-/// shard's own, counted from 0.
-pub(crate) trait DocumentShard {
+/// part's own, counted from 0.
+pub(crate) trait DocumentPart {
     fn doc_cnt(&self) -> u64;
     /// Where the match at `rank` of an n-gram `len` tokens long starts.
     fn place_of(&self, rank: u64, len: usize) -> u64;
@@ -181,28 +181,28 @@ pub(crate) trait DocumentShard {
     fn metadata(&self, doc: u64) -> Option<String>;
 }
 
-/// What document search reads of an index: its shards and every n-gram's rank range in each.
+/// What document search reads of an index: its parts and every n-gram's rank range in each.
 /// Suffix arrays and compressed indexes both answer it, so one search serves both.
 pub(crate) trait DocumentIndex {
-    type Shard: DocumentShard;
+    type Part: DocumentPart;
     /// What locating one place costs against a suffix array's pointer read, as measured by
     /// `cargo bench --bench compressed`: it divides the places a search may visit.
     const PLACE_COST: u64;
     /// Whether a clause with too many matches can be subsampled as the reference subsamples it:
     /// every stride-th rank of the suffix array's order.
     const SUFFIX_ORDER: bool;
-    fn doc_shards(&self) -> &[Self::Shard];
+    fn doc_parts(&self) -> &[Self::Part];
     /// Refuses ids outside the vocabulary.
     fn check_ngram(&self, ids: &[u32]) -> Result<()>;
-    /// The n-gram's rank range in every shard.
+    /// The n-gram's rank range in every part.
     fn ngram_ranges(&self, ids: &[u32]) -> Vec<RankRange>;
     fn doc_tokenizer(&self) -> Option<&Tokenizer>;
 }
 
-/// A place in the corpus: shard and place inside it.
+/// A place in the corpus: part and place inside it.
 type Place = (usize, u64);
 
-/// A document: shard and local index.
+/// A document: part and local index.
 type DocKey = (usize, u64);
 
 /// What a clause has in one document: its first place there, and how many places were visited.
@@ -215,7 +215,7 @@ struct Seen {
 /// The documents a clause matches, in index order.
 type ClauseDocs = BTreeMap<DocKey, Seen>;
 
-/// Each n-gram of a clause: its length and its rank range in every shard.
+/// Each n-gram of a clause: its length and its rank range in every part.
 type Located = Vec<(usize, Vec<RankRange>)>;
 
 /// Places visited between two checks for an interrupt.
@@ -331,7 +331,7 @@ fn visit_cnf<I: DocumentIndex>(
     let clauses = located
         .iter()
         .zip(strides)
-        .map(|(clause, &stride)| clause_documents(index.doc_shards(), clause, stride))
+        .map(|(clause, &stride)| clause_documents(index.doc_parts(), clause, stride))
         .collect::<Result<Vec<ClauseDocs>>>()?;
     let (first, rest) = clauses
         .split_first()
@@ -365,8 +365,8 @@ fn visit_cnf<I: DocumentIndex>(
 /// Documents matched by any n-gram of a clause, visiting every `stride`-th place of each range.
 /// The places of a range are sorted first: then each document's places lie side by side, and one
 /// search per document (not per place) finds where they end (measured in eval/ENGINE.md).
-fn clause_documents<S: DocumentShard>(
-    shards: &[S],
+fn clause_documents<S: DocumentPart>(
+    parts: &[S],
     clause: &Located,
     stride: u64,
 ) -> Result<ClauseDocs> {
@@ -374,7 +374,7 @@ fn clause_documents<S: DocumentShard>(
     let mut visited = 0u64;
     let mut places = Vec::new();
     for (len, ranges) in clause {
-        for (s, (shard, range)) in shards.iter().zip(ranges).enumerate() {
+        for (s, (part, range)) in parts.iter().zip(ranges).enumerate() {
             places.clear();
             let mut rank = range.lo;
             while rank < range.hi {
@@ -382,14 +382,14 @@ fn clause_documents<S: DocumentShard>(
                 if visited.is_multiple_of(CHECK_EVERY) && crate::interrupt::interrupted() {
                     return Err(IndexError::Interrupted);
                 }
-                places.push(shard.place_of(rank, *len));
+                places.push(part.place_of(rank, *len));
                 rank += stride;
             }
             places.sort_unstable();
             let mut rest = &places[..];
             while let Some(&first) = rest.first() {
-                let doc = shard.doc_of(first);
-                let end = shard.doc_end(doc);
+                let doc = part.doc_of(first);
+                let end = part.doc_end(doc);
                 let here = rest.partition_point(|&p| p < end).max(1) as u64;
                 docs.entry((s, doc))
                     .and_modify(|seen| {
@@ -407,14 +407,14 @@ fn clause_documents<S: DocumentShard>(
     Ok(docs)
 }
 
-fn doc_ix_base<I: DocumentIndex>(index: &I, shard: usize) -> u64 {
-    index.doc_shards()[..shard]
+fn doc_ix_base<I: DocumentIndex>(index: &I, part: usize) -> u64 {
+    index.doc_parts()[..part]
         .iter()
-        .map(DocumentShard::doc_cnt)
+        .map(DocumentPart::doc_cnt)
         .sum()
 }
 
-/// Document `doc` of shard `s`: at most `max_disp_len` of its tokens, around the place `needle`.
+/// Document `doc` of part `s`: at most `max_disp_len` of its tokens, around the place `needle`.
 fn document<I: DocumentIndex>(
     index: &I,
     s: usize,
@@ -422,15 +422,15 @@ fn document<I: DocumentIndex>(
     needle: u64,
     max_disp_len: usize,
 ) -> Result<Document> {
-    let shard = &index.doc_shards()[s];
-    let (doc_len, needle_tok) = shard.doc_len_and_offset(doc, needle);
+    let part = &index.doc_parts()[s];
+    let (doc_len, needle_tok) = part.doc_len_and_offset(doc, needle);
     let needle_tok = needle_tok.min(doc_len);
     let disp_len = doc_len.min(max_disp_len as u64);
     // A window of disp_len tokens that shows the needle with context on both sides.
     let from_tok = needle_tok
         .saturating_sub(disp_len / 2)
         .min(doc_len - disp_len);
-    let token_ids = shard.doc_tokens(doc, from_tok, from_tok + disp_len)?;
+    let token_ids = part.doc_tokens(doc, from_tok, from_tok + disp_len)?;
     let text = index
         .doc_tokenizer()
         .and_then(|t| t.decode(&token_ids).ok());
@@ -439,39 +439,39 @@ fn document<I: DocumentIndex>(
         doc_len,
         disp_len,
         needle_offset: needle_tok - from_tok,
-        metadata: shard.metadata(doc),
+        metadata: part.metadata(doc),
         token_ids,
         text,
     })
 }
 
-/// Document `doc_ix` (over all shards) in full, with metadata and text.
+/// Document `doc_ix` (over all parts) in full, with metadata and text.
 pub(crate) fn get_document<I: DocumentIndex>(index: &I, doc_ix: u64) -> Result<Document> {
     let mut local = doc_ix;
-    for (s, shard) in index.doc_shards().iter().enumerate() {
-        if local < shard.doc_cnt() {
+    for (s, part) in index.doc_parts().iter().enumerate() {
+        if local < part.doc_cnt() {
             return document(index, s, local, 0, usize::MAX);
         }
-        local -= shard.doc_cnt();
+        local -= part.doc_cnt();
     }
-    let total: u64 = index.doc_shards().iter().map(DocumentShard::doc_cnt).sum();
+    let total: u64 = index.doc_parts().iter().map(DocumentPart::doc_cnt).sum();
     Err(IndexError::Invalid(format!(
         "document {doc_ix} does not exist (the index has {total})"
     )))
 }
 
-impl DocumentShard for Shard {
+impl DocumentPart for Part {
     fn doc_cnt(&self) -> u64 {
-        Shard::doc_cnt(self)
+        Part::doc_cnt(self)
     }
     fn place_of(&self, rank: u64, _len: usize) -> u64 {
         self.ptr(rank)
     }
     fn doc_of(&self, place: u64) -> u64 {
-        Shard::doc_of(self, place)
+        Part::doc_of(self, place)
     }
     fn doc_end(&self, doc: u64) -> u64 {
-        Shard::doc_end(self, doc)
+        Part::doc_end(self, doc)
     }
     fn doc_len_and_offset(&self, doc: u64, place: u64) -> (u64, u64) {
         // The document's first token follows its separator.
@@ -488,16 +488,16 @@ impl DocumentShard for Shard {
         Ok(self.tokens_between(start + from * w, start + to * w))
     }
     fn metadata(&self, doc: u64) -> Option<String> {
-        Shard::metadata(self, doc)
+        Part::metadata(self, doc)
     }
 }
 
 impl DocumentIndex for Index {
-    type Shard = Shard;
+    type Part = Part;
     const PLACE_COST: u64 = 1;
     const SUFFIX_ORDER: bool = true;
-    fn doc_shards(&self) -> &[Shard] {
-        &self.shards
+    fn doc_parts(&self) -> &[Part] {
+        &self.parts
     }
     fn check_ngram(&self, ids: &[u32]) -> Result<()> {
         self.check_ids(ids)
@@ -527,13 +527,13 @@ impl Index {
     /// Every document's tokens, in order (what compaction reads back to merge live runs).
     pub fn documents(&self) -> impl Iterator<Item = Vec<u32>> + '_ {
         let w = self.width().bytes() as u64;
-        self.shards.iter().flat_map(move |shard| {
-            (0..shard.doc_cnt())
-                .map(move |doc| shard.tokens_between(shard.doc_start(doc) + w, shard.doc_end(doc)))
+        self.parts.iter().flat_map(move |part| {
+            (0..part.doc_cnt())
+                .map(move |doc| part.tokens_between(part.doc_start(doc) + w, part.doc_end(doc)))
         })
     }
 
-    /// Document `doc_ix` (over all shards) in full, with metadata and text.
+    /// Document `doc_ix` (over all parts) in full, with metadata and text.
     pub fn get_document(&self, doc_ix: u64) -> Result<Document> {
         get_document(self, doc_ix)
     }

@@ -1,7 +1,7 @@
-//! The on-disk layout of an index: infini-gram v4 shards, byte-compatible with the reference engine,
+//! The on-disk layout of an index: infini-gram v4 parts, byte-compatible with the reference engine,
 //! plus a manifest of our own that records what the v4 files cannot say about themselves.
 //!
-//! Per shard `N`: `tokenized.N` (little-endian tokens, an all-ones separator before every document),
+//! Per part `N`: `tokenized.N` (little-endian tokens, an all-ones separator before every document),
 //! `table.N` (suffix array of byte offsets, `ptr_size` bytes each, suffixes ordered by the bytes of the
 //! tokens), `offset.N` (u64 byte offset of each document's separator), and optionally `metadata.N`
 //! (one JSON line per document) with `metaoff.N` (u64 offset of each line).
@@ -142,9 +142,9 @@ pub fn ptr_size_for(ds_size: u64) -> usize {
     ((bits / 8.0).ceil() as usize).max(1)
 }
 
-/// The files of shard `n`.
+/// The files of part `n`.
 #[derive(Debug, Clone)]
-pub struct ShardPaths {
+pub struct PartPaths {
     pub tokenized: PathBuf,
     pub table: PathBuf,
     pub offset: PathBuf,
@@ -154,9 +154,9 @@ pub struct ShardPaths {
     pub next_tokens: PathBuf,
 }
 
-impl ShardPaths {
+impl PartPaths {
     pub fn new(dir: &Path, n: usize) -> Self {
-        ShardPaths {
+        PartPaths {
             tokenized: dir.join(format!("tokenized.{n}")),
             table: dir.join(format!("table.{n}")),
             offset: dir.join(format!("offset.{n}")),
@@ -166,7 +166,7 @@ impl ShardPaths {
         }
     }
 
-    /// The files every shard has, then the optional metadata pair and next-token table.
+    /// The files every part has, then the optional metadata pair and next-token table.
     pub fn all(&self) -> [&PathBuf; 6] {
         [
             &self.tokenized,
@@ -180,7 +180,7 @@ impl ShardPaths {
 }
 
 /// Whether `name` is one of the files an index build writes: the manifest, the tokenizer copy, or a
-/// shard file (`tokenized.N`, `table.N`, `offset.N`, `metadata.N`, `metaoff.N`, `nexttok.N`). `--force` replaces
+/// part file (`tokenized.N`, `table.N`, `offset.N`, `metadata.N`, `metaoff.N`, `nexttok.N`). `--force` replaces
 /// only folders that hold nothing else.
 pub fn is_index_file(name: &str) -> bool {
     if name == MANIFEST_FILE || name == TOKENIZER_FILE {
@@ -237,7 +237,7 @@ impl FileRecord {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ShardRecord {
+pub struct PartRecord {
     pub documents: u64,
     /// Tokens in `tokenized.N`, separators included (the suffix array's length).
     pub tokens: u64,
@@ -261,14 +261,16 @@ pub struct Manifest {
     pub vocab_size: u64,
     pub tokenizer: Option<TokenizerRecord>,
     pub documents: u64,
-    /// Tokens of all shards, separators excluded.
+    /// Tokens of all parts, separators excluded.
     pub tokens: u64,
-    pub shards: Vec<ShardRecord>,
+    /// Named as the reference engine names its parts.
+    #[serde(rename = "shards")]
+    pub parts: Vec<PartRecord>,
     pub built_by: String,
     /// Reference documents dropped for overlapping the evaluation data, when the build was asked to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decontamination: Option<DecontaminationRecord>,
-    /// What the shards' next-token tables hold, when the build made them.
+    /// What the parts' next-token tables hold, when the build made them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_token_table: Option<NextTableSpec>,
     /// Which shard of which set this index is, when it was built as one (`--shard K/N`).
@@ -397,7 +399,7 @@ pub struct NextTableSpec {
     pub max_prompt_tokens: u32,
     /// Fewest matches a prompt needs for an entry: below it, computing is as cheap as looking up.
     pub min_count: u64,
-    /// Most bytes the table of one shard may take; the most frequent prompts are kept first.
+    /// Most bytes the table of one part may take; the most frequent prompts are kept first.
     pub budget_bytes: u64,
 }
 
@@ -423,7 +425,7 @@ pub(crate) fn map_file(path: &Path) -> Result<Mmap, IndexError> {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardSetRecord {
     /// Equal for every shard of one set: the input's content, N, and everything that decides what
-    /// a token id means or which documents are kept (see `index::build::split`).
+    /// a token id means or which documents are kept (see `cluster::split`).
     pub set_id: String,
     pub shard: u32,
     pub shards: u32,

@@ -39,8 +39,8 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
+use crate::index::read::part::{NextKey, Part};
 use crate::index::read::query::Matches;
-use crate::index::read::shard::{NextKey, Shard};
 use crate::index::suffix::SuffixMatch;
 use crate::index::{Index, IndexError, Result};
 
@@ -285,7 +285,7 @@ impl Index {
     ) -> Result<Vec<u32>> {
         let total = matches.count();
         let qlen = matches.bytes.len();
-        let next = |(shard, rank): (&Shard, u64)| self.token_of(shard.next_key(rank, qlen));
+        let next = |(part, rank): (&Part, u64)| self.token_of(part.next_key(rank, qlen));
         let Some(ex) = exclusion else {
             return Ok(match total {
                 0 => Vec::new(),
@@ -295,14 +295,14 @@ impl Index {
                     .collect(),
             });
         };
-        // A shard's first position has no token before it: under the empty suffix it stands for
-        // no occurrence the counts know (they count a shard's last token as followed by its end),
+        // A part's first position has no token before it: under the empty suffix it stands for
+        // no occurrence the counts know (they count a part's last token as followed by its end),
         // so it is not drawn; under a longer one it is an occurrence like any other.
-        let kept = |(shard, rank): (&Shard, u64)| match shard.prev_key(rank) {
+        let kept = |(part, rank): (&Part, u64)| match part.prev_key(rank) {
             Some(p) => p != ex.before,
             None => qlen > 0,
         };
-        // At most this many are kept (fewer only by a shard's first position).
+        // At most this many are kept (fewer only by a part's first position).
         let most_kept = total.saturating_sub(ex.count);
         if most_kept == 0 {
             return Ok(Vec::new());
@@ -342,11 +342,11 @@ impl Index {
         Ok(out)
     }
 
-    /// The shard and rank of the `k`-th occurrence of the matches (over the shards in order).
-    fn occurrence<'a>(&'a self, matches: &Matches, mut k: u64) -> Option<(&'a Shard, u64)> {
-        for (shard, range) in self.shards.iter().zip(&matches.ranges) {
+    /// The part and rank of the `k`-th occurrence of the matches (over the parts in order).
+    fn occurrence<'a>(&'a self, matches: &Matches, mut k: u64) -> Option<(&'a Part, u64)> {
+        for (part, range) in self.parts.iter().zip(&matches.ranges) {
             if k < range.len() {
-                return Some((shard, range.lo + k));
+                return Some((part, range.lo + k));
             }
             k -= range.len();
         }

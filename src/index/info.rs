@@ -3,16 +3,17 @@
 use serde::Serialize;
 
 use crate::index::corpus::Corpus;
-use crate::index::fm::{shard_file, CompressedIndex};
+use crate::index::fm::{part_file, CompressedIndex};
 use crate::index::format::{ptr_size_for, DecontaminationRecord, TokenizerRecord};
 use crate::index::{Index, IndexError, Result};
 
 /// What every kind of index holds and how its tokens are written.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct IndexShape {
-    pub shards: usize,
+    #[serde(rename = "shards")]
+    pub parts: usize,
     pub documents: u64,
-    /// Tokens of all shards, one separator per document included.
+    /// Tokens of all parts, one separator per document included.
     pub tokens_with_separators: u64,
     /// Bytes per token.
     pub token_width: usize,
@@ -23,7 +24,7 @@ pub struct IndexShape {
 /// The shape of `corpus`.
 fn shape(corpus: &impl Corpus) -> IndexShape {
     IndexShape {
-        shards: corpus.num_shards(),
+        parts: corpus.num_parts(),
         documents: corpus.total_documents(),
         tokens_with_separators: corpus.total_tokens(),
         token_width: corpus.width().bytes(),
@@ -39,25 +40,26 @@ pub struct IndexInfo {
     pub shape: IndexShape,
     /// The tokenizer it was built with, when recorded.
     pub tokenizer: Option<TokenizerRecord>,
-    /// Bytes of the tokens, suffix arrays, document offsets and metadata of all shards (the
+    /// Bytes of the tokens, suffix arrays, document offsets and metadata of all parts (the
     /// optional next-token tables left out), and per token.
     pub bytes: u64,
     pub bytes_per_token: f64,
     /// Whether it has our manifest (an index of the reference indexer has not).
     pub manifest: bool,
-    /// Prompts with build-time next-token counts, over all shards (0 without next-token tables).
+    /// Prompts with build-time next-token counts, over all parts (0 without next-token tables).
     pub next_token_table_prompts: u64,
     /// Reference documents the build dropped for overlapping evaluation data, when it was asked to.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decontamination: Option<DecontaminationRecord>,
-    /// The same figures shard by shard: shards are built and searched one by one, so an uneven
+    /// The same figures part by part: parts are built and searched one by one, so an uneven
     /// split shows here.
-    pub by_shard: Vec<ShardInfo>,
+    #[serde(rename = "by_shard")]
+    pub by_part: Vec<PartInfo>,
 }
 
-/// One shard of [`IndexInfo::by_shard`].
+/// One part of [`IndexInfo::by_part`].
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ShardInfo {
+pub struct PartInfo {
     pub documents: u64,
     pub tokens_with_separators: u64,
     pub next_token_table_prompts: u64,
@@ -65,16 +67,16 @@ pub struct ShardInfo {
 
 impl Index {
     pub fn info(&self) -> IndexInfo {
-        let by_shard: Vec<ShardInfo> = self
-            .shards
+        let by_part: Vec<PartInfo> = self
+            .parts
             .iter()
-            .map(|s| ShardInfo {
+            .map(|s| PartInfo {
                 documents: s.doc_cnt(),
                 tokens_with_separators: s.tok_cnt(),
                 next_token_table_prompts: s.next_table().map_or(0, |t| t.entries() as u64),
             })
             .collect();
-        let bytes: u64 = self.shards.iter().map(|s| s.bytes()).sum();
+        let bytes: u64 = self.parts.iter().map(|s| s.bytes()).sum();
         IndexInfo {
             bytes,
             bytes_per_token: bytes as f64 / self.total_tokens().max(1) as f64,
@@ -82,9 +84,9 @@ impl Index {
             shape: shape(self),
             tokenizer: self.manifest().and_then(|m| m.tokenizer.clone()),
             manifest: self.manifest().is_some(),
-            next_token_table_prompts: by_shard.iter().map(|s| s.next_token_table_prompts).sum(),
+            next_token_table_prompts: by_part.iter().map(|s| s.next_token_table_prompts).sum(),
             decontamination: self.manifest().and_then(|m| m.decontamination.clone()),
-            by_shard,
+            by_part,
         }
     }
 }
@@ -110,17 +112,17 @@ impl CompressedIndex {
     /// text takes.
     pub fn info(&self) -> Result<CompressedInfo> {
         let mut bytes = 0;
-        for n in 0..self.shards.len() {
-            let path = shard_file(self.dir(), n);
+        for n in 0..self.parts.len() {
+            let path = part_file(self.dir(), n);
             bytes += std::fs::metadata(&path)
                 .map_err(|e| IndexError::io(&path, e))?
                 .len();
         }
         let tokens = self.total_tokens();
-        // A suffix-array shard holds each token and its pointer, a document offset each and the
+        // A suffix-array part holds each token and its pointer, a document offset each and the
         // same metadata (what its `index info` counts).
         let suffix_array_bytes: u64 = self
-            .shards
+            .parts
             .iter()
             .map(|s| {
                 let ds_size = s.tok_cnt() * self.width.bytes() as u64;

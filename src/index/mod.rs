@@ -1,4 +1,4 @@
-//! The infini-gram engine: suffix-array indexes over tokenized text, built in shards, served from
+//! The infini-gram engine: suffix-array indexes over tokenized text, built in parts, served from
 //! memory maps, answering n-gram and ∞-gram queries (paper §2, §3, App. A). By side: the files
 //! (`format`), the suffix-array read side (`read`), the compressed side (`fm`), the build side
 //! (`build`), and here the one face of every kind (`corpus`, its answers in `query`, what following
@@ -16,7 +16,6 @@ pub mod fm;
 pub mod format;
 pub mod hints;
 pub mod info;
-pub mod partial;
 pub mod query;
 pub mod ranks;
 pub mod read;

@@ -1,5 +1,5 @@
 //! The answers of n-gram and ∞-gram queries, which every kind of index gives (each kind's own
-//! queries: `read::query` over suffix arrays, `fm::query` over compressed shards), and the checks of
+//! queries: `read::query` over suffix arrays, `fm::query` over compressed parts), and the checks of
 //! a query's ids.
 
 use std::collections::BTreeMap;
@@ -14,7 +14,7 @@ pub const MAX_QUERY_TOKENS: usize = 1 << 20;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FindResult {
     pub cnt: u64,
-    /// Half-open rank range per shard.
+    /// Half-open rank range per part.
     pub segment_by_shard: Vec<(u64, u64)>,
 }
 
@@ -114,7 +114,7 @@ pub fn check_vocabulary(ids: &[u32], vocab_size: u64) -> Result<()> {
 }
 
 /// Which tokens follow the matches of a prompt: none (no match), a single one, or several; found
-/// with O(1) reads per shard (paper App. A), and merged over shards.
+/// with O(1) reads per part (paper App. A), and merged over parts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Spread {
     None,
@@ -123,7 +123,7 @@ pub enum Spread {
 }
 
 impl Spread {
-    /// What follows the matches of two sets of shards together.
+    /// What follows the matches of two sets of parts together.
     pub fn merge(self, other: Spread) -> Spread {
         match (self, other) {
             (Spread::None, x) | (x, Spread::None) => x,

@@ -8,8 +8,8 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use crate::index::query::{InfgramNtdResult, InfgramProbResult, NtdResult, ProbResult, Spread};
+use crate::index::read::part::{NextKey, Part, END};
 use crate::index::read::query::Matches;
-use crate::index::read::shard::{NextKey, Shard, END};
 use crate::index::sampling;
 use crate::index::{Index, Result};
 
@@ -37,7 +37,7 @@ pub trait Occurrences {
     fn matches_of(&self, ids: &[u32]) -> Self::Matches;
     /// Grows `m` by a token to the right, in place (the match is not kept on its own).
     fn grow_matches(&self, m: &mut Self::Matches, token: u32);
-    /// How often the matches are followed by `token`, separators and shard ends counting as eos.
+    /// How often the matches are followed by `token`, separators and part ends counting as eos.
     fn cont_count(&self, m: &Self::Matches, token: u32) -> u64;
     /// Which tokens follow the matches: none, one or several.
     fn spread(&self, m: &Self::Matches) -> Spread;
@@ -99,7 +99,7 @@ impl Occurrences for Index {
         len: usize,
         max_extra: usize,
     ) -> Option<usize> {
-        // A match may end at a shard's end, where no suffix starts: the empty suffix's matches
+        // A match may end at a part's end, where no suffix starts: the empty suffix's matches
         // do not hold every place a longer suffix ends.
         if len == 0 || len > seq.len() || m.count() > SCAN_LIMIT {
             return None;
@@ -107,16 +107,16 @@ impl Occurrences for Index {
         let before = &seq[..seq.len() - len];
         let w = self.width().bytes();
         let mut longest = 0;
-        for (shard, range) in self.shards.iter().zip(&m.ranges) {
+        for (part, range) in self.parts.iter().zip(&m.ranges) {
             for rank in range.lo..range.hi {
-                let at = shard.ptr(rank) as usize;
+                let at = part.ptr(rank) as usize;
                 // A corrupt pointer, past the text, has no tokens before it.
-                if at > shard.token_bytes().len() {
+                if at > part.token_bytes().len() {
                     continue;
                 }
                 let agree = (before.iter().rev().take(max_extra).enumerate())
                     .take_while(|&(j, &t)| {
-                        at >= (j + 1) * w && shard.key_at(at - (j + 1) * w) == t as NextKey
+                        at >= (j + 1) * w && part.key_at(at - (j + 1) * w) == t as NextKey
                     })
                     .count();
                 longest = longest.max(agree);
@@ -421,7 +421,7 @@ impl Index {
 
     /// What followed `found`'s occurrences, sampled as [`SuffixMatch::continuations`] samples,
     /// when `pooled` matches (these and those of other indexes, as many as `found` at least) share
-    /// the `samples`: this index takes its share, as each shard of one index does, so that
+    /// the `samples`: this index takes its share, as each part of one index does, so that
     /// indexes searched one by one are sampled as one index over all of them would be.
     pub fn continuations_of(
         &self,
@@ -434,7 +434,7 @@ impl Index {
         self.sample_continuations(found.len, &found.matches, samples, depth, total)
     }
 
-    /// Continuations at evenly spread ranks of every shard's matches, each shard taking its share
+    /// Continuations at evenly spread ranks of every part's matches, each part taking its share
     /// of `samples` among `total` matches.
     fn sample_continuations(
         &self,
@@ -449,7 +449,7 @@ impl Index {
         }
         let qlen = matches.bytes.len();
         let mut out = Vec::with_capacity(samples.min(total as usize));
-        for (shard, range) in self.shards.iter().zip(&matches.ranges) {
+        for (part, range) in self.parts.iter().zip(&matches.ranges) {
             if range.is_empty() {
                 continue;
             }
@@ -457,17 +457,17 @@ impl Index {
             for offset in
                 sampling::offsets(range.len(), cap, sampling::share(cap, range.len(), total))
             {
-                out.push(self.continuation_at(shard, range.lo + offset, qlen, depth));
+                out.push(self.continuation_at(part, range.lo + offset, qlen, depth));
             }
         }
         out
     }
 
-    /// The up to `depth` tokens after the match at `rank` of `shard` (`qlen` bytes long), cut
+    /// The up to `depth` tokens after the match at `rank` of `part` (`qlen` bytes long), cut
     /// at the end of its document.
     pub(crate) fn continuation_at(
         &self,
-        shard: &Shard,
+        part: &Part,
         rank: u64,
         qlen: usize,
         depth: usize,
@@ -479,9 +479,9 @@ impl Index {
                 || key == self.eos_token_id() as NextKey
         };
         // The pointer read once: each token after it is then one read of the text.
-        let after = shard.ptr(rank) as usize + qlen;
+        let after = part.ptr(rank) as usize + qlen;
         (0..depth)
-            .map(|j| shard.key_at(after + j * width))
+            .map(|j| part.key_at(after + j * width))
             .take_while(|&key| !stop(key))
             .map(|key| key as u32)
             .collect()

@@ -101,7 +101,7 @@ const WAITING_THREADS: usize = 16;
 fn run_parts(st: &State, parts: Vec<(pb::SequenceStep, Target)>) -> Vec<PartOutcome> {
     let signal = current();
     let signal = signal.as_ref();
-    if !st.reference.waits_on_network() {
+    if !st.evidence.waits_on_network() {
         return parts
             .into_par_iter()
             .map(|(part, target)| run_under(signal, || run_part(st, part, target)))
@@ -207,13 +207,13 @@ fn apply(
     part: pb::SequenceStep,
 ) -> Result<(Option<pb::MixResponse>, Option<pb::DraftResponse>), Status> {
     if let Some(keep) = part.keep {
-        session.truncate(st, keep)?;
+        session.truncate(keep)?;
     }
     if !part.append.is_empty() {
         session.append(st, &part.append)?;
     }
     let mix = part.mix.map(|m| session.mix(st, m)).transpose()?;
-    let draft = part.draft.map(|d| session.draft(st, d)).transpose()?;
+    let draft = part.draft.map(|d| session.draft(d)).transpose()?;
     Ok((mix, draft))
 }
 

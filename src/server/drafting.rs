@@ -2,6 +2,8 @@
 //! and sequences made with the live namespace and reference text a request names. Sessions use this
 //! file; it knows nothing of sessions.
 
+use std::sync::Arc;
+
 use tonic::Status;
 
 use super::{index_status, live_status, pb, State};
@@ -64,7 +66,7 @@ pub(super) fn response(tree: DraftTree) -> pb::DraftResponse {
 /// A sequence for `context` with the extras a request asked for (`live` is filled in here), each
 /// checked.
 pub(super) fn sequence(s: &State, context: Vec<u32>, extras: Extras) -> Result<Sequence, Status> {
-    if s.reference.over_bytes() && s.model.is_none() {
+    if s.evidence.over_bytes() && s.model.is_none() {
         return Err(Status::failed_precondition(
             "sessions and drafts over a byte-level index follow a model's tokens: set `model` in \
              the sidecar's config",
@@ -72,7 +74,7 @@ pub(super) fn sequence(s: &State, context: Vec<u32>, extras: Extras) -> Result<S
     }
     s.check_len("the context", context.len())?;
     s.check_len("the reference", extras.reference.len())?;
-    s.reference
+    s.evidence
         .check_ids(&extras.reference)
         .map_err(index_status)?;
     if extras.learn && extras.namespace.is_empty() {
@@ -84,7 +86,7 @@ pub(super) fn sequence(s: &State, context: Vec<u32>, extras: Extras) -> Result<S
             Status::failed_precondition("the live index is off in this sidecar's config ([live])")
         })?),
     };
-    Sequence::new(&*s.reference, context)
+    Sequence::new(Arc::clone(&s.evidence), context)
         .map_err(index_status)?
         .with_extras(Extras { live, ..extras })
         .map_err(live_status)
@@ -98,7 +100,7 @@ pub(super) fn draft_context(
     opts: &DraftOptions,
 ) -> Result<DraftTree, Status> {
     sequence(s, context, extras)?
-        .draft(&*s.reference, opts)
+        .draft(opts)
         .map_err(index_status)
 }
 
@@ -125,7 +127,7 @@ pub(super) fn add_documents(
             None => return Err(Status::invalid_argument("a document with no content")),
         };
         s.check_len("a document", tokens.len())?;
-        s.reference.check_ids(&tokens).map_err(index_status)?;
+        s.evidence.check_ids(&tokens).map_err(index_status)?;
         docs.push(tokens);
     }
     s.check_len(

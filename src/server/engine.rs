@@ -22,7 +22,7 @@ pub(super) fn info(s: &State) -> Result<pb::InfoResponse, Status> {
     Ok(pb::InfoResponse {
         version: env!("CARGO_PKG_VERSION").into(),
         index_dir: corpus.dir().display().to_string(),
-        index_shards: corpus.num_shards() as u32,
+        index_shards: corpus.num_parts() as u32,
         index_tokens: corpus.total_tokens(),
         index_documents: corpus.total_documents(),
         vocab_size: corpus.vocab_size(),

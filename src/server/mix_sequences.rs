@@ -10,7 +10,7 @@
 //! the sequence as it was, and the last to finish is kept.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tonic::Status;
 
@@ -73,9 +73,9 @@ impl MixSequences {
             taken
         };
         let Some(MixSequence { mut seq, .. }) = taken else {
-            return Sequence::new(&*s.reference, context.to_vec()).map_err(index_status);
+            return Sequence::new(Arc::clone(&s.evidence), context.to_vec()).map_err(index_status);
         };
-        match seq.align(&*s.reference, context) {
+        match seq.align(context) {
             Ok(()) => Ok(seq),
             Err(e) => {
                 self.put(id.to_string(), seq);

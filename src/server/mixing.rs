@@ -175,11 +175,11 @@ pub(super) fn mix(s: &State, r: pb::MixRequest) -> Result<pb::MixResponse, Statu
     })?;
     if !follows_sequence || how.rule != LambdaRule::Adaptive {
         let infgram = s
-            .reference
+            .evidence
             .step(&r.context, &neural)
             .map_err(evidence_status)?;
         let step = mix_step(
-            &*s.reference,
+            &*s.evidence,
             how,
             &r.context,
             infgram,
@@ -191,7 +191,7 @@ pub(super) fn mix(s: &State, r: pb::MixRequest) -> Result<pb::MixResponse, Statu
         return Ok(response(step));
     }
     let mut sequence = s.mix_sequences.take(&r.sequence_id, &r.context, s)?;
-    let step = sequence.mix(&*s.reference, how, neural, top(top_k));
+    let step = sequence.mix(how, neural, top(top_k));
     s.mix_sequences.put(r.sequence_id, sequence);
     step.map(response).map_err(decode_status)
 }

@@ -10,10 +10,10 @@ use super::metrics::Metrics;
 use super::mix_sequences::MixSequences;
 use super::session::Sessions;
 use super::{ServeError, SidecarService, State};
+use crate::cluster::partial::PartialAnswers;
 use crate::cpu::{CpuInfo, KernelFlavour};
-use crate::evidence::{byte_reference, ReferenceData};
+use crate::evidence::{byte_source, EvidenceSource};
 use crate::index::fm::CompressedIndex;
-use crate::index::partial::PartialAnswers;
 use crate::index::{Index, OpenOptions, TokenWidth};
 use crate::live::{LiveIndex, LiveStore, Vocabulary};
 use crate::mix::MixingParams;
@@ -24,7 +24,7 @@ use crate::tokenizer::Tokenizer;
 /// Where a service's evidence comes from, and what reads ids and text for it.
 pub(super) struct Evidence {
     pub(super) corpus: Option<Arc<dyn PartialAnswers>>,
-    pub(super) reference: Arc<dyn ReferenceData>,
+    pub(super) evidence: Arc<dyn EvidenceSource>,
     pub(super) tokenizer: Tokenizer,
     pub(super) live: Option<Arc<dyn LiveStore>>,
 }
@@ -164,8 +164,8 @@ impl SidecarService {
             Some(model) => model_vocabulary(model.tokenizer()),
             None => Ok(Vocabulary::of(&*index)),
         })?;
-        let reference: Arc<dyn ReferenceData> = match &neural.model {
-            Some(model) => byte_reference::for_model(index.clone(), model.tokenizer()),
+        let evidence: Arc<dyn EvidenceSource> = match &neural.model {
+            Some(model) => byte_source::for_model(index.clone(), model.tokenizer()),
             None => index.clone(),
         };
         Ok(Self::assemble(
@@ -173,7 +173,7 @@ impl SidecarService {
             metrics,
             Evidence {
                 corpus: Some(index),
-                reference,
+                evidence,
                 tokenizer,
                 live,
             },
@@ -215,7 +215,7 @@ impl SidecarService {
             metrics,
             Evidence {
                 corpus: Some(index.clone()),
-                reference: index,
+                evidence: index,
                 tokenizer,
                 live,
             },
@@ -236,7 +236,7 @@ impl SidecarService {
         Self {
             state: Arc::new(State {
                 corpus: evidence.corpus,
-                reference: evidence.reference,
+                evidence: evidence.evidence,
                 tokenizer: evidence.tokenizer,
                 mixing: neural.mixing,
                 model: neural.model,

@@ -116,7 +116,7 @@ fn score_document(
 ) -> Result<pb::DocumentScore, Status> {
     let records = document_records(
         model,
-        &*s.reference,
+        &*s.evidence,
         WindowOptions::default(),
         index,
         &doc.token_ids,

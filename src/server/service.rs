@@ -118,7 +118,7 @@ impl Sidecar for SidecarService {
                     if !r.namespace.is_empty() || !r.reference.is_empty() =>
                 {
                     return Err(Status::invalid_argument(
-                        "a session drafts from the namespace and reference it was started with",
+                        "a session drafts from the namespace and reference text it was started with",
                     ))
                 }
                 Some(pb::draft_request::Target::SessionId(id)) => session::draft(s, id, &opts)?,

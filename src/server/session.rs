@@ -52,12 +52,10 @@ impl Session {
 
     pub(super) fn append(&mut self, s: &State, tokens: &[u32]) -> Result<(), Status> {
         s.check_len("the session", self.seq.tokens().len() + tokens.len())?;
-        self.seq
-            .append(&*s.reference, tokens)
-            .map_err(decode_status)
+        self.seq.append(tokens).map_err(decode_status)
     }
 
-    pub(super) fn truncate(&mut self, s: &State, length: u64) -> Result<(), Status> {
+    pub(super) fn truncate(&mut self, length: u64) -> Result<(), Status> {
         let len = usize::try_from(length)
             .ok()
             .filter(|&l| l <= self.seq.tokens().len())
@@ -67,7 +65,7 @@ impl Session {
                     self.seq.tokens().len()
                 ))
             })?;
-        self.seq.truncate(&*s.reference, len).map_err(decode_status)
+        self.seq.truncate(len).map_err(decode_status)
     }
 
     pub(super) fn mix(&mut self, s: &State, m: pb::SessionMix) -> Result<pb::MixResponse, Status> {
@@ -86,18 +84,14 @@ impl Session {
             self.seq.logits(model).map_err(decode_status)
         })?;
         self.seq
-            .mix(&*s.reference, how, neural, top(top_k))
+            .mix(how, neural, top(top_k))
             .map(response)
             .map_err(decode_status)
     }
 
-    pub(super) fn draft(
-        &mut self,
-        s: &State,
-        options: pb::DraftOptions,
-    ) -> Result<pb::DraftResponse, Status> {
+    pub(super) fn draft(&mut self, options: pb::DraftOptions) -> Result<pb::DraftResponse, Status> {
         let opts = drafting::options(Some(options))?;
-        let tree = self.seq.draft(&*s.reference, &opts).map_err(index_status)?;
+        let tree = self.seq.draft(&opts).map_err(index_status)?;
         Ok(drafting::response(tree))
     }
 
@@ -204,7 +198,7 @@ impl Sessions {
 pub(super) fn draft(s: &State, id: u64, opts: &DraftOptions) -> Result<DraftTree, Status> {
     let session = s.sessions.get(id)?;
     let mut session = lock(&session);
-    session.seq.draft(&*s.reference, opts).map_err(index_status)
+    session.seq.draft(opts).map_err(index_status)
 }
 
 /// Serves one `Session` stream: steps run one at a time, in order, on the blocking pool. At a
@@ -282,9 +276,9 @@ async fn step<R>(
                 let mut s = lock(&shared);
                 match step {
                     Step::Append(a) => s.append(st, &a.tokens).map(|_| None),
-                    Step::Truncate(t) => s.truncate(st, t.length).map(|_| None),
+                    Step::Truncate(t) => s.truncate(t.length).map(|_| None),
                     Step::Mix(m) => s.mix(st, m).map(|m| Some(Answer::Mix(m))),
-                    Step::Draft(o) => s.draft(st, o).map(|d| Some(Answer::Draft(d))),
+                    Step::Draft(o) => s.draft(o).map(|d| Some(Answer::Draft(d))),
                     Step::Start(_) => Ok(None),
                 }
             })

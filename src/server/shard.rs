@@ -1,6 +1,6 @@
 //! The shard role: `sidecar.shard.v1` over this sidecar's index (a suffix array or a compressed
 //! one), for routers to fan out to. Each answer is what this index alone knows
-//! ([`crate::index::partial::PartialAnswers`]); the router merges them
+//! ([`crate::cluster::partial::PartialAnswers`]); the router merges them
 //! (`cluster::merge`). A shard server is an ordinary sidecar besides: its `sidecar.v1` API serves
 //! its own shard.
 
@@ -8,8 +8,8 @@ use super::drafting::MAX_DRAFT_TOKENS;
 use super::engine::{check_answer_size, document};
 use super::shard_pb as spb;
 use super::{check_max_support, deadline_of, index_status, live_status, SidecarService, State};
+use crate::cluster::partial::LocalSample;
 use crate::index::docs::SearchOptions;
-use crate::index::partial::LocalSample;
 use crate::index::query::Spread;
 use crate::live::namespace::check_name;
 use crate::live::{Appended, LiveStore, Piece};
@@ -24,7 +24,7 @@ fn describe(s: &State) -> Result<spb::ShardDescription, Status> {
         shards: set.as_ref().map_or(1, |r| r.shards),
         documents: index.total_documents(),
         tokens: index.total_tokens(),
-        local_shards: index.num_shards() as u32,
+        local_shards: index.num_parts() as u32,
         token_width: index.width().bytes() as u32,
         eos_token_id: index.eos_token_id(),
         vocab_size: index.vocab_size(),
@@ -254,7 +254,7 @@ fn live_continuations(
     let live = live(s)?;
     check_name(&r.namespace).map_err(live_status)?;
     s.check_len("the pattern", r.pattern.len())?;
-    s.reference.check_ids(&r.pattern).map_err(index_status)?;
+    s.evidence.check_ids(&r.pattern).map_err(index_status)?;
     check_max_support(&s.limits, r.samples as u64)?;
     if r.depth > MAX_DRAFT_TOKENS {
         return Err(Status::invalid_argument(format!(

@@ -11,9 +11,9 @@ use super::metrics::Metrics;
 use super::mix_sequences::MixSequences;
 use super::session::Sessions;
 use super::status::{index_status, model_status};
+use crate::cluster::partial::PartialAnswers;
 use crate::cpu::CpuInfo;
-use crate::evidence::ReferenceData;
-use crate::index::partial::PartialAnswers;
+use crate::evidence::EvidenceSource;
 use crate::live::LiveStore;
 use crate::mix::MixingParams;
 use crate::model::budget::KvBudget;
@@ -27,7 +27,7 @@ pub(super) struct State {
     pub(super) corpus: Option<Arc<dyn PartialAnswers>>,
     /// Where scoring, mixing and drafting get the ∞-gram's evidence: the index, or a router's
     /// shard servers.
-    pub(super) reference: Arc<dyn ReferenceData>,
+    pub(super) evidence: Arc<dyn EvidenceSource>,
     pub(super) tokenizer: Tokenizer,
     pub(super) mixing: Option<MixingParams>,
     pub(super) model: Option<Model>,
@@ -83,20 +83,20 @@ impl State {
     /// Refuses ids outside the vocabulary of mixing requests: the reference data's, or the
     /// model's where the index is byte-level (any model's text goes into it).
     pub(super) fn check_model_ids(&self, ids: &[u32]) -> Result<(), Status> {
-        match self.reference.over_bytes() {
+        match self.evidence.over_bytes() {
             true => self
                 .model()?
                 .transformer()
                 .check_tokens(ids)
                 .map_err(model_status),
-            false => self.reference.check_ids(ids).map_err(index_status),
+            false => self.evidence.check_ids(ids).map_err(index_status),
         }
     }
 
     /// The tokenizer of sequences (sessions, drafts, live documents): the model's beside a
     /// byte-level index, which follows the model's tokens then, else the index's.
     pub(super) fn sequence_tokenizer(&self) -> &Tokenizer {
-        match (self.reference.over_bytes(), &self.model) {
+        match (self.evidence.over_bytes(), &self.model) {
             (true, Some(model)) => model.tokenizer(),
             _ => &self.tokenizer,
         }
@@ -104,9 +104,9 @@ impl State {
 
     /// The vocabulary of mixing requests (see [`Self::check_model_ids`]).
     pub(super) fn mix_vocab_size(&self) -> Result<u64, Status> {
-        match self.reference.over_bytes() {
+        match self.evidence.over_bytes() {
             true => Ok(self.model()?.tokenizer().vocab_size()),
-            false => Ok(self.reference.vocab_size()),
+            false => Ok(self.evidence.vocab_size()),
         }
     }
 

@@ -50,10 +50,10 @@ fn naive_distribution(oracle: &Oracle, context: &[u32], spec: &Backoff) -> BTree
         .collect()
 }
 
-fn index_of(docs: &[Vec<u32>], vocab: u64, shard_tokens: u64) -> (tempfile::TempDir, Index) {
+fn index_of(docs: &[Vec<u32>], vocab: u64, part_tokens: u64) -> (tempfile::TempDir, Index) {
     let dir = tempfile::tempdir().unwrap();
     let opts = BuildOptions {
-        max_shard_tokens: Some(shard_tokens),
+        max_part_tokens: Some(part_tokens),
         ..BuildOptions::new(dir.path().join("idx"), TokenWidth::U16, 0, vocab)
     };
     let index = crate::common::index_of(docs, Content::Tokens, &opts);
@@ -88,10 +88,10 @@ proptest! {
     fn scores_and_greedy_generation_match_the_naive_rule(
         docs in proptest::collection::vec(proptest::collection::vec(1u32..5, 0..30), 1..6),
         texts in proptest::collection::vec(proptest::collection::vec(1u32..6, 1..25), 1..4),
-        shard_tokens in 40u64..150,
+        part_tokens in 40u64..150,
     ) {
         const VOCAB: u64 = 8;
-        let (_dir, index) = index_of(&docs, VOCAB, shard_tokens);
+        let (_dir, index) = index_of(&docs, VOCAB, part_tokens);
         let oracle = Oracle { docs: docs.clone(), eos: 0 };
         // The compressed form answers as the suffix array does.
         let fm_dir = tempfile::tempdir().unwrap();

@@ -15,12 +15,12 @@ use proptest::prelude::*;
 use crate::common;
 use crate::common::oracle::Oracle;
 
-/// A byte index over `docs` (at most `max_shard_tokens` a shard).
-pub fn byte_index(dir: &Path, docs: &[String], max_shard_tokens: Option<u64>) -> Index {
+/// A byte index over `docs` (at most `max_part_tokens` a shard).
+pub fn byte_index(dir: &Path, docs: &[String], max_part_tokens: Option<u64>) -> Index {
     let tokenizer = Tokenizer::utf8_bytes();
     let opts = BuildOptions {
         tokenizer: Some(&tokenizer),
-        max_shard_tokens,
+        max_part_tokens,
         ..BuildOptions::new(dir.join("bytes"), TokenWidth::U8, BYTE_EOS, BYTE_VOCAB_SIZE)
     };
     common::index_of(docs, Content::Text, &opts)
@@ -80,10 +80,10 @@ proptest! {
     #[test]
     fn marginal_token_probabilities_are_chain_rule_products(
         (docs, contexts, candidates) in corpus_strategy(),
-        shard_tokens in 90u64..300,
+        part_tokens in 90u64..300,
     ) {
         let dir = tempfile::tempdir().unwrap();
-        let index = byte_index(dir.path(), &docs, Some(shard_tokens));
+        let index = byte_index(dir.path(), &docs, Some(part_tokens));
         prop_assert!(index.is_byte_level());
         let oracle = Oracle {
             docs: docs.iter().map(|d| ids(d.as_bytes())).collect(),

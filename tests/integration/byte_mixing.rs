@@ -5,7 +5,7 @@
 //! `Mix` over a served byte index against the library; and sessions, drafts and the live index over
 //! a served byte index in the model's tokens, against fresh lookups and the indexed text.
 
-use infini_sidecar::evidence::byte_reference::whole_word_tokens;
+use infini_sidecar::evidence::byte_source::whole_word_tokens;
 use infini_sidecar::evidence::bytes::{decode_step, marginalise, BYTE_CANDIDATES};
 use infini_sidecar::evidence::{document_records, mix_tokens};
 use infini_sidecar::index::bytes::ByteText;

@@ -10,12 +10,13 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::Arc;
 use std::time::Duration;
 
 use infini_sidecar::cluster::merge;
 use infini_sidecar::decoding::Sequence;
 use infini_sidecar::draft::DraftOptions;
-use infini_sidecar::evidence::{document_records, mix_tokens, ReferenceData};
+use infini_sidecar::evidence::{document_records, mix_tokens, EvidenceSource};
 use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::dense::TokenEvidence;
 use infini_sidecar::index::query::Spread;
@@ -281,7 +282,7 @@ async fn routers_answer_as_one_index_and_name_the_shard_that_is_down() {
         .collect();
     let open = |p: &Path| Index::open(p, &OpenOptions::default()).unwrap();
     let single = open(&single_dir);
-    let joined = Index::join(shard_dirs.iter().map(|p| open(p)).collect()).unwrap();
+    let joined = Arc::new(Index::join(shard_dirs.iter().map(|p| open(p)).collect()).unwrap());
     assert_eq!(joined.total_documents(), DOCUMENTS as u64);
 
     // Shard servers (shard 1 twice: replicas), then two routers over all four.
@@ -629,7 +630,7 @@ fn library_tree(t: &infini_sidecar::draft::DraftTree) -> (Vec<u32>, Vec<i32>, Ve
 async fn mixing_scoring_drafts_and_sessions(
     routers: [&mut SidecarClient<Channel>; 2],
     reference: &mut SidecarClient<Channel>,
-    joined: &Index,
+    joined: &Arc<Index>,
     mixing: &Path,
 ) {
     let [router_a, router_b] = routers;
@@ -674,7 +675,7 @@ async fn mixing_scoring_drafts_and_sessions(
             .await
             .unwrap()
             .into_inner();
-        let infgram = ReferenceData::infgram(joined, context).unwrap();
+        let infgram = EvidenceSource::infgram(&**joined, context).unwrap();
         let ctx = joined.context_after(context, &infgram).unwrap();
         let nn = NeuralContext {
             entropy: single_gated.gate_features[5],
@@ -700,7 +701,7 @@ async fn mixing_scoring_drafts_and_sessions(
     let mut sampled = false;
     for (i, doc) in docs.iter().enumerate() {
         let records =
-            document_records(&model, joined, WindowOptions::default(), i, doc, |_| {}).unwrap();
+            document_records(&model, &**joined, WindowOptions::default(), i, doc, |_| {}).unwrap();
         let mixed = mix_tokens(&records.tokens, LambdaRule::Gate, Some(&params), None).unwrap();
         sampled |= records
             .tokens
@@ -753,11 +754,17 @@ async fn mixing_scoring_drafts_and_sessions(
             let context = (2..doc.len())
                 .rev()
                 .map(|i| doc[..i].to_vec())
-                .find(|c| ReferenceData::infgram(joined, c).unwrap().ntd.prompt_cnt > 200)
+                .find(|c| {
+                    EvidenceSource::infgram(&**joined, c)
+                        .unwrap()
+                        .ntd
+                        .prompt_cnt
+                        > 200
+                })
                 .unwrap();
-            let want = Sequence::new(joined, context.clone())
+            let want = Sequence::new(joined.clone(), context.clone())
                 .unwrap()
-                .draft(joined, &opts)
+                .draft(&opts)
                 .unwrap();
             let got = router_a
                 .draft(pb::DraftRequest {
@@ -863,10 +870,10 @@ async fn mixing_scoring_drafts_and_sessions(
     let Some(pb::session_response::Result::Draft(got)) = got.result else {
         panic!("no draft in the session's answer: {got:?}");
     };
-    let mut seq = Sequence::new(joined, doc[..half].to_vec()).unwrap();
-    seq.append(joined, &doc[half..half + 3]).unwrap();
-    seq.truncate(joined, half + 1).unwrap();
-    let want = seq.draft(joined, &DraftOptions::default()).unwrap();
+    let mut seq = Sequence::new(joined.clone(), doc[..half].to_vec()).unwrap();
+    seq.append(&doc[half..half + 3]).unwrap();
+    seq.truncate(half + 1).unwrap();
+    let want = seq.draft(&DraftOptions::default()).unwrap();
     assert_eq!(draft_tree(&got), library_tree(&want));
 }
 

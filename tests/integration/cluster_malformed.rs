@@ -359,7 +359,7 @@ fn identity(d: spb::ShardDescription) -> ShardIdentity {
         shards: d.shards,
         documents: d.documents,
         tokens: d.tokens,
-        local_shards: d.local_shards,
+        local_parts: d.local_shards,
         token_width: d.token_width,
         eos_token_id: d.eos_token_id,
         vocab_size: d.vocab_size,
@@ -379,7 +379,7 @@ async fn real_answers_pass(shard: SocketAddr, docs: &[Vec<u32>]) {
             .into_inner(),
     );
     assert!(
-        id.local_shards > 1,
+        id.local_parts > 1,
         "one suffix array: the samples' checks lost their point"
     );
     let lengths: Vec<u32> = SUFFIX_LENGTHS.iter().map(|&k| k as u32).collect();

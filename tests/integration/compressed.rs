@@ -6,7 +6,7 @@ use std::process::Command;
 
 use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::fm::file::with_checksum;
-use infini_sidecar::index::fm::{shard_file, CompressedIndex};
+use infini_sidecar::index::fm::{part_file, CompressedIndex};
 use infini_sidecar::index::Index;
 use infini_sidecar::server::config::ServeConfig;
 use infini_sidecar::server::pb;
@@ -99,7 +99,7 @@ fn compressed_minipile_answers_as_the_suffix_array_does() {
     assert_eq!(info["documents"], index.total_documents());
 
     // A damaged byte anywhere is caught at open time, with the file named.
-    let path = shard_file(&out, 0);
+    let path = part_file(&out, 0);
     let whole = std::fs::read(&path).unwrap();
     let mut bytes = whole.clone();
     let middle = bytes.len() / 2;
@@ -119,10 +119,10 @@ fn compressed_minipile_answers_as_the_suffix_array_does() {
     assert!(err.contains("corrupt") && err.contains("size"), "{err}");
     // A shard file missing is a folder that is not whole.
     std::fs::write(&path, &whole).unwrap();
-    std::fs::copy(&path, shard_file(&out, 1)).unwrap();
+    std::fs::copy(&path, part_file(&out, 1)).unwrap();
     let err = CompressedIndex::open(&out).err().unwrap().to_string();
     assert!(err.contains("number of shards"), "{err}");
-    std::fs::remove_file(shard_file(&out, 1)).unwrap();
+    std::fs::remove_file(part_file(&out, 1)).unwrap();
     assert!(CompressedIndex::open(&out).is_ok());
     // And the command refuses to write over a folder that exists.
     let again = bin()

@@ -21,10 +21,10 @@ proptest! {
         noise in proptest::collection::vec(1u32..6, 0..5),
         ngram in 1usize..6,
         threshold in 0.05f64..1.0,
-        shard_tokens in 45u64..200,
+        part_tokens in 45u64..200,
     ) {
         let dir = tempfile::tempdir().unwrap();
-        let index = common::small_index(dir.path(), &docs, shard_tokens);
+        let index = common::small_index(dir.path(), &docs, part_tokens);
         let oracle = Oracle { docs: docs.clone(), eos: 0 };
         // An item of pieces of the documents with noise between them (5 never occurs).
         let tokens = common::pieces_of(&docs, &pieces, &noise);

@@ -3,6 +3,7 @@
 //! trees alike, are valid trees of in-vocabulary ids, at every position of real test text.
 
 use crate::common;
+use std::sync::Arc;
 
 use common::server::build_index;
 use infini_sidecar::corpus::Content;
@@ -70,13 +71,13 @@ fn index_continuations_equal_a_brute_force_scan() {
 #[test]
 fn drafts_are_valid_trees_of_vocabulary_ids() {
     let dir = tempfile::tempdir().unwrap();
-    let index = Index::open(&build_index(dir.path()), &OpenOptions::default()).unwrap();
+    let index = Arc::new(Index::open(&build_index(dir.path()), &OpenOptions::default()).unwrap());
     let vocab = index.vocab_size();
     let mut nonempty = 0;
     for doc in texts("test", 4) {
-        let mut seq = Sequence::new(&index, doc[..1].to_vec()).unwrap();
+        let mut seq = Sequence::new(index.clone(), doc[..1].to_vec()).unwrap();
         for i in 1..doc.len().min(300) {
-            seq.append(&index, &doc[i..=i]).unwrap();
+            seq.append(&doc[i..=i]).unwrap();
             for (tree, source) in [
                 (false, DraftSource::All),
                 (true, DraftSource::Index),
@@ -89,7 +90,7 @@ fn drafts_are_valid_trees_of_vocabulary_ids() {
                     min_token_prob: 0.05,
                     ..DraftOptions::default()
                 };
-                let draft = seq.draft(&index, &opts).unwrap();
+                let draft = seq.draft(&opts).unwrap();
                 draft.validate(vocab).unwrap();
                 assert!(draft.len() <= if tree { 24 } else { opts.max_tokens });
                 if !tree {
@@ -108,8 +109,8 @@ fn drafts_are_valid_trees_of_vocabulary_ids() {
         // of accepted drafts is history, kept across a truncation).
         let shape = |t: DraftTree| (t.token_ids, t.parents, t.match_len);
         let half = seq.tokens().len() / 2;
-        let mut fresh = Sequence::new(&index, seq.tokens()[..half].to_vec()).unwrap();
-        seq.truncate(&index, half).unwrap();
+        let mut fresh = Sequence::new(index.clone(), seq.tokens()[..half].to_vec()).unwrap();
+        seq.truncate(half).unwrap();
         for source in [DraftSource::Index, DraftSource::Prompt] {
             let opts = DraftOptions {
                 min_path_prob: 0.0,
@@ -117,8 +118,8 @@ fn drafts_are_valid_trees_of_vocabulary_ids() {
                 ..DraftOptions::default()
             };
             assert_eq!(
-                shape(seq.draft(&index, &opts).unwrap()),
-                shape(fresh.draft(&index, &opts).unwrap())
+                shape(seq.draft(&opts).unwrap()),
+                shape(fresh.draft(&opts).unwrap())
             );
         }
     }
@@ -132,7 +133,7 @@ fn drafts_are_valid_trees_of_vocabulary_ids() {
 #[test]
 fn an_all_sources_chain_is_the_best_single_source_chain() {
     let dir = tempfile::tempdir().unwrap();
-    let index = Index::open(&build_index(dir.path()), &OpenOptions::default()).unwrap();
+    let index = Arc::new(Index::open(&build_index(dir.path()), &OpenOptions::default()).unwrap());
     // No path bar, so that chains run long and a short index match is often outscored.
     let opts = DraftOptions {
         min_path_prob: 0.0,
@@ -140,8 +141,8 @@ fn an_all_sources_chain_is_the_best_single_source_chain() {
     };
     let draft = |tokens: &[u32], source| {
         let opts = DraftOptions { source, ..opts };
-        let mut seq = Sequence::new(&index, tokens.to_vec()).unwrap();
-        seq.draft(&index, &opts).unwrap()
+        let mut seq = Sequence::new(index.clone(), tokens.to_vec()).unwrap();
+        seq.draft(&opts).unwrap()
     };
     // A fresh record: every source's factor is the prior's.
     let fresh = Calibration::default();
@@ -162,7 +163,7 @@ fn an_all_sources_chain_is_the_best_single_source_chain() {
             assert_eq!(all.score, best.score, "at {end}");
             checked += 1;
             // Where the prompt's chain outscores the best the index's could: not read.
-            let matched = SuffixMatch::of(&index, tokens).unwrap().suffix_len();
+            let matched = SuffixMatch::of(&*index, tokens).unwrap().suffix_len();
             let bound =
                 fresh.chain_bound(Origin::Index, opts.depth_for(matched), opts.min_path_prob);
             skipped += usize::from(bound > 0.0 && from_prompt.score > bound);

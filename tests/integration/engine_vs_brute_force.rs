@@ -80,7 +80,7 @@ fn vocab_for(width: TokenWidth) -> u64 {
     }
 }
 
-fn build_corpus(symbol_docs: &[Vec<u32>], width: TokenWidth, max_shard_tokens: u64) -> Built {
+fn build_corpus(symbol_docs: &[Vec<u32>], width: TokenWidth, max_part_tokens: u64) -> Built {
     let docs: Vec<Vec<u32>> = symbol_docs
         .iter()
         .map(|d| d.iter().map(|&s| spread(s, width)).collect())
@@ -89,7 +89,7 @@ fn build_corpus(symbol_docs: &[Vec<u32>], width: TokenWidth, max_shard_tokens: u
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("idx");
     let opts = BuildOptions {
-        max_shard_tokens: Some(max_shard_tokens),
+        max_part_tokens: Some(max_part_tokens),
         // A next-token table down to prompts seen twice: whole for u8 corpora, cut by its budget to
         // the most frequent prompts for the others, so both ways of answering ntd meet the oracle.
         next_table: Some(NextTableSpec {
@@ -155,7 +155,7 @@ fn queries(oracle: &Oracle, random: &[Vec<u32>]) -> Vec<Vec<u32>> {
 /// ranges aside, which are its own rows) and as the oracle does where the two differ in kind.
 fn check_compressed(b: &Built, queries: &[Vec<u32>]) {
     let (index, oracle) = (&b.index, &b.oracle);
-    let out = b._dir.path().join(format!("fm-{}", index.num_shards()));
+    let out = b._dir.path().join(format!("fm-{}", index.num_parts()));
     let _ = std::fs::remove_dir_all(&out);
     let fm = CompressedIndex::build(index, &out, 1, |_| {}).unwrap();
     let fm_opened = CompressedIndex::open(&out).unwrap();
@@ -452,11 +452,11 @@ fn run_width(width: TokenWidth) {
         ..ProptestConfig::default()
     });
     runner
-        .run(&corpus_strategy(), |(docs, random, shard_tokens)| {
+        .run(&corpus_strategy(), |(docs, random, part_tokens)| {
             let b = build_corpus(
                 &docs,
                 width,
-                shard_tokens.max(docs.iter().map(|d| d.len() as u64 + 1).max().unwrap_or(1)),
+                part_tokens.max(docs.iter().map(|d| d.len() as u64 + 1).max().unwrap_or(1)),
             );
             let random: Vec<Vec<u32>> = random
                 .iter()
@@ -490,11 +490,7 @@ fn several_shards_are_built_and_merged() {
         .map(|i| (0..20).map(|j| (i * 7 + j * 3) % 5 + 1).collect())
         .collect();
     let b = build_corpus(&docs, TokenWidth::U16, 50);
-    assert!(
-        b.index.num_shards() >= 10,
-        "{} shards",
-        b.index.num_shards()
-    );
+    assert!(b.index.num_parts() >= 10, "{} shards", b.index.num_parts());
     assert!(b.index.info().next_token_table_prompts > 0);
     check_all(&b, &[vec![1, 2, 3], vec![9]]);
     check_all(&with_rank_samples(b), &[vec![1, 2, 3], vec![9]]);

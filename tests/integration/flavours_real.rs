@@ -3,12 +3,14 @@
 //! on our quantized kernels alone stays within 0.5% of the f32 pass over the same weights.
 
 use crate::common;
+use std::sync::Arc;
 
 use common::server::build_index;
 use infini_sidecar::cpu::KernelFlavour;
 use infini_sidecar::decoding::spec::{decode, SpecOptions};
 use infini_sidecar::decoding::Extras;
 use infini_sidecar::draft::{DraftOptions, DraftSource};
+use infini_sidecar::evidence::EvidenceSource;
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::model::{LoadOptions, Model, WindowOptions};
 
@@ -30,7 +32,8 @@ fn brown_ids(model: &Model, n: usize) -> Vec<u32> {
 #[test]
 fn every_flavour_decodes_speculatively_as_plain_greedy() {
     let dir = tempfile::tempdir().unwrap();
-    let index = Index::open(&build_index(dir.path()), &OpenOptions::default()).unwrap();
+    let index: Arc<dyn EvidenceSource> =
+        Arc::new(Index::open(&build_index(dir.path()), &OpenOptions::default()).unwrap());
     for flavour in KernelFlavour::supported_here() {
         let model = load(&common::smollm2_gguf(), flavour, true);
         assert_eq!(model.kernel_name(), flavour.name());

@@ -50,7 +50,7 @@ proptest! {
         min_plateau in 2usize..7,
         regularise: bool,
         seed: u64,
-        shard_tokens in 45u64..200,
+        part_tokens in 45u64..200,
     ) {
         // The training sequence is in the datastore, once or twice (a duplicate), or not at all
         // (its 4s never occur then: the match breaks and restarts).
@@ -58,7 +58,7 @@ proptest! {
             docs.push(seq.clone());
         }
         let dir = tempfile::tempdir().unwrap();
-        let index = common::small_index(dir.path(), &docs, shard_tokens);
+        let index = common::small_index(dir.path(), &docs, part_tokens);
         let oracle = Oracle { docs: docs.clone(), eos: 0 };
         let exact = HintOptions { samples: 8, exact: true, regularise, min_plateau, seed };
         let (hints, cost) = index.hints(&seq, &exact).unwrap();

@@ -7,7 +7,7 @@ use crate::common;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use infini_sidecar::corpus::{Content, InputDoc};
 use infini_sidecar::eval::documents::{load_documents, TokenBudget};
@@ -56,7 +56,7 @@ fn ngram_set(docs: &[Vec<u32>]) -> HashSet<Vec<u32>> {
 
 struct Fixture {
     _dir: tempfile::TempDir,
-    index: Index,
+    index: Arc<Index>,
     expected_dropped: u64,
 }
 
@@ -118,7 +118,7 @@ fn fixture() -> &'static Fixture {
         assert_eq!(record.documents_dropped, expected_dropped);
         Fixture {
             _dir: dir,
-            index,
+            index: Arc::new(index),
             expected_dropped,
         }
     })
@@ -146,7 +146,7 @@ fn records_agree_with_per_position_queries() {
     .unwrap();
     let domains = Collector {
         model,
-        index: &f.index,
+        index: &*f.index,
         window: WINDOW,
         work_dir: None,
     }
@@ -202,7 +202,7 @@ fn inputs(split: &str, max_tokens: usize, work_dir: Option<&Path>) -> EvalInputs
 #[test]
 fn fit_and_evaluate_end_to_end() {
     let f = fixture();
-    let pairing = Pairing::new(model(), &f.index).unwrap();
+    let pairing = Pairing::new(model(), &*f.index).unwrap();
     let gate = GateOptions {
         trees: 8,
         min_samples_leaf: 10,
@@ -453,8 +453,9 @@ fn generation_copies_only_as_much_as_lambda_lets_it() {
             max_match: None,
         },
     ];
-    let rows = generation::run(model(), &f.index, &params, &docs, &samplers, &opts).unwrap();
-    let again = generation::run(model(), &f.index, &params, &docs, &samplers, &opts).unwrap();
+    let rows = generation::run(model(), f.index.clone(), &params, &docs, &samplers, &opts).unwrap();
+    let again =
+        generation::run(model(), f.index.clone(), &params, &docs, &samplers, &opts).unwrap();
     assert_eq!(
         serde_json::to_string(&rows).unwrap(),
         serde_json::to_string(&again).unwrap()
@@ -474,6 +475,6 @@ fn generation_copies_only_as_much_as_lambda_lets_it() {
     // first prompt's document occurs in the index, so its own text is covered wherever it is long
     // enough.
     let doc = &docs[0].tokens[..60];
-    let mask = generation::verbatim_mask(&f.index, doc, 20, 16).unwrap();
+    let mask = generation::verbatim_mask(&*f.index, doc, 20, 16).unwrap();
     assert!(mask.iter().all(|&c| c), "{mask:?}");
 }

@@ -22,7 +22,7 @@ fn small_index(dir: &Path, with_table: bool) -> std::path::PathBuf {
         })
     });
     let opts = BuildOptions {
-        max_shard_tokens: Some(120),
+        max_part_tokens: Some(120),
         next_table: with_table.then(|| NextTableSpec {
             min_count: 3,
             ..NextTableSpec::default()
@@ -320,7 +320,7 @@ fn a_vocabulary_reaching_the_separator_is_refused() {
 fn a_shard_cap_too_small_is_named_as_such() {
     let tmp = tempfile::tempdir().unwrap();
     let opts = BuildOptions {
-        max_shard_tokens: Some(1),
+        max_part_tokens: Some(1),
         ..BuildOptions::new(tmp.path().join("idx"), TokenWidth::U16, 0, 100)
     };
     let docs = std::iter::once(Ok(InputDoc {
@@ -335,7 +335,7 @@ fn a_shard_cap_too_small_is_named_as_such() {
     );
     // A document larger than the cap names the cap too, not the memory budget.
     let opts = BuildOptions {
-        max_shard_tokens: Some(3),
+        max_part_tokens: Some(3),
         ..opts
     };
     let docs = std::iter::once(Ok(InputDoc {

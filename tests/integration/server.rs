@@ -2,6 +2,7 @@
 //! library's, bad inputs get their status codes, and the bearer token is enforced.
 
 use crate::common;
+use std::sync::Arc;
 
 use common::server::{authed, build_index, config, open_session, start, step, Running};
 use infini_sidecar::decoding::Sequence;
@@ -27,7 +28,7 @@ async fn every_rpc_answers_as_the_library_does() {
     let Running {
         mut client, stop, ..
     } = start(config(dir.path(), index_dir, true)).await;
-    let index = Index::open(&dir.path().join("index"), &OpenOptions::default()).unwrap();
+    let index = Arc::new(Index::open(&dir.path().join("index"), &OpenOptions::default()).unwrap());
     let tokenizer = common::smollm2_tokenizer();
 
     // Without the token: refused.
@@ -285,9 +286,9 @@ async fn every_rpc_answers_as_the_library_does() {
     // Drafts: for a context, and for an open session by id (the same sequence), as the library's.
     let doc = &index.search_docs(&ids[1..3], opts).unwrap().documents[0].token_ids;
     let context = doc[..doc.len() / 2].to_vec();
-    let want = Sequence::new(&index, context.clone())
+    let want = Sequence::new(index.clone(), context.clone())
         .unwrap()
-        .draft(&index, &DraftOptions::default())
+        .draft(&DraftOptions::default())
         .unwrap();
     assert!(!want.is_empty());
     let draft_of = |target| {
@@ -386,7 +387,7 @@ async fn adaptive_lambda_follows_each_sequence() {
     } = start(cfg).await;
     let info = client.info(authed(pb::InfoRequest {})).await.unwrap();
     assert_eq!(info.into_inner().default_rule, "adaptive");
-    let index = Index::open(&dir.path().join("index"), &OpenOptions::default()).unwrap();
+    let index = Arc::new(Index::open(&dir.path().join("index"), &OpenOptions::default()).unwrap());
     let doc = index.get_document(3).unwrap().token_ids;
     let tokens = &doc[..60];
     let logits: Vec<f32> = (0..index.vocab_size() as usize)

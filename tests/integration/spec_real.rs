@@ -8,12 +8,14 @@
 //! they hold.
 
 use crate::common;
+use std::sync::Arc;
 
 use common::server::build_index;
 use infini_sidecar::corpus::Content;
 use infini_sidecar::decoding::spec::{decode, SpecOptions, MAX_VERIFY_ROWS};
 use infini_sidecar::decoding::Extras;
 use infini_sidecar::draft::{DraftOptions, DraftSource};
+use infini_sidecar::evidence::EvidenceSource;
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::model::{Model, SHORT_PASS_ROWS};
 
@@ -21,7 +23,8 @@ use infini_sidecar::model::{Model, SHORT_PASS_ROWS};
 fn greedy_speculative_decoding_equals_plain_greedy() {
     let model = Model::load(&common::smollm2_gguf(), &Default::default()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let index = Index::open(&build_index(dir.path()), &OpenOptions::default()).unwrap();
+    let index: Arc<dyn EvidenceSource> =
+        Arc::new(Index::open(&build_index(dir.path()), &OpenOptions::default()).unwrap());
     // Two prompts of each domain: the test split lists the domains in turn.
     let prompts: Vec<Vec<u32>> = common::minipile_docs("test", 60)
         .iter()

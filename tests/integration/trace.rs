@@ -37,10 +37,10 @@ proptest! {
         pieces in proptest::collection::vec((0usize..6, 0usize..40, 0usize..12), 1..5),
         noise in proptest::collection::vec(1u32..6, 0..6),
         min_len in 1usize..4,
-        shard_tokens in 45u64..200,
+        part_tokens in 45u64..200,
     ) {
         let dir = tempfile::tempdir().unwrap();
-        let index = common::small_index(dir.path(), &docs, shard_tokens);
+        let index = common::small_index(dir.path(), &docs, part_tokens);
         let oracle = Oracle { docs: docs.clone(), eos: 0 };
         // A text of pieces of the documents with noise between them (5 never occurs).
         let ids = common::pieces_of(&docs, &pieces, &noise);

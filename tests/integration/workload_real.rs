@@ -6,6 +6,7 @@
 //! replay over the index's compressed form gives the same outputs.
 
 use crate::common;
+use std::sync::Arc;
 
 use common::server::build_index;
 use infini_sidecar::eval::workload::{self, WorkloadRequest};
@@ -31,14 +32,14 @@ fn request(id: &str, namespace: &str) -> WorkloadRequest {
 fn a_replayed_workload_learns_per_namespace_and_stays_exact() {
     let model = Model::load(&common::smollm2_gguf(), &Default::default()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let index = Index::open(&build_index(dir.path()), &OpenOptions::default()).unwrap();
+    let index = Arc::new(Index::open(&build_index(dir.path()), &OpenOptions::default()).unwrap());
     let requests = [
         request("first", "a"),
         request("other-namespace", "b"),
         request("repeat", "a"),
     ];
     let draft = workload::draft_options();
-    let report = workload::run(&model, &index, &requests, &draft).unwrap();
+    let report = workload::run(&model, index.clone(), &requests, &draft).unwrap();
 
     // Every configuration of every request reproduces plain greedy decoding.
     for r in &report.requests {
@@ -97,7 +98,7 @@ fn a_replayed_workload_learns_per_namespace_and_stays_exact() {
     // in a pass or two, each costing 1 + 0.2 per row, far below a step a token.
     let simulate = |row_cost: f64| {
         workload::simulate(
-            &index,
+            index.clone(),
             &requests,
             &report.replay,
             &report.references,
@@ -133,7 +134,7 @@ fn a_replayed_workload_learns_per_namespace_and_stays_exact() {
 
     // Over the compressed form of the same index: the same outputs, still plain decoding's.
     let fm = CompressedIndex::build(&index, &dir.path().join("fm"), 2, |_| {}).unwrap();
-    let over_fm = workload::run(&model, &fm, &requests, &draft).unwrap();
+    let over_fm = workload::run(&model, Arc::new(fm), &requests, &draft).unwrap();
     assert!(over_fm.summary.iter().all(|s| s.mismatches == 0));
     assert_eq!(over_fm.replay, report.replay);
 }

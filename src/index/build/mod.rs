@@ -1,5 +1,5 @@
 //! Building an index: documents are read as a stream, tokenized in parallel batches, and packed into
-//! shards small enough for the memory budget; each shard's suffix array is built in RAM with libsais and
+//! parts small enough for the memory budget; each part's suffix array is built in RAM with libsais and
 //! written next to its tokens. Everything goes to a `.partial` folder renamed into place at the end, so an
 //! interrupted or failed build leaves nothing that looks like an index.
 //!
@@ -12,7 +12,6 @@
 pub mod decontam;
 pub mod next_table;
 pub mod sa;
-pub mod split;
 pub mod token_file;
 
 use std::fs::File;
@@ -25,15 +24,14 @@ use serde::Serialize;
 
 use crate::corpus::{Content, InputDoc};
 use crate::index::build::decontam::Decontaminator;
-use crate::index::build::sa::{write_table, TokenBuf, MAX_SHARD_TOKENS};
-use crate::index::build::split::{CorpusSurvey, ShardSplit};
+use crate::index::build::sa::{write_table, TokenBuf, MAX_PART_TOKENS};
 use crate::index::format::{
-    is_index_file, ptr_size_for, DecontaminationRecord, FileRecord, Manifest, ShardPaths,
-    ShardRecord, TokenWidth, TokenizerRecord, FIRST_FORMAT_VERSION, FORMAT_NAME, FORMAT_VERSION,
+    is_index_file, ptr_size_for, DecontaminationRecord, FileRecord, Manifest, PartPaths,
+    PartRecord, TokenWidth, TokenizerRecord, FIRST_FORMAT_VERSION, FORMAT_NAME, FORMAT_VERSION,
     MANIFEST_FILE, TOKENIZER_FILE,
 };
 use crate::index::format::{NextTableSpec, ShardSetRecord};
-use crate::index::read::shard::Shard;
+use crate::index::read::part::Part;
 use crate::index::{IndexError, Result};
 use crate::progress;
 use crate::tokenizer::Tokenizer;
@@ -45,11 +43,11 @@ pub struct BuildOptions<'a> {
     pub vocab_size: u64,
     /// Needed for text input; recorded (fingerprint and a copy) in the index.
     pub tokenizer: Option<&'a Tokenizer>,
-    /// Peak memory the build may use, in bytes; decides the shard size. Tokenizing takes up to about
+    /// Peak memory the build may use, in bytes; decides the part size. Tokenizing takes up to about
     /// 32 MB per thread on top (texts are encoded in pieces of `tokenizer::PIECE_BYTES`).
     pub memory_budget: u64,
-    /// Hard cap on tokens per shard (mostly for tests), on top of the budget.
-    pub max_shard_tokens: Option<u64>,
+    /// Hard cap on tokens per part (mostly for tests), on top of the budget.
+    pub max_part_tokens: Option<u64>,
     pub threads: usize,
     /// Replace an existing index at `out`.
     pub force: bool,
@@ -57,7 +55,7 @@ pub struct BuildOptions<'a> {
     pub input_bytes: u64,
     /// Drop documents that overlap the evaluation data.
     pub decontaminate: Option<&'a Decontaminator>,
-    /// Write each shard's next-token table of frequent short prompts (`next_table`), or not.
+    /// Write each part's next-token table of frequent short prompts (`next_table`), or not.
     pub next_table: Option<NextTableSpec>,
     /// Recorded in the manifest when this build is one shard of a set (`split`).
     pub shard_set: Option<ShardSetRecord>,
@@ -73,7 +71,7 @@ impl<'a> BuildOptions<'a> {
             vocab_size,
             tokenizer: None,
             memory_budget: 8 << 30,
-            max_shard_tokens: None,
+            max_part_tokens: None,
             threads: rayon::current_num_threads(),
             force: false,
             input_bytes: 0,
@@ -87,7 +85,8 @@ impl<'a> BuildOptions<'a> {
 #[derive(Debug, Clone, Serialize)]
 pub struct BuildReport {
     pub out: String,
-    pub shards: usize,
+    #[serde(rename = "shards")]
+    pub parts: usize,
     pub documents: u64,
     /// Tokens, separators excluded.
     pub tokens: u64,
@@ -103,7 +102,7 @@ pub struct BuildReport {
     pub decontamination: Option<DecontaminationRecord>,
 }
 
-/// Bytes per token while a shard's suffix array is built: its tokens plus the 32-bit array.
+/// Bytes per token while a part's suffix array is built: its tokens plus the 32-bit array.
 fn build_bytes_per_token(width: TokenWidth) -> u64 {
     width.bytes() as u64 + 4
 }
@@ -113,38 +112,38 @@ const RESERVED_BYTES: u64 = 192 << 20;
 /// Text bytes tokenized per parallel batch.
 const BATCH_BYTES: u64 = 8 << 20;
 
-/// Most tokens in one shard (separators included): what the memory budget allows, capped by
-/// `max_shard_tokens`. A shard needs room for a separator and one token.
-pub fn shard_token_limit(opts: &BuildOptions) -> Result<u64> {
-    if let Some(cap) = opts.max_shard_tokens.filter(|&cap| cap < 2) {
+/// Most tokens in one part (separators included): what the memory budget allows, capped by
+/// `max_part_tokens`. A part needs room for a separator and one token.
+pub fn part_token_limit(opts: &BuildOptions) -> Result<u64> {
+    if let Some(cap) = opts.max_part_tokens.filter(|&cap| cap < 2) {
         return Err(IndexError::Invalid(format!(
-            "a shard cap of {cap} tokens (--max-shard-tokens) leaves no room for a document: \
-             a shard needs at least 2 (a separator and one token)"
+            "a part cap of {cap} tokens (--max-part-tokens) leaves no room for a document: \
+             a part needs at least 2 (a separator and one token)"
         )));
     }
     let usable = opts.memory_budget.saturating_sub(RESERVED_BYTES);
-    let limit = (usable / build_bytes_per_token(opts.width)).min(MAX_SHARD_TOKENS);
+    let limit = (usable / build_bytes_per_token(opts.width)).min(MAX_PART_TOKENS);
     if limit < 2 {
         return Err(IndexError::Invalid(format!(
-            "a memory budget of {} MiB leaves no room for a shard (at least {} MiB needed)",
+            "a memory budget of {} MiB leaves no room for a part (at least {} MiB needed)",
             opts.memory_budget >> 20,
             (RESERVED_BYTES >> 20) + 1
         )));
     }
-    Ok(opts.max_shard_tokens.map_or(limit, |cap| limit.min(cap)))
+    Ok(opts.max_part_tokens.map_or(limit, |cap| limit.min(cap)))
 }
 
-/// What to raise when a document does not fit a shard of `limit` tokens.
-fn shard_limit_source(opts: &BuildOptions, limit: u64) -> &'static str {
-    if opts.max_shard_tokens == Some(limit) {
-        "--max-shard-tokens"
+/// What to raise when a document does not fit a part of `limit` tokens.
+fn part_limit_source(opts: &BuildOptions, limit: u64) -> &'static str {
+    if opts.max_part_tokens == Some(limit) {
+        "--max-part-tokens"
     } else {
         "the memory budget (--memory-gib)"
     }
 }
 
-/// One shard being filled.
-struct ShardBuilder {
+/// One part being filled.
+struct PartBuilder {
     tokens: TokenBuf,
     offsets: Vec<u64>,
     metadata: Vec<u8>,
@@ -152,9 +151,9 @@ struct ShardBuilder {
     has_metadata: bool,
 }
 
-impl ShardBuilder {
+impl PartBuilder {
     fn new(width: TokenWidth) -> Self {
-        ShardBuilder {
+        PartBuilder {
             tokens: TokenBuf::new(width),
             offsets: Vec::new(),
             metadata: Vec::new(),
@@ -175,10 +174,10 @@ impl ShardBuilder {
         self.metadata.push(b'\n');
     }
 
-    /// Writes the shard's files and returns their record, with the seconds its next-token table took.
-    fn finish(self, dir: &Path, n: usize, opts: &BuildOptions) -> Result<(ShardRecord, f64)> {
+    /// Writes the part's files and returns their record, with the seconds its next-token table took.
+    fn finish(self, dir: &Path, n: usize, opts: &BuildOptions) -> Result<(PartRecord, f64)> {
         let (width, threads) = (opts.width, opts.threads);
-        let paths = ShardPaths::new(dir, n);
+        let paths = PartPaths::new(dir, n);
         let tok_cnt = self.tokens.len() as u64;
         let documents = self.offsets.len() as u64;
         write_with(&paths.tokenized, |f| self.tokens.write_le(f))?;
@@ -199,7 +198,7 @@ impl ShardBuilder {
         }
         drop((self.offsets, self.metadata, self.metaoffs));
 
-        let bar = progress::spinner(format!("shard {n}: suffix array of {tok_cnt} tokens"));
+        let bar = progress::spinner(format!("part {n}: suffix array of {tok_cnt} tokens"));
         let sa = self
             .tokens
             .into_suffix_array(threads.min(u16::MAX as usize) as u16)?;
@@ -210,20 +209,20 @@ impl ShardBuilder {
         names.push(&paths.table);
         let started = Instant::now();
         if let Some(spec) = &opts.next_table {
-            let bar = progress::spinner(format!("shard {n}: next-token table"));
-            let shard = Shard::open(&paths, width)?;
-            let entries = next_table::build(&shard, opts.eos_token_id, spec, &paths.next_tokens)?;
+            let bar = progress::spinner(format!("part {n}: next-token table"));
+            let part = Part::open(&paths, width)?;
+            let entries = next_table::build(&part, opts.eos_token_id, spec, &paths.next_tokens)?;
             bar.finish_and_clear();
             names.push(&paths.next_tokens);
-            tracing::info!(shard = n, entries, "next-token table written");
+            tracing::info!(part = n, entries, "next-token table written");
         }
         let seconds_next_table = started.elapsed().as_secs_f64();
         let files = names
             .into_iter()
             .map(|p| FileRecord::of(p))
             .collect::<Result<Vec<_>>>()?;
-        tracing::info!(shard = n, documents, tokens = tok_cnt, "shard written");
-        let record = ShardRecord {
+        tracing::info!(part = n, documents, tokens = tok_cnt, "part written");
+        let record = PartRecord {
             documents,
             tokens: tok_cnt,
             files,
@@ -426,7 +425,7 @@ pub fn build(
 ) -> Result<BuildReport> {
     check_out(&opts.out, opts.force)?;
     opts.width.check_vocab(opts.vocab_size, opts.eos_token_id)?;
-    let limit = shard_token_limit(opts)?;
+    let limit = part_token_limit(opts)?;
     remove_stale_partials(&opts.out)?;
     let work = opts.out.with_file_name(format!(
         "{}{}",
@@ -460,8 +459,8 @@ fn build_into(
     let started = Instant::now();
     let width = opts.width;
     let bar = progress::bytes_bar(opts.input_bytes, "tokenize");
-    let mut shards: Vec<ShardRecord> = Vec::new();
-    let mut current = ShardBuilder::new(width);
+    let mut parts: Vec<PartRecord> = Vec::new();
+    let mut current = PartBuilder::new(width);
     let mut seconds_sa = 0.0;
     let mut seconds_next_table = 0.0;
     let mut docs = docs.peekable();
@@ -500,15 +499,15 @@ fn build_into(
             let needed = tokens.len() as u64 + 1;
             if needed > limit {
                 return Err(IndexError::Invalid(format!(
-                    "a document of {needed} tokens does not fit a shard of {limit} tokens: raise {}",
-                    shard_limit_source(opts, limit)
+                    "a document of {needed} tokens does not fit a part of {limit} tokens: raise {}",
+                    part_limit_source(opts, limit)
                 )));
             }
             if current.tokens.len() as u64 + needed > limit {
                 let t = Instant::now();
-                let full = std::mem::replace(&mut current, ShardBuilder::new(width));
-                let (record, seconds) = bar.suspend(|| full.finish(dir, shards.len(), opts))?;
-                shards.push(record);
+                let full = std::mem::replace(&mut current, PartBuilder::new(width));
+                let (record, seconds) = bar.suspend(|| full.finish(dir, parts.len(), opts))?;
+                parts.push(record);
                 seconds_sa += t.elapsed().as_secs_f64() - seconds;
                 seconds_next_table += seconds;
             }
@@ -517,14 +516,14 @@ fn build_into(
         bar.inc(batch_bytes);
     }
     bar.finish_and_clear();
-    if current.tokens.is_empty() && shards.is_empty() {
+    if current.tokens.is_empty() && parts.is_empty() {
         return Err(IndexError::Invalid("the input holds no documents".into()));
     }
     let seconds_tokenize = started.elapsed().as_secs_f64() - seconds_sa - seconds_next_table;
     if !current.tokens.is_empty() {
         let t = Instant::now();
-        let (record, seconds) = current.finish(dir, shards.len(), opts)?;
-        shards.push(record);
+        let (record, seconds) = current.finish(dir, parts.len(), opts)?;
+        parts.push(record);
         seconds_sa += t.elapsed().as_secs_f64() - seconds;
         seconds_next_table += seconds;
     }
@@ -543,9 +542,9 @@ fn build_into(
         }
         None => None,
     };
-    let documents: u64 = shards.iter().map(|s| s.documents).sum();
-    let tokens: u64 = shards.iter().map(|s| s.tokens).sum::<u64>() - documents;
-    let bytes_on_disk: u64 = shards.iter().flat_map(|s| &s.files).map(|f| f.bytes).sum();
+    let documents: u64 = parts.iter().map(|s| s.documents).sum();
+    let tokens: u64 = parts.iter().map(|s| s.tokens).sum::<u64>() - documents;
+    let bytes_on_disk: u64 = parts.iter().flat_map(|s| &s.files).map(|f| f.bytes).sum();
     let manifest = Manifest {
         format: FORMAT_NAME.into(),
         format_version: if opts.next_table.is_some() {
@@ -559,7 +558,7 @@ fn build_into(
         tokenizer,
         documents,
         tokens,
-        shards,
+        parts,
         built_by: concat!("infini-sidecar ", env!("CARGO_PKG_VERSION")).into(),
         decontamination: decontamination.clone(),
         next_token_table: opts.next_table,
@@ -576,7 +575,7 @@ fn build_into(
     };
     Ok(BuildReport {
         out: dir.display().to_string(),
-        shards: manifest.shards.len(),
+        parts: manifest.parts.len(),
         documents,
         tokens,
         bytes_on_disk,
@@ -648,22 +647,6 @@ impl GivenVocabulary {
             eos_token_id,
         })
     }
-}
-
-/// The manifest's record of shard `split` of a build with `opts`, whose input `survey` read.
-pub fn shard_set_record(
-    split: ShardSplit,
-    survey: &CorpusSurvey,
-    opts: &BuildOptions,
-) -> ShardSetRecord {
-    let settings = serde_json::json!({
-        "tokenizer": opts.tokenizer.map(|t| t.fingerprint().to_string()),
-        "token_width": opts.width.bytes(),
-        "eos": opts.eos_token_id,
-        "vocab": opts.vocab_size,
-        "decontamination": opts.decontaminate.map(|d| d.record()),
-    });
-    ShardSetRecord::new(split, survey, &settings.to_string())
 }
 
 #[cfg(test)]

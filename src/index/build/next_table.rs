@@ -1,4 +1,4 @@
-//! Computing a shard's next-token table at build time (`index::read::next_table` has its layout and
+//! Computing a part's next-token table at build time (`index::read::next_table` has its layout and
 //! reads it): the most frequent short prompts' exact next-token counts, kept within a budget.
 
 use std::cmp::Reverse;
@@ -11,14 +11,14 @@ use crate::index::format::NextTableSpec;
 use crate::index::ranks::RankRange;
 use crate::index::read::next_table::{write, Entry, ENTRY_BYTES, HEADER_BYTES, PAIR_BYTES};
 use crate::index::read::next_tokens::{sum_by_token, token_of_key};
-use crate::index::read::shard::{NextKey, Shard, END};
+use crate::index::read::part::{NextKey, Part, END};
 use crate::index::{IndexError, Result};
 
 /// Ranks whose suffixes are asked for together, one block ahead of the pass over them.
 const PREFETCH_BLOCK: u64 = 64;
-/// Computes the table of `shard` and writes it to `path`; returns how many prompts got an entry.
-pub fn build(shard: &Shard, eos_token_id: u32, spec: &NextTableSpec, path: &Path) -> Result<u64> {
-    let mut firsts = first_token_ranges(shard, spec.min_count.max(1))?;
+/// Computes the table of `part` and writes it to `path`; returns how many prompts got an entry.
+pub fn build(part: &Part, eos_token_id: u32, spec: &NextTableSpec, path: &Path) -> Result<u64> {
+    let mut firsts = first_token_ranges(part, spec.min_count.max(1))?;
     // The largest ranges first, a few at a time in parallel; after each batch the smallest entries go
     // while the table is over its budget, so memory stays near the budget whatever the corpus.
     firsts.sort_unstable_by_key(|r| std::cmp::Reverse(r.len()));
@@ -26,7 +26,7 @@ pub fn build(shard: &Shard, eos_token_id: u32, spec: &NextTableSpec, path: &Path
     for batch in firsts.chunks(4 * rayon::current_num_threads()) {
         let found = batch
             .par_iter()
-            .map(|&range| groups_under(shard, range, eos_token_id, spec))
+            .map(|&range| groups_under(part, range, eos_token_id, spec))
             .collect::<Result<Vec<_>>>()?;
         for entry in found.into_iter().flatten() {
             kept.push(entry);
@@ -95,23 +95,23 @@ impl Kept {
 
 /// The ranges of the one-token prompts with at least `min_count` matches, found by walking the suffix
 /// array from range to range (one search per distinct first token, not one per vocabulary id).
-fn first_token_ranges(shard: &Shard, min_count: u64) -> Result<Vec<RankRange>> {
-    let width = shard.width();
+fn first_token_ranges(part: &Part, min_count: u64) -> Result<Vec<RankRange>> {
+    let width = part.width();
     let mut ranges = Vec::new();
     let mut bytes = Vec::with_capacity(width.bytes());
     let mut rank = 0;
-    while rank < shard.tok_cnt() {
+    while rank < part.tok_cnt() {
         if crate::interrupt::interrupted() {
             return Err(IndexError::Interrupted);
         }
-        let token = shard.next_key(rank, 0);
+        let token = part.next_key(rank, 0);
         bytes.clear();
         width.encode_into(&[token as u32], &mut bytes);
-        let range = shard.find(
+        let range = part.find(
             &bytes,
             RankRange {
                 lo: rank,
-                hi: shard.tok_cnt(),
+                hi: part.tok_cnt(),
             },
             0,
         );
@@ -127,14 +127,14 @@ fn first_token_ranges(shard: &Shard, min_count: u64) -> Result<Vec<RankRange>> {
 /// The entries of every prompt of 1 to `max_prompt_tokens` tokens that starts with the token whose
 /// range is `first`: one pass over the range, reading each rank's next tokens (one cache line).
 fn groups_under(
-    shard: &Shard,
+    part: &Part,
     first: RankRange,
     eos_token_id: u32,
     spec: &NextTableSpec,
 ) -> Result<Vec<Entry>> {
     let levels = spec.max_prompt_tokens as usize;
-    let w = shard.width().bytes();
-    let sep = shard.width().separator() as NextKey;
+    let w = part.width().bytes();
+    let sep = part.width().separator() as NextKey;
     // Per prompt length l (index l - 1): where its current group began, and its runs of next keys.
     let mut starts = vec![first.lo; levels];
     let mut runs: Vec<Vec<(NextKey, u64)>> = vec![Vec::new(); levels];
@@ -172,11 +172,11 @@ fn groups_under(
             let ahead =
                 (rank + PREFETCH_BLOCK).min(first.hi)..(rank + 2 * PREFETCH_BLOCK).min(first.hi);
             for r in ahead {
-                shard.prefetch_suffix(r);
+                part.prefetch_suffix(r);
             }
         }
         for (j, key) in keys.iter_mut().enumerate() {
-            *key = shard.next_key(rank, (j + 1) * w);
+            *key = part.next_key(rank, (j + 1) * w);
         }
         // Prompts of length l share their first l - 1 next keys: the first key that changed closes the
         // groups of every longer prompt.

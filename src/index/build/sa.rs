@@ -11,15 +11,15 @@ use libsais::{SuffixArrayConstruction, ThreadCount};
 use crate::index::format::TokenWidth;
 use crate::index::{IndexError, Result};
 
-/// A shard's tokens in RAM while it is built, in their own width.
+/// A part's tokens in RAM while it is built, in their own width.
 pub enum TokenBuf {
     U8(Vec<u8>),
     U16(Vec<u16>),
     U32(Vec<u32>),
 }
 
-/// Most tokens in one shard: libsais's 32-bit suffix arrays (4 bytes a token while building).
-pub const MAX_SHARD_TOKENS: u64 = i32::MAX as u64 - 1;
+/// Most tokens in one part: libsais's 32-bit suffix arrays (4 bytes a token while building).
+pub const MAX_PART_TOKENS: u64 = i32::MAX as u64 - 1;
 
 impl TokenBuf {
     pub fn new(width: TokenWidth) -> Self {
@@ -76,9 +76,9 @@ impl TokenBuf {
 
     /// Consumes the tokens and returns their suffix array (token positions).
     pub fn into_suffix_array(self, threads: u16) -> Result<Vec<i32>> {
-        if self.len() as u64 > MAX_SHARD_TOKENS {
+        if self.len() as u64 > MAX_PART_TOKENS {
             return Err(IndexError::Invalid(format!(
-                "a shard of {} tokens exceeds {MAX_SHARD_TOKENS}",
+                "a part of {} tokens exceeds {MAX_PART_TOKENS}",
                 self.len()
             )));
         }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::index::{IndexError, Result};
 
-/// The first word of every compressed shard file.
+/// The first word of every compressed part file.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SCFMIDX1");
 
 /// Words being written, in order.

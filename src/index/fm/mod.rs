@@ -1,8 +1,8 @@
-//! The compressed index: an FM-index per shard (a Burrows-Wheeler transform in a Huffman-shaped
+//! The compressed index: an FM-index per part (a Burrows-Wheeler transform in a Huffman-shaped
 //! wavelet tree of compressed bit vectors, with sampled positions), built from a suffix-array
 //! index's tokens and answering its count, n-gram, ∞-gram and document queries in a fraction of
-//! its size (infini-gram mini's trade, `../shared/docs/founding/`). Why each shard indexes its
-//! text reversed is in [`shard`].
+//! its size (infini-gram mini's trade, `../shared/docs/founding/`). Why each part indexes its
+//! text reversed is in [`part`].
 //!
 //! Its answers are the suffix-array index's, field for field, subsampled distributions included
 //! (`query` says how), but for two documented ones: `find`'s rank ranges are this index's own
@@ -12,9 +12,8 @@
 
 pub mod bits;
 pub mod file;
-mod partial;
+pub mod part;
 pub mod query;
-pub mod shard;
 pub mod suffix;
 pub mod wavelet;
 
@@ -23,7 +22,7 @@ use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::index::docs::{
-    self, Document, DocumentIndex, DocumentShard, SearchOptions, SearchResult,
+    self, Document, DocumentIndex, DocumentPart, SearchOptions, SearchResult,
 };
 use crate::index::format::{ShardSetRecord, TokenWidth, TOKENIZER_FILE};
 use crate::index::query::check_vocabulary;
@@ -32,10 +31,10 @@ use crate::index::{Index, IndexError, Result};
 use crate::tokenizer::Tokenizer;
 
 use file::{recorded_checksum, WordReader, Words, MAGIC};
-use shard::{FmShard, ShardText};
+use part::{FmPart, PartText};
 
-/// The file of compressed shard `n`.
-pub fn shard_file(dir: &Path, n: usize) -> PathBuf {
+/// The file of compressed part `n`.
+pub fn part_file(dir: &Path, n: usize) -> PathBuf {
     dir.join(format!("fm.{n}"))
 }
 
@@ -45,26 +44,26 @@ const SHARD_SET_FILE: &str = "shard-set.json";
 
 /// Whether `dir` holds a compressed index.
 pub fn is_compressed(dir: &Path) -> bool {
-    shard_file(dir, 0).exists()
+    part_file(dir, 0).exists()
 }
 
 const FORMAT_VERSION: u64 = 1;
 
 pub struct CompressedIndex {
     dir: PathBuf,
-    pub(crate) shards: Vec<FmShard>,
+    pub(crate) parts: Vec<FmPart>,
     pub(crate) width: TokenWidth,
     pub(crate) eos_token_id: u32,
     vocab_size: u64,
     tokenizer: Option<Tokenizer>,
-    shard_set: Option<ShardSetRecord>,
-    /// Its files' checksums hashed (see [`crate::index::partial::LocalParts::content_id`]).
-    content_id: String,
+    pub(crate) shard_set: Option<ShardSetRecord>,
+    /// Its files' checksums hashed (see [`crate::cluster::partial::LocalParts::content_id`]).
+    pub(crate) content_id: String,
 }
 
 impl CompressedIndex {
-    /// Builds the compressed form of `index` into `out` (a new folder), shard by shard,
-    /// calling `progress` with each shard's tokens once it is done.
+    /// Builds the compressed form of `index` into `out` (a new folder), part by part,
+    /// calling `progress` with each part's tokens once it is done.
     pub fn build(
         index: &Index,
         out: &Path,
@@ -105,36 +104,35 @@ impl CompressedIndex {
     ) -> Result<Self> {
         let width = index.width();
         let w = width.bytes() as u64;
-        let mut shards = Vec::with_capacity(index.num_shards());
+        let mut parts = Vec::with_capacity(index.num_parts());
         let mut content = Xxh3::new();
-        for (n, shard) in index.shards.iter().enumerate() {
+        for (n, part) in index.parts.iter().enumerate() {
             if crate::interrupt::interrupted() {
                 return Err(IndexError::Interrupted);
             }
-            let tokens = shard.tokens_between(0, shard.ds_size());
-            let docs = 0..shard.doc_cnt();
-            let text = ShardText {
+            let tokens = part.tokens_between(0, part.ds_size());
+            let docs = 0..part.doc_cnt();
+            let text = PartText {
                 tokens: &tokens,
-                doc_starts: docs.clone().map(|d| shard.doc_start(d) / w).collect(),
-                metadata: shard.has_metadata().then(|| {
-                    docs.map(|d| shard.metadata(d).unwrap_or_default())
-                        .collect()
-                }),
+                doc_starts: docs.clone().map(|d| part.doc_start(d) / w).collect(),
+                metadata: part
+                    .has_metadata()
+                    .then(|| docs.map(|d| part.metadata(d).unwrap_or_default()).collect()),
             };
-            let built = FmShard::build(width, text, threads)?;
+            let built = FmPart::build(width, text, threads)?;
             let mut words = Words::default();
             words.u64(MAGIC);
             words.u64(FORMAT_VERSION);
-            words.u64(index.num_shards() as u64);
+            words.u64(index.num_parts() as u64);
             words.u64(index.eos_token_id() as u64);
             words.u64(index.vocab_size());
             built.write(&mut words);
-            let path = shard_file(out, n);
+            let path = part_file(out, n);
             let bytes = words.into_bytes();
             content.update(recorded_checksum(&bytes));
             std::fs::write(&path, bytes).map_err(|e| IndexError::io(&path, e))?;
             progress(tokens.len() as u64);
-            shards.push(built);
+            parts.push(built);
         }
         let tokenizer = index.dir().join(TOKENIZER_FILE);
         if tokenizer.exists() {
@@ -151,7 +149,7 @@ impl CompressedIndex {
         }
         Ok(CompressedIndex {
             dir: out.to_path_buf(),
-            shards,
+            parts,
             width,
             eos_token_id: index.eos_token_id(),
             vocab_size: index.vocab_size(),
@@ -161,49 +159,49 @@ impl CompressedIndex {
         })
     }
 
-    /// Opens a compressed index, checking every shard file's checksum and the agreement of its
+    /// Opens a compressed index, checking every part file's checksum and the agreement of its
     /// parts before any query can read them.
     pub fn open(dir: &Path) -> Result<Self> {
-        let count = (0..).take_while(|&n| shard_file(dir, n).exists()).count();
+        let count = (0..).take_while(|&n| part_file(dir, n).exists()).count();
         if count == 0 {
             return Err(IndexError::Invalid(format!(
                 "{}: no fm.0 in this folder: not a compressed index",
                 dir.display()
             )));
         }
-        let mut shards = Vec::with_capacity(count);
+        let mut parts = Vec::with_capacity(count);
         let mut vocabulary = None;
         let mut content = Xxh3::new();
         for n in 0..count {
-            let path = shard_file(dir, n);
+            let path = part_file(dir, n);
             let bytes = std::fs::read(&path).map_err(|e| IndexError::io(&path, e))?;
             let mut input = WordReader::checked(&bytes, &path)?;
             content.update(recorded_checksum(&bytes));
             if input.u64()? != MAGIC || input.u64()? != FORMAT_VERSION {
-                return input.corrupt("not a compressed index shard of this version");
+                return input.corrupt("not a compressed index part of this version");
             }
             if input.u64()? != count as u64 {
                 return input.corrupt(&format!(
-                    "its index has a different number of shards than the {count} in the folder"
+                    "its index has a different number of shards (parts) than the {count} in the folder"
                 ));
             }
             let found = (input.u64()? as u32, input.u64()?);
             if vocabulary.is_some_and(|v| v != found) {
-                return input.corrupt("its eos id or vocabulary differs from shard 0's");
+                return input.corrupt("its eos id or vocabulary differs from part 0's");
             }
             vocabulary = Some(found);
-            let shard = FmShard::read(&mut input)?;
+            let part = FmPart::read(&mut input)?;
             input.finish()?;
-            if shards
+            if parts
                 .first()
-                .is_some_and(|s: &FmShard| s.width() != shard.width())
+                .is_some_and(|s: &FmPart| s.width() != part.width())
             {
-                return input.corrupt("its token width differs from shard 0's");
+                return input.corrupt("its token width differs from part 0's");
             }
-            shards.push(shard);
+            parts.push(part);
         }
         let (eos_token_id, vocab_size) = vocabulary.unwrap_or_default();
-        let width = shards.first().map_or(TokenWidth::U16, |s| s.width());
+        let width = parts.first().map_or(TokenWidth::U16, |s| s.width());
         width.check_vocab(vocab_size, eos_token_id)?;
         let tokenizer_path = dir.join(TOKENIZER_FILE);
         let tokenizer =
@@ -228,7 +226,7 @@ impl CompressedIndex {
         };
         Ok(CompressedIndex {
             dir: dir.to_path_buf(),
-            shards,
+            parts,
             width,
             eos_token_id,
             vocab_size,
@@ -244,21 +242,21 @@ impl CompressedIndex {
     pub fn eos_token_id(&self) -> u32 {
         self.eos_token_id
     }
-    pub fn num_shards(&self) -> usize {
-        self.shards.len()
+    pub fn num_parts(&self) -> usize {
+        self.parts.len()
     }
     pub fn total_tokens(&self) -> u64 {
-        self.shards.iter().map(FmShard::tok_cnt).sum()
+        self.parts.iter().map(FmPart::tok_cnt).sum()
     }
     pub fn total_documents(&self) -> u64 {
-        self.shards.iter().map(FmShard::doc_cnt).sum()
+        self.parts.iter().map(FmPart::doc_cnt).sum()
     }
 
-    /// Bytes of each part over all shards (transform, samples, documents).
+    /// Bytes of each part over all parts (transform, samples, documents).
     pub fn size_by_part(&self) -> Vec<(&'static str, u64)> {
         let mut parts: Vec<(&'static str, u64)> = Vec::new();
-        for shard in &self.shards {
-            for (name, bytes) in shard.size_by_part() {
+        for part in &self.parts {
+            for (name, bytes) in part.size_by_part() {
                 match parts.iter_mut().find(|(n, _)| *n == name) {
                     Some(part) => part.1 += bytes,
                     None => parts.push((name, bytes)),
@@ -283,12 +281,12 @@ impl CompressedIndex {
         check_vocabulary(ids, self.vocab_size)
     }
 
-    /// Where each match of `ids` starts: `(shard, token offset)`, at most `limit` of them.
+    /// Where each match of `ids` starts: `(part, token offset)`, at most `limit` of them.
     pub fn positions(&self, ids: &[u32], limit: usize) -> Result<Vec<(usize, u64)>> {
         self.check_ids(ids)?;
         let m = self.locate(ids);
         let mut out = Vec::new();
-        for (s, (shard, range)) in self.shards.iter().zip(&m.ranges).enumerate() {
+        for (s, (part, range)) in self.parts.iter().zip(&m.ranges).enumerate() {
             for row in range.lo..range.hi {
                 if out.len() == limit {
                     return Ok(out);
@@ -296,8 +294,8 @@ impl CompressedIndex {
                 if crate::interrupt::interrupted() {
                     return Err(IndexError::Interrupted);
                 }
-                let at = shard.place_of(row, ids.len());
-                if ids.is_empty() && at == shard.tok_cnt() {
+                let at = part.place_of(row, ids.len());
+                if ids.is_empty() && at == part.tok_cnt() {
                     continue;
                 }
                 out.push((s, at));
@@ -306,15 +304,15 @@ impl CompressedIndex {
         Ok(out)
     }
 
-    /// The document holding `(shard, token offset)` (over all shards), and the offset inside it.
+    /// The document holding `(part, token offset)` (over all parts), and the offset inside it.
     pub fn place(&self, (s, at): (usize, u64)) -> (u64, u64) {
-        let base: u64 = self.shards[..s].iter().map(|x| x.doc_cnt()).sum();
-        let shard = &self.shards[s];
-        let doc = shard.doc_of(at);
-        (base + doc, shard.doc_len_and_offset(doc, at).1)
+        let base: u64 = self.parts[..s].iter().map(|x| x.doc_cnt()).sum();
+        let part = &self.parts[s];
+        let doc = part.doc_of(at);
+        (base + doc, part.doc_len_and_offset(doc, at).1)
     }
 
-    /// Document `doc_ix` (over all shards) in full, as [`Index::get_document`] gives it.
+    /// Document `doc_ix` (over all parts) in full, as [`Index::get_document`] gives it.
     pub fn get_document(&self, doc_ix: u64) -> Result<Document> {
         docs::get_document(self, doc_ix)
     }
@@ -332,13 +330,13 @@ impl CompressedIndex {
 }
 
 impl DocumentIndex for CompressedIndex {
-    type Shard = FmShard;
+    type Part = FmPart;
     /// A place is found by LF steps back to a sampled row (32 on average), each a rank at every
     /// wavelet level: 900–1,200 times a pointer read over mini-Pile bytes and SmolLM2 tokens.
     const PLACE_COST: u64 = 1024;
     const SUFFIX_ORDER: bool = false;
-    fn doc_shards(&self) -> &[FmShard] {
-        &self.shards
+    fn doc_parts(&self) -> &[FmPart] {
+        &self.parts
     }
     fn check_ngram(&self, ids: &[u32]) -> Result<()> {
         self.check_ids(ids)
@@ -351,18 +349,18 @@ impl DocumentIndex for CompressedIndex {
     }
 }
 
-impl DocumentShard for FmShard {
+impl DocumentPart for FmPart {
     fn doc_cnt(&self) -> u64 {
-        FmShard::doc_cnt(self)
+        FmPart::doc_cnt(self)
     }
     fn place_of(&self, row: u64, len: usize) -> u64 {
         self.end_of(row).saturating_sub(len as u64)
     }
     fn doc_of(&self, place: u64) -> u64 {
-        FmShard::doc_of(self, place)
+        FmPart::doc_of(self, place)
     }
     fn doc_end(&self, doc: u64) -> u64 {
-        FmShard::doc_end(self, doc)
+        FmPart::doc_end(self, doc)
     }
     fn doc_len_and_offset(&self, doc: u64, place: u64) -> (u64, u64) {
         // The document's first token follows its separator.
@@ -373,9 +371,9 @@ impl DocumentShard for FmShard {
         )
     }
     fn doc_tokens(&self, doc: u64, from: u64, to: u64) -> Result<Vec<u32>> {
-        FmShard::doc_tokens(self, doc, from, to)
+        FmPart::doc_tokens(self, doc, from, to)
     }
     fn metadata(&self, doc: u64) -> Option<String> {
-        FmShard::metadata(self, doc)
+        FmPart::metadata(self, doc)
     }
 }

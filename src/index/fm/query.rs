@@ -1,5 +1,5 @@
-//! n-gram and ∞-gram queries over the compressed shards, answered as `index::query` answers them
-//! over suffix arrays: counts add up over shards, separators and shard ends count as eos.
+//! n-gram and ∞-gram queries over the compressed parts, answered as `index::query` answers them
+//! over suffix arrays: counts add up over parts, separators and part ends count as eos.
 //!
 //! A subsampled distribution (`max_support`) is the suffix array's own: it reads the tokens at
 //! evenly spread ranks of a range sorted by what follows, and the exact counts in that order
@@ -12,13 +12,13 @@ use crate::index::fm::CompressedIndex;
 use crate::index::query::{FindResult, NtdResult, ProbResult, Spread};
 use crate::index::ranks::RankRange;
 use crate::index::read::next_tokens::token_of_key;
-use crate::index::read::shard::NextKey;
+use crate::index::read::part::NextKey;
 use crate::index::sampling;
 use crate::index::suffix::{Counted, Occurrences};
 use crate::index::Result;
 
-/// One query's rows in every shard, with its length in tokens (the empty query's rows hold the
-/// shards' ends, which it does not count).
+/// One query's rows in every part, with its length in tokens (the empty query's rows hold the
+/// parts' ends, which it does not count).
 #[derive(Clone)]
 pub struct FmMatches {
     pub(crate) ranges: Vec<RankRange>,
@@ -36,7 +36,7 @@ impl Counted for FmMatches {
     }
 }
 
-/// One shard's next tokens of a range as the suffix array orders the same matches (by what
+/// One part's next tokens of a range as the suffix array orders the same matches (by what
 /// follows), counted: the token at any rank of the suffix array's range, without reading a rank.
 pub(crate) struct SuffixOrdered {
     counts: Vec<(NextKey, u64)>,
@@ -45,7 +45,7 @@ pub(crate) struct SuffixOrdered {
 }
 
 impl SuffixOrdered {
-    /// Matches in the range (the empty query's leave the shard's end out).
+    /// Matches in the range (the empty query's leave the part's end out).
     pub(crate) fn len(&self) -> u64 {
         self.counts.iter().map(|&(_, n)| n).sum()
     }
@@ -102,19 +102,19 @@ impl CompressedIndex {
         token_of_key(key, self.width.separator(), self.eos_token_id)
     }
 
-    /// The rows of `ids` in every shard, read left to right.
+    /// The rows of `ids` in every part, read left to right.
     pub fn locate(&self, ids: &[u32]) -> FmMatches {
         FmMatches {
-            ranges: self.shards.iter().map(|s| s.find(ids)).collect(),
+            ranges: self.parts.iter().map(|s| s.find(ids)).collect(),
             tokens: ids.len(),
         }
     }
 
-    /// The matches of `m` followed by `token`: one LF step a shard.
+    /// The matches of `m` followed by `token`: one LF step a part.
     pub(crate) fn extend(&self, m: &FmMatches, token: u32) -> FmMatches {
         FmMatches {
             ranges: self
-                .shards
+                .parts
                 .iter()
                 .zip(&m.ranges)
                 .map(|(s, &r)| s.extend(r, token))
@@ -144,17 +144,17 @@ impl CompressedIndex {
         Ok(self.prob_given(&self.locate(prompt), cont))
     }
 
-    /// How often the matches are followed by `cont`, separators and shard ends counting as eos.
+    /// How often the matches are followed by `cont`, separators and part ends counting as eos.
     pub(crate) fn cont_count(&self, m: &FmMatches, cont: u32) -> u64 {
         let separator = self.width.separator();
         let mut total = 0;
-        for (shard, &range) in self.shards.iter().zip(&m.ranges) {
-            total += shard.extend(range, cont).len();
+        for (part, &range) in self.parts.iter().zip(&m.ranges) {
+            total += part.extend(range, cont).len();
             if cont == self.eos_token_id {
                 if separator != cont {
-                    total += shard.extend(range, separator).len();
+                    total += part.extend(range, separator).len();
                 }
-                total += u64::from(m.tokens > 0 && shard.holds_end(range));
+                total += u64::from(m.tokens > 0 && part.holds_end(range));
             }
         }
         total
@@ -164,9 +164,9 @@ impl CompressedIndex {
         ProbResult::of_counts(m.count(), self.cont_count(m, cont))
     }
 
-    /// One shard's next-token counts of its rows `range` (the shard's end left out for the
+    /// One part's next-token counts of its rows `range` (the part's end left out for the
     /// empty query, which counts tokens), at least `limit` of them when there are more.
-    fn shard_counts(
+    fn part_counts(
         &self,
         s: usize,
         range: RankRange,
@@ -174,22 +174,22 @@ impl CompressedIndex {
         limit: usize,
     ) -> Vec<(NextKey, u64)> {
         let mut counts = Vec::new();
-        self.shards[s].next_counts(range, limit, &mut counts);
+        self.parts[s].next_counts(range, limit, &mut counts);
         if m.tokens == 0 {
-            counts.retain(|&(key, _)| key != crate::index::read::shard::END);
+            counts.retain(|&(key, _)| key != crate::index::read::part::END);
         }
         counts
     }
 
-    /// Shard `s`'s next tokens of its rows `range` of `m`, in the suffix array's order.
+    /// Part `s`'s next tokens of its rows `range` of `m`, in the suffix array's order.
     pub(crate) fn suffix_ordered(
         &self,
         s: usize,
         range: RankRange,
         m: &FmMatches,
     ) -> SuffixOrdered {
-        let mut counts = self.shard_counts(s, range, m, usize::MAX);
-        self.shards[s].suffix_order(&mut counts);
+        let mut counts = self.part_counts(s, range, m, usize::MAX);
+        self.parts[s].suffix_order(&mut counts);
         SuffixOrdered {
             counts,
             run: 0,
@@ -218,7 +218,7 @@ impl CompressedIndex {
                     }
                 }
                 _ => {
-                    for (key, n) in self.shard_counts(s, range, m, usize::MAX) {
+                    for (key, n) in self.part_counts(s, range, m, usize::MAX) {
                         *dist.entry(self.token_of(key)).or_insert(0) += n;
                     }
                 }
@@ -232,11 +232,11 @@ impl CompressedIndex {
     }
 
     /// Which tokens follow the matches: none, one or several (reading at most a few symbols a
-    /// shard, as separators, shard ends and eos all mean eos).
+    /// part, as separators, part ends and eos all mean eos).
     pub(crate) fn spread(&self, m: &FmMatches) -> Spread {
         let mut spread = Spread::None;
         for (s, &range) in m.ranges.iter().enumerate() {
-            for (key, _) in self.shard_counts(s, range, m, 4) {
+            for (key, _) in self.part_counts(s, range, m, 4) {
                 spread = spread.merge(Spread::Single(self.token_of(key)));
             }
             if spread == Spread::Several {

@@ -3,11 +3,11 @@
 //! followed its match (drafts), and dense scores.
 
 use crate::index::dense::TokenScore;
+use crate::index::fm::part::FmPart;
 use crate::index::fm::query::{FmMatches, SuffixOrdered};
-use crate::index::fm::shard::FmShard;
 use crate::index::fm::CompressedIndex;
 use crate::index::ranks::RankRange;
-use crate::index::read::shard::END;
+use crate::index::read::part::END;
 use crate::index::sampling;
 use crate::index::suffix::SuffixMatch;
 use crate::index::Result;
@@ -34,11 +34,11 @@ impl SuffixMatch<FmMatches> {
         let cap = samples as u64;
         let mut out = Vec::new();
         let ranges = &self.matches().ranges;
-        for (s, (shard, &range)) in index.shards.iter().zip(ranges).enumerate() {
+        for (s, (part, &range)) in index.parts.iter().zip(ranges).enumerate() {
             let mut ordered = index.suffix_ordered(s, range, self.matches());
             let len = ordered.len();
             for offset in sampling::offsets(len, cap, sampling::share(cap, len, total)) {
-                out.push(index.continuation_at(shard, range, &mut ordered, offset, depth));
+                out.push(index.continuation_at(part, range, &mut ordered, offset, depth));
             }
         }
         out
@@ -51,7 +51,7 @@ impl CompressedIndex {
     /// from one occurrence of it by LF steps.
     pub(crate) fn continuation_at(
         &self,
-        shard: &FmShard,
+        part: &FmPart,
         range: RankRange,
         ordered: &mut SuffixOrdered,
         offset: u64,
@@ -64,9 +64,9 @@ impl CompressedIndex {
             return Vec::new();
         }
         let token = key as u32;
-        let row = shard.extend(range, token).lo + within;
+        let row = part.extend(range, token).lo + within;
         let mut continuation = vec![token];
-        continuation.extend(shard.following(row, depth - 1, stop));
+        continuation.extend(part.following(row, depth - 1, stop));
         continuation
     }
 

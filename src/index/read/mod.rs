@@ -1,22 +1,22 @@
-//! The suffix-array read side: an index opened (its shards found, every size checked against the
+//! The suffix-array read side: an index opened (its parts found, every size checked against the
 //! others and the manifest, anything inconsistent refused before the first query can read
-//! garbage), its shards' memory-mapped lookups (`shard`, `rank_samples`, `next_table`), and its
+//! garbage), its parts' memory-mapped lookups (`part`, `rank_samples`, `next_table`), and its
 //! queries (`query`, `next_tokens`, `short_counts`).
 
 pub mod next_table;
 pub mod next_tokens;
+pub mod part;
 pub mod query;
 pub mod rank_samples;
-pub mod shard;
 pub(crate) mod short_counts;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use crate::index::format::{Manifest, ShardPaths, TokenWidth, MANIFEST_FILE, TOKENIZER_FILE};
+use crate::index::format::{Manifest, PartPaths, TokenWidth, MANIFEST_FILE, TOKENIZER_FILE};
 use crate::index::read::next_table::NextTable;
-use crate::index::read::shard::Shard;
+use crate::index::read::part::Part;
 use crate::index::read::short_counts::ShortCounts;
 use crate::index::{IndexError, Result};
 use crate::tokenizer::Tokenizer;
@@ -39,7 +39,7 @@ pub struct OpenOptions {
 
 pub struct Index {
     dir: PathBuf,
-    pub(crate) shards: Vec<Shard>,
+    pub(crate) parts: Vec<Part>,
     width: TokenWidth,
     eos_token_id: u32,
     vocab_size: u64,
@@ -52,9 +52,9 @@ pub struct Index {
     pub(crate) short_counts: ShortCounts,
 }
 
-fn shard_count(dir: &Path) -> usize {
+fn part_count(dir: &Path) -> usize {
     (0..)
-        .take_while(|&n| ShardPaths::new(dir, n).tokenized.exists())
+        .take_while(|&n| PartPaths::new(dir, n).tokenized.exists())
         .count()
 }
 
@@ -80,8 +80,8 @@ impl Index {
             )));
         }
         let manifest = Manifest::read(dir)?;
-        let n_shards = shard_count(dir);
-        if n_shards == 0 && crate::index::fm::is_compressed(dir) {
+        let n_parts = part_count(dir);
+        if n_parts == 0 && crate::index::fm::is_compressed(dir) {
             return Err(IndexError::Invalid(format!(
                 "{}: a compressed index (`index compress`): this needs a suffix-array index; use \
                  the index it was compressed from (the README's table of entry points says which \
@@ -89,7 +89,7 @@ impl Index {
                 dir.display()
             )));
         }
-        if n_shards == 0 {
+        if n_parts == 0 {
             return Err(IndexError::Invalid(format!(
                 "{}: no tokenized.0 in this folder: not an index",
                 dir.display()
@@ -100,10 +100,10 @@ impl Index {
                 mismatch("token width", opts.token_width, m.token_width)?;
                 mismatch("eos token id", opts.eos_token_id, m.eos_token_id)?;
                 mismatch("vocabulary size", opts.vocab_size, m.vocab_size)?;
-                if m.shards.len() != n_shards {
+                if m.parts.len() != n_parts {
                     return Err(IndexError::Corrupt(format!(
-                        "manifest lists {} shards, the folder holds {n_shards}",
-                        m.shards.len()
+                        "manifest lists {} parts, the folder holds {n_parts}",
+                        m.parts.len()
                     )));
                 }
                 (m.token_width, m.eos_token_id, m.vocab_size)
@@ -121,29 +121,29 @@ impl Index {
         };
         width.check_vocab(vocab_size, eos_token_id)?;
 
-        let mut shards = Vec::with_capacity(n_shards);
-        for n in 0..n_shards {
-            let paths = ShardPaths::new(dir, n);
+        let mut parts = Vec::with_capacity(n_parts);
+        for n in 0..n_parts {
+            let paths = PartPaths::new(dir, n);
             if let Some(m) = &manifest {
-                check_recorded_files(&paths, &m.shards[n].files, opts.verify_checksums)?;
+                check_recorded_files(&paths, &m.parts[n].files, opts.verify_checksums)?;
             }
-            let mut shard = Shard::open(&paths, width)?;
+            let mut part = Part::open(&paths, width)?;
             if opts.sample_ranks {
-                shard.sample_ranks();
+                part.sample_ranks();
             }
             if paths.next_tokens.exists() {
-                let table = NextTable::open(&paths.next_tokens, &shard, vocab_size, eos_token_id)?;
-                shard.set_next_table(table);
+                let table = NextTable::open(&paths.next_tokens, &part, vocab_size, eos_token_id)?;
+                part.set_next_table(table);
             }
             if let Some(m) = &manifest {
-                let rec = &m.shards[n];
-                if rec.tokens != shard.tok_cnt() || rec.documents != shard.doc_cnt() {
+                let rec = &m.parts[n];
+                if rec.tokens != part.tok_cnt() || rec.documents != part.doc_cnt() {
                     return Err(IndexError::Corrupt(format!(
-                        "shard {n}: token or document count differs from the manifest"
+                        "part {n}: token or document count differs from the manifest"
                     )));
                 }
             }
-            shards.push(shard);
+            parts.push(part);
         }
 
         let tokenizer = open_tokenizer(dir, manifest.as_ref())?;
@@ -164,7 +164,7 @@ impl Index {
         }
         Ok(Index {
             dir: dir.to_path_buf(),
-            shards,
+            parts,
             width,
             eos_token_id,
             vocab_size,
@@ -175,7 +175,7 @@ impl Index {
         })
     }
 
-    /// One index over the shards of several, in order (the shards of a set): what a single
+    /// One index over the parts of several, in order (the shards of a set): what a single
     /// sidecar over all of them would answer. They must agree on what a token id means.
     pub fn join(parts: Vec<Index>) -> Result<Self> {
         let mut parts = parts.into_iter();
@@ -195,7 +195,7 @@ impl Index {
                     part.dir.display()
                 )));
             }
-            joined.shards.extend(part.shards);
+            joined.parts.extend(part.parts);
         }
         joined.manifest = None;
         joined.unigram = OnceLock::new();
@@ -221,30 +221,30 @@ impl Index {
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
         self.tokenizer.as_ref()
     }
-    pub fn num_shards(&self) -> usize {
-        self.shards.len()
+    pub fn num_parts(&self) -> usize {
+        self.parts.len()
     }
-    /// Tokens of all shards, separators included (the count of the empty n-gram).
+    /// Tokens of all parts, separators included (the count of the empty n-gram).
     pub fn total_tokens(&self) -> u64 {
-        self.shards.iter().map(|s| s.tok_cnt()).sum()
+        self.parts.iter().map(|s| s.tok_cnt()).sum()
     }
     pub fn total_documents(&self) -> u64 {
-        self.shards.iter().map(|s| s.doc_cnt()).sum()
+        self.parts.iter().map(|s| s.doc_cnt()).sum()
     }
 
-    /// Touches every page once (see `Shard::warm_up`).
+    /// Touches every page once (see `Part::warm_up`).
     pub fn warm_up(&self) -> u64 {
-        self.shards
+        self.parts
             .iter()
             .map(|s| s.warm_up())
             .fold(0, u64::wrapping_add)
     }
 }
 
-/// Checks the files of one shard against the manifest's records: every file the shard has (the
+/// Checks the files of one part against the manifest's records: every file the part has (the
 /// metadata pair when either is there) must have a record, so `verify` checks every byte it serves.
 fn check_recorded_files(
-    paths: &ShardPaths,
+    paths: &PartPaths,
     records: &[crate::index::format::FileRecord],
     checksums: bool,
 ) -> Result<()> {
@@ -325,18 +325,18 @@ impl Index {
     /// Checks that every document offset points at a separator, in increasing order (reads all offsets).
     pub fn verify_documents(&self) -> Result<()> {
         let (w, sep) = (self.width.bytes(), self.width.separator());
-        for (n, shard) in self.shards.iter().enumerate() {
+        for (n, part) in self.parts.iter().enumerate() {
             let mut prev = None;
-            for doc in 0..shard.doc_cnt() {
-                let start = shard.doc_start(doc);
-                // Aligned and inside the shard before the token there is read.
-                let ok = start < shard.ds_size()
+            for doc in 0..part.doc_cnt() {
+                let start = part.doc_start(doc);
+                // Aligned and inside the part before the token there is read.
+                let ok = start < part.ds_size()
                     && start.is_multiple_of(w as u64)
                     && prev.is_none_or(|p| p < start)
-                    && self.width.read(shard.token_bytes(), start as usize) == sep;
+                    && self.width.read(part.token_bytes(), start as usize) == sep;
                 if !ok {
                     return Err(IndexError::Corrupt(format!(
-                        "shard {n}: document {doc} does not start at a separator"
+                        "part {n}: document {doc} does not start at a separator"
                     )));
                 }
                 prev = Some(start);

@@ -1,18 +1,18 @@
-//! The next-token table: exact next-token counts of a shard's most frequent short prompts, computed at
+//! The next-token table: exact next-token counts of a part's most frequent short prompts, computed at
 //! build time so that `ntd` after them costs one lookup and a copy instead of a walk over a range of
 //! hundreds of thousands of ranks (eval/ENGINE.md has the cost model and the figures). This file
 //! is its layout and its reading; `index::build::next_table` computes it.
 //!
-//! An entry is found by the prompt's rank range, which the shard's search has already computed: ranges of
+//! An entry is found by the prompt's rank range, which the part's search has already computed: ranges of
 //! distinct prompts of one length never share a first rank, so `(prompt bytes, lo)` is a key.
 //!
 //! File `nexttok.N`, little-endian, every section 8-byte aligned:
 //! - header, 32 bytes: magic `ISNEXT01`, u32 longest prompt (tokens), u32 the eos id that separators
-//!   and the shard's end were counted as, u64 entries, u64 pairs;
+//!   and the part's end were counted as, u64 entries, u64 pairs;
 //! - entries, 32 bytes each, sorted by (prompt bytes, lo): u64 lo, u64 hi, u32 prompt bytes,
 //!   u32 pair count, u64 first pair;
 //! - pairs, 8 bytes each, sorted by token within an entry: u32 token, u32 count. Separators and the
-//!   shard's end are already counted as eos, as `ntd` answers them.
+//!   part's end are already counted as eos, as `ntd` answers them.
 
 use std::io::Write;
 use std::path::Path;
@@ -79,7 +79,7 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
 }
 
-/// What opening a table checks it against: the shard it was built for.
+/// What opening a table checks it against: the part it was built for.
 pub trait PromptRanks {
     fn width(&self) -> TokenWidth;
     fn tok_cnt(&self) -> u64;
@@ -88,7 +88,7 @@ pub trait PromptRanks {
     fn prompt_range(&self, lo: u64, bytes: usize) -> Option<RankRange>;
 }
 
-/// A shard's table, memory-mapped and checked at open.
+/// A part's table, memory-mapped and checked at open.
 pub struct NextTable {
     map: Mmap,
     entries: usize,
@@ -98,16 +98,16 @@ pub struct NextTable {
 }
 
 impl NextTable {
-    /// Maps `path` and checks it against `shard`: counted with the index's eos; every entry's range
+    /// Maps `path` and checks it against `part`: counted with the index's eos; every entry's range
     /// exactly the range of the prompt its first rank starts with (one search each), in order; pairs
     /// inside the file, of tokens below `vocab_size`, adding up to the range's length. One pass.
     pub fn open(
         path: &Path,
-        shard: &impl PromptRanks,
+        part: &impl PromptRanks,
         vocab_size: u64,
         eos_token_id: u32,
     ) -> Result<Self> {
-        let (width, tok_cnt) = (shard.width(), shard.tok_cnt());
+        let (width, tok_cnt) = (part.width(), part.tok_cnt());
         let map = map_file(path)?;
         let corrupt = |why: String| IndexError::Corrupt(format!("{}: {why}", path.display()));
         if map.len() < HEADER_BYTES || &map[..8] != MAGIC {
@@ -147,7 +147,7 @@ impl NextTable {
             if !ordered || !sized || range.is_empty() || range.hi > tok_cnt || first != next_pair {
                 return Err(corrupt(format!("entry {i} is out of place")));
             }
-            if shard.prompt_range(range.lo, prompt_bytes as usize) != Some(range) {
+            if part.prompt_range(range.lo, prompt_bytes as usize) != Some(range) {
                 return Err(corrupt(format!(
                     "entry {i} is not the range of a prompt (a table of another index?)"
                 )));

@@ -13,7 +13,7 @@
 //!   because ranges that are not in the table are short or have long runs.
 
 use crate::index::ranks::RankRange;
-use crate::index::read::shard::{NextKey, Shard, END};
+use crate::index::read::part::{NextKey, Part, END};
 use crate::index::{IndexError, Result};
 
 /// How many reads pass between two checks for an interrupt.
@@ -22,30 +22,27 @@ const INTERRUPT_EVERY: u64 = 1024;
 /// Appends one `(next key, count)` pair per run of `range` (a match of `query_bytes` bytes) to `runs`.
 /// A table hit appends token ids, which are keys that [`token_of_key`] leaves as they are (ids stay
 /// below the separator); a token may appear more than once (split runs, or the table's eos that stands
-/// for separators and the shard's end), and counts add up. Stops when the process is interrupted.
+/// for separators and the part's end), and counts add up. Stops when the process is interrupted.
 pub fn collect_runs(
-    shard: &Shard,
+    part: &Part,
     range: RankRange,
     query_bytes: usize,
     runs: &mut Vec<(NextKey, u64)>,
 ) -> Result<()> {
     // The table holds no empty range, and the divide and conquer returns at once on one.
-    match shard
-        .next_table()
-        .and_then(|t| t.lookup(query_bytes, range))
-    {
+    match part.next_table().and_then(|t| t.lookup(query_bytes, range)) {
         Some(counts) => {
             runs.extend(counts.map(|(token, n)| (token as NextKey, n as u64)));
             Ok(())
         }
-        None => ordered_runs(shard, range, query_bytes, runs),
+        None => ordered_runs(part, range, query_bytes, runs),
     }
 }
 
 /// The runs of `range` in rank order (divide and conquer, never the table, whose counts are in
 /// token order).
 pub fn ordered_runs(
-    shard: &Shard,
+    part: &Part,
     range: RankRange,
     query_bytes: usize,
     runs: &mut Vec<(NextKey, u64)>,
@@ -53,7 +50,7 @@ pub fn ordered_runs(
     if range.is_empty() {
         return Ok(());
     }
-    let key = |rank| shard.next_key(rank, query_bytes);
+    let key = |rank| part.next_key(rank, query_bytes);
     let mut stack = vec![(range.lo, range.hi, key(range.lo), key(range.hi - 1))];
     let (mut reads, mut checked) = (2u64, 0u64);
     while let Some((lo, hi, first, last)) = stack.pop() {
@@ -75,7 +72,7 @@ pub fn ordered_runs(
     Ok(())
 }
 
-/// The token a next key stands for: the end of the shard and a document separator both mean eos.
+/// The token a next key stands for: the end of the part and a document separator both mean eos.
 pub fn token_of_key(key: NextKey, separator: u32, eos_token_id: u32) -> u32 {
     if key == END || key == separator as NextKey {
         eos_token_id

@@ -1,8 +1,8 @@
-//! n-gram queries over a suffix-array index's shards (the ∞-gram's are written once over any kind,
+//! n-gram queries over a suffix-array index's parts (the ∞-gram's are written once over any kind,
 //! in `index::suffix`): counts add up, distributions merge.
 //!
 //! The token after a match is the eos token when the match is followed by a document separator or sits
-//! at the very end of a shard, as in the reference; unlike the reference, a prompt that also occurs at the
+//! at the very end of a part, as in the reference; unlike the reference, a prompt that also occurs at the
 //! end of the corpus still gets its full distribution.
 
 use std::borrow::Cow;
@@ -11,11 +11,11 @@ use std::collections::BTreeMap;
 use crate::index::query::{check_vocabulary, FindResult, NtdResult, ProbResult, Spread};
 use crate::index::ranks::RankRange;
 use crate::index::read::next_tokens;
-use crate::index::read::shard::{NextKey, Shard};
+use crate::index::read::part::{NextKey, Part};
 use crate::index::sampling;
 use crate::index::{Index, Result};
 
-/// Per-shard ranges of one query, with the query's byte encoding.
+/// Per-part ranges of one query, with the query's byte encoding.
 #[derive(Clone)]
 pub struct Matches {
     pub(crate) bytes: Vec<u8>,
@@ -40,21 +40,21 @@ impl Index {
         bytes
     }
 
-    /// Ranges of `bytes` in every shard.
+    /// Ranges of `bytes` in every part.
     pub(crate) fn locate(&self, bytes: Vec<u8>) -> Matches {
         let ranges = self
-            .shards
+            .parts
             .iter()
             .map(|s| s.find(&bytes, s.full_range(), 0))
             .collect();
         Matches { bytes, ranges }
     }
 
-    /// The whole suffix array of every shard: the matches of the empty query.
+    /// The whole suffix array of every part: the matches of the empty query.
     pub(crate) fn everything(&self) -> Matches {
         Matches {
             bytes: Vec::new(),
-            ranges: self.shards.iter().map(|s| s.full_range()).collect(),
+            ranges: self.parts.iter().map(|s| s.full_range()).collect(),
         }
     }
 
@@ -89,7 +89,7 @@ impl Index {
     }
 
     /// Matches of the prompt followed by `cont`, searched inside the prompt's ranges. For eos this is only
-    /// the literal eos token; `cont_count` adds separators and shard ends.
+    /// the literal eos token; `cont_count` adds separators and part ends.
     pub(crate) fn extend(&self, prompt: &Matches, cont: u32) -> Matches {
         let mut grown = prompt.clone();
         self.grow(&mut grown, cont);
@@ -101,12 +101,12 @@ impl Index {
     pub(crate) fn grow(&self, m: &mut Matches, cont: u32) {
         let shared = m.bytes.len();
         self.width().encode_into(&[cont], &mut m.bytes);
-        for (shard, range) in self.shards.iter().zip(&mut m.ranges) {
-            *range = shard.find(&m.bytes, *range, shared);
+        for (part, range) in self.parts.iter().zip(&mut m.ranges) {
+            *range = part.find(&m.bytes, *range, shared);
         }
     }
 
-    /// How often the prompt is followed by `cont`, counting separators and shard ends as eos.
+    /// How often the prompt is followed by `cont`, counting separators and part ends as eos.
     pub(crate) fn cont_count(&self, prompt: &Matches, cont: u32) -> u64 {
         let mut total = self.extend(prompt, cont).count();
         let sep = self.width().separator();
@@ -116,7 +116,7 @@ impl Index {
             }
             if !prompt.bytes.is_empty() {
                 total += self
-                    .shards
+                    .parts
                     .iter()
                     .filter(|s| s.ends_with(&prompt.bytes))
                     .count() as u64;
@@ -175,24 +175,24 @@ impl Index {
     /// Exact counts of what follows the prompt's matches, walked.
     fn counted(&self, prompt: &Matches) -> Result<BTreeMap<u32, u64>> {
         let mut runs = Vec::new();
-        for (shard, range) in self.shards.iter().zip(&prompt.ranges) {
-            next_tokens::collect_runs(shard, *range, prompt.bytes.len(), &mut runs)?;
+        for (part, range) in self.parts.iter().zip(&prompt.ranges) {
+            next_tokens::collect_runs(part, *range, prompt.bytes.len(), &mut runs)?;
         }
         Ok(self.merge_runs(runs))
     }
 
-    /// What follows `cap` of the prompt's `total` matches spread evenly over its ranges (each shard
+    /// What follows `cap` of the prompt's `total` matches spread evenly over its ranges (each part
     /// its share).
     fn sampled(&self, prompt: &Matches, total: u64, cap: u64) -> BTreeMap<u32, u64> {
         let mut dist = BTreeMap::new();
-        for (shard, range) in self.shards.iter().zip(&prompt.ranges) {
+        for (part, range) in self.parts.iter().zip(&prompt.ranges) {
             if range.is_empty() {
                 continue;
             }
             let share = sampling::share(cap, range.len(), total);
             for offset in sampling::offsets(range.len(), cap, share) {
                 *dist
-                    .entry(self.token_of(shard.next_key(range.lo + offset, prompt.bytes.len())))
+                    .entry(self.token_of(part.next_key(range.lo + offset, prompt.bytes.len())))
                     .or_insert(0) += 1;
             }
         }
@@ -200,7 +200,7 @@ impl Index {
     }
 
     /// One count per token from runs in suffix order (bytes, not token values; a token may have a run
-    /// per shard, and separators and shard ends all mean eos): sorted once, then built in bulk.
+    /// per part, and separators and part ends all mean eos): sorted once, then built in bulk.
     fn merge_runs(&self, runs: Vec<(NextKey, u64)>) -> BTreeMap<u32, u64> {
         let counts = runs
             .into_iter()
@@ -209,11 +209,11 @@ impl Index {
         next_tokens::sum_by_token(counts).into_iter().collect()
     }
 
-    /// What follows the prompt's matches over all shards.
+    /// What follows the prompt's matches over all parts.
     pub(crate) fn spread(&self, prompt: &Matches) -> Spread {
         let mut spread = Spread::None;
-        for (shard, range) in self.shards.iter().zip(&prompt.ranges) {
-            spread = spread.merge(self.continuations(shard, *range, prompt));
+        for (part, range) in self.parts.iter().zip(&prompt.ranges) {
+            spread = spread.merge(self.continuations(part, *range, prompt));
             if spread == Spread::Several {
                 break;
             }
@@ -221,14 +221,14 @@ impl Index {
         spread
     }
 
-    fn continuations(&self, shard: &Shard, range: RankRange, prompt: &Matches) -> Spread {
+    fn continuations(&self, part: &Part, range: RankRange, prompt: &Matches) -> Spread {
         if range.is_empty() {
             return Spread::None;
         }
         let qlen = prompt.bytes.len();
         let (first, last) = (
-            shard.next_key(range.lo, qlen),
-            shard.next_key(range.hi - 1, qlen),
+            part.next_key(range.lo, qlen),
+            part.next_key(range.hi - 1, qlen),
         );
         if first == last {
             return Spread::Single(self.token_of(first));
@@ -237,17 +237,17 @@ impl Index {
         if self.token_of(first) != eos || self.token_of(last) != eos {
             return Spread::Several;
         }
-        // The ends disagree in raw value but both mean eos (end of shard, eos id, separator): the range is
+        // The ends disagree in raw value but both mean eos (end of part, eos id, separator): the range is
         // all eos only if those three account for every match.
         let sub = |t: u32| {
             let mut bytes = prompt.bytes.clone();
             self.width().encode_into(&[t], &mut bytes);
-            shard.find(&bytes, range, prompt.bytes.len()).len()
+            part.find(&bytes, range, prompt.bytes.len()).len()
         };
         let sep = self.width().separator();
         let eos_like = sub(eos)
             + if sep != eos { sub(sep) } else { 0 }
-            + u64::from(qlen > 0 && shard.ends_with(&prompt.bytes));
+            + u64::from(qlen > 0 && part.ends_with(&prompt.bytes));
         if eos_like == range.len() {
             Spread::Single(eos)
         } else {

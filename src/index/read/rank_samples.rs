@@ -1,4 +1,4 @@
-//! Sampled ranks: the first 16 bytes of every [`STRIDE`]-th suffix of a shard, kept in RAM, so that
+//! Sampled ranks: the first 16 bytes of every [`STRIDE`]-th suffix of a part, kept in RAM, so that
 //! a search's first steps run in a small array instead of the memory-mapped suffix array (two cache
 //! misses a step there: the pointer, then the text). For a query of at most 16 bytes only the last
 //! steps, within a stride of each end of the query's ranks, touch the maps; a longer one may also
@@ -18,7 +18,7 @@ pub(crate) const STRIDE: u64 = 32;
 pub(crate) const KEY_BYTES: usize = 16;
 
 pub struct RankSamples {
-    /// Key of rank `i * STRIDE`, for every such rank of the shard, in rank order.
+    /// Key of rank `i * STRIDE`, for every such rank of the part, in rank order.
     keys: Vec<u128>,
 }
 
@@ -31,7 +31,7 @@ fn key(bytes: &[u8]) -> u128 {
 }
 
 impl RankSamples {
-    /// The samples of a shard from the first bytes of every `STRIDE`-th suffix, in rank order,
+    /// The samples of a part from the first bytes of every `STRIDE`-th suffix, in rank order,
     /// read on the calling thread: runs are sampled on the compactor's thread, which must not take
     /// the cores requests run on.
     pub fn of_prefixes<'a>(prefixes: impl Iterator<Item = &'a [u8]>) -> Self {
@@ -100,7 +100,7 @@ mod tests {
     use crate::index::{Index, OpenOptions, TokenWidth};
     use rand::{Rng, SeedableRng};
 
-    /// Every range a sampled shard finds is the one the plain search finds, its place when empty
+    /// Every range a sampled part finds is the one the plain search finds, its place when empty
     /// included, for queries of every length around the key's, from the text (so many samples
     /// share their keys) and random, in the whole suffix array and in random parts of it.
     #[test]
@@ -142,7 +142,7 @@ mod tests {
                 },
             )
             .unwrap();
-            let (plain, sampled) = (&plain.shards[0], &sampled.shards[0]);
+            let (plain, sampled) = (&plain.parts[0], &sampled.parts[0]);
             let text: Vec<u32> = docs.iter().flat_map(|d| d.iter().copied()).collect();
             let tokens = plain.tok_cnt();
             for _ in 0..4000 {

@@ -72,14 +72,14 @@ pub fn index_of<T: Clone>(
 }
 
 /// An index in `dir` of generated token documents (ids below 8, eos 0), in shards of at most
-/// `shard_tokens`: the brute-force property tests' corpus.
+/// `part_tokens`: the brute-force property tests' corpus.
 pub fn small_index(
     dir: &std::path::Path,
     docs: &[Vec<u32>],
-    shard_tokens: u64,
+    part_tokens: u64,
 ) -> infini_sidecar::index::Index {
     let opts = infini_sidecar::index::build::BuildOptions {
-        max_shard_tokens: Some(shard_tokens),
+        max_part_tokens: Some(part_tokens),
         ..infini_sidecar::index::build::BuildOptions::new(
             dir.join("idx"),
             infini_sidecar::index::TokenWidth::U16,

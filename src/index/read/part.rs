@@ -1,4 +1,4 @@
-//! One memory-mapped shard and the primitive operations on it: locating the suffix-array range of a
+//! One memory-mapped part and the primitive operations on it: locating the suffix-array range of a
 //! byte string, reading the token that follows a match, and mapping positions to documents.
 //! Nothing here allocates per lookup or loads a file into RAM; the OS pages in what is touched.
 
@@ -7,18 +7,18 @@ use std::path::Path;
 
 use memmap2::Mmap;
 
-use crate::index::format::{map_file, ptr_size_for, ShardPaths, TokenWidth};
+use crate::index::format::{map_file, ptr_size_for, PartPaths, TokenWidth};
 use crate::index::ranks::RankRange;
 use crate::index::read::next_table::{NextTable, PromptRanks};
 use crate::index::read::rank_samples::{RankSamples, KEY_BYTES, STRIDE};
 use crate::index::IndexError;
 
-/// The token after a match, as a sortable key: `END` for a match at the very end of the shard (which
+/// The token after a match, as a sortable key: `END` for a match at the very end of the part (which
 /// sorts first in its range, being a prefix of every other suffix there), else the token value.
 pub type NextKey = u64;
 pub const END: NextKey = u64::MAX;
 
-pub struct Shard {
+pub struct Part {
     tokens: Mmap,
     table: Mmap,
     offsets: Mmap,
@@ -57,10 +57,10 @@ fn check_offsets(
     Ok(())
 }
 
-impl Shard {
-    /// Maps the files of shard `paths` and checks that their sizes agree with each other and that every
+impl Part {
+    /// Maps the files of part `paths` and checks that their sizes agree with each other and that every
     /// document and metadata offset lies inside its file, in order (one pass over the offsets).
-    pub fn open(paths: &ShardPaths, width: TokenWidth) -> Result<Self, IndexError> {
+    pub fn open(paths: &PartPaths, width: TokenWidth) -> Result<Self, IndexError> {
         let tokens = map_file(&paths.tokenized)?;
         let table = map_file(&paths.table)?;
         let offsets = map_file(&paths.offset)?;
@@ -118,7 +118,7 @@ impl Shard {
         } else {
             None
         };
-        let shard = Shard {
+        let part = Part {
             tokens,
             table,
             offsets,
@@ -130,12 +130,12 @@ impl Shard {
             next_table: None,
             rank_samples: None,
         };
-        if width.read(&shard.tokens, 0) != width.separator() {
+        if width.read(&part.tokens, 0) != width.separator() {
             return Err(IndexError::Corrupt(format!(
                 "{name}: does not start with a document separator"
             )));
         }
-        Ok(shard)
+        Ok(part)
     }
 
     pub fn width(&self) -> TokenWidth {
@@ -144,18 +144,18 @@ impl Shard {
     pub fn next_table(&self) -> Option<&NextTable> {
         self.next_table.as_ref()
     }
-    /// Attaches the shard's next-token table (opened and checked against this shard by the caller).
+    /// Attaches the part's next-token table (opened and checked against this part by the caller).
     pub fn set_next_table(&mut self, table: NextTable) {
         self.next_table = Some(table);
     }
-    /// Samples the shard's ranks, so that searches start in RAM ([`RankSamples`]).
+    /// Samples the part's ranks, so that searches start in RAM ([`RankSamples`]).
     pub fn sample_ranks(&mut self) {
         let keys = (0..self.tok_cnt)
             .step_by(STRIDE as usize)
             .map(|rank| self.suffix_prefix(rank, KEY_BYTES));
         self.rank_samples = Some(RankSamples::of_prefixes(keys));
     }
-    /// Tokens in the shard, separators included.
+    /// Tokens in the part, separators included.
     pub fn tok_cnt(&self) -> u64 {
         self.tok_cnt
     }
@@ -286,7 +286,7 @@ impl Shard {
         }
     }
 
-    /// The token before the suffix at `rank` (`None` at the shard's start, or for a corrupt
+    /// The token before the suffix at `rank` (`None` at the part's start, or for a corrupt
     /// pointer).
     pub fn prev_key(&self, rank: u64) -> Option<NextKey> {
         let at = self.ptr(rank) as usize;
@@ -295,7 +295,7 @@ impl Shard {
             .then(|| self.width.read(&self.tokens, at - width) as NextKey)
     }
 
-    /// The first `len` bytes of the suffix at `rank` (fewer where the shard ends; none for a corrupt
+    /// The first `len` bytes of the suffix at `rank` (fewer where the part ends; none for a corrupt
     /// pointer).
     pub fn suffix_prefix(&self, rank: u64, len: usize) -> &[u8] {
         let p = (self.ptr(rank) as usize).min(self.tokens.len());
@@ -311,7 +311,7 @@ impl Shard {
         }
     }
 
-    /// Whether the shard's last `query.len()` bytes are `query`: a match with nothing after it.
+    /// Whether the part's last `query.len()` bytes are `query`: a match with nothing after it.
     pub fn ends_with(&self, query: &[u8]) -> bool {
         self.tokens.ends_with(query)
     }
@@ -326,7 +326,7 @@ impl Shard {
     }
 
     /// Byte offset one past the end of document `doc` (open checked that offsets increase inside
-    /// the shard; the clamp keeps a length derived from it within the file all the same).
+    /// the part; the clamp keeps a length derived from it within the file all the same).
     pub fn doc_end(&self, doc: u64) -> u64 {
         if doc + 1 < self.doc_cnt {
             self.doc_start(doc + 1).min(self.ds_size())
@@ -350,7 +350,7 @@ impl Shard {
         lo
     }
 
-    /// Token ids in byte range `[from, to)` of the shard, clamped to the shard.
+    /// Token ids in byte range `[from, to)` of the part, clamped to the part.
     pub fn tokens_between(&self, from: u64, to: u64) -> Vec<u32> {
         let w = self.width.bytes();
         let to = (to as usize).min(self.tokens.len() / w * w);
@@ -361,7 +361,7 @@ impl Shard {
             .collect()
     }
 
-    /// The metadata line stored for document `doc`, if the shard has metadata.
+    /// The metadata line stored for document `doc`, if the part has metadata.
     pub fn metadata(&self, doc: u64) -> Option<String> {
         let (mt, om) = self.metadata.as_ref()?;
         let read = |i: u64| {
@@ -383,7 +383,7 @@ impl Shard {
         )
     }
 
-    /// Bytes of the shard's tokens, suffix array, document offsets and metadata.
+    /// Bytes of the part's tokens, suffix array, document offsets and metadata.
     pub fn bytes(&self) -> u64 {
         let metadata = self
             .metadata
@@ -419,7 +419,7 @@ fn first_rank(mut lo: u64, mut hi: u64, past: impl Fn(u64) -> bool) -> u64 {
     lo
 }
 
-impl PromptRanks for Shard {
+impl PromptRanks for Part {
     fn width(&self) -> TokenWidth {
         self.width
     }

@@ -1,14 +1,9 @@
 //! The router role: the whole `sidecar.v1` API over shard servers, holding no index. Each call
-//! fans out to every shard (`shards`), in one round trip where the protocol allows
+//! fans out to every shard ([`crate::cluster::fan_out`]), in one round trip where the protocol allows
 //! (`crate::cluster` says why the merged answers are exact), and answers as a single sidecar over
 //! all the shards would. A shard that does not answer, or none of whose replicas answers sanely
 //! (`cluster::validate`), fails the call with UNAVAILABLE naming it, or, with `allow_partial`, gives
 //! the other shards' answer flagged `partial`.
-
-mod backoff;
-mod live;
-mod reference;
-mod shards;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,16 +23,16 @@ use super::{
     check_len, check_max_support, deadline_of, pb, shard_pb as spb, Evidence, Neural,
     ResponseStream, ServeError, SidecarService,
 };
+use crate::cluster::fan_out::{unmergeable, Answered, Members, ShardSet};
 use crate::cluster::merge;
+use crate::cluster::partial::PartialContinuations;
+use crate::cluster::remote::{RemoteEvidence, RemoteLevels, RemoteLive};
 use crate::cluster::wire::{continuations_of, search_of};
 use crate::cpu::CpuInfo;
 use crate::index::backoff::generate_from;
 use crate::index::docs::{self, PartialSearch};
-use crate::index::partial::PartialContinuations;
 use crate::index::query::check_vocabulary;
 use crate::index::trace;
-pub(crate) use shards::ShardSet;
-use shards::{Answered, Members};
 
 /// The public API of a router.
 #[derive(Clone)]
@@ -52,7 +47,7 @@ pub struct RouterService {
 }
 
 /// Where the router serves `Mix`, `Score`, sessions and drafts: the sidecar's own service over the
-/// shards' evidence ([`reference::RemoteReference`]) and their live indexes ([`live::RemoteLive`]),
+/// shards' evidence ([`RemoteEvidence`]) and their live indexes ([`RemoteLive`]),
 /// made once the set's tokenizer is known.
 struct Mixer {
     service: tokio::sync::OnceCell<SidecarService>,
@@ -66,11 +61,6 @@ fn partial_of(missing: Vec<u32>) -> Option<pb::Partial> {
     (!missing.is_empty()).then_some(pb::Partial {
         missing_shards: missing,
     })
-}
-
-/// Sane answers that still cannot be merged: shards that claim more than 2^64 occurrences in all.
-fn unmergeable(e: merge::Overflow) -> Status {
-    Status::unavailable(format!("{e}: the shard set's answers cannot be merged"))
 }
 
 impl RouterService {
@@ -118,12 +108,9 @@ impl RouterService {
                 }
                 let evidence = Evidence {
                     corpus: None,
-                    reference: Arc::new(reference::RemoteReference::new(
-                        Arc::clone(&self.shards),
-                        &members,
-                    )),
+                    evidence: Arc::new(RemoteEvidence::new(Arc::clone(&self.shards), &members)),
                     tokenizer: members.tokenizer.clone(),
-                    live: Some(Arc::new(live::RemoteLive::new(Arc::clone(&self.shards)))),
+                    live: Some(Arc::new(RemoteLive::new(Arc::clone(&self.shards)))),
                 };
                 Ok(SidecarService::assemble(
                     &self.mixer.config,
@@ -374,7 +361,7 @@ impl Sidecar for RouterService {
                 first.set_id
             ),
             replicas_down: m.down(),
-            index_shards: ids().map(|id| id.local_shards).sum(),
+            index_shards: ids().map(|id| id.local_parts).sum(),
             index_tokens: ids().map(|id| id.tokens).sum(),
             index_documents: ids().map(|id| id.documents).sum(),
             vocab_size: first.vocab_size,
@@ -493,10 +480,10 @@ impl Sidecar for RouterService {
         let (m, _permit) = self.begin()?;
         let first = m.layout.first();
         check_vocabulary(&prompt, first.vocab_size).map_err(super::index_status)?;
-        let shards = reference::RemoteReference::new(Arc::clone(&self.shards), &m);
+        let shards = RemoteEvidence::new(Arc::clone(&self.shards), &m);
         let eos = first.eos_token_id;
         let made = on_pool_alone(deadline, move || {
-            backoff::RemoteLevels::new(shards, eos)
+            RemoteLevels::new(shards, eos)
                 .and_then(|mut levels| generate_from(&mut levels, &prompt, &spec, draw))
                 .map_err(super::index_status)
         })

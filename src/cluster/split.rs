@@ -10,6 +10,7 @@ use std::ops::Range;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::corpus::{Content, InputDoc};
+use crate::index::build::BuildOptions;
 use crate::index::format::ShardSetRecord;
 use crate::index::{IndexError, Result};
 
@@ -108,6 +109,18 @@ pub fn survey(docs: impl Iterator<Item = Result<InputDoc>>) -> Result<CorpusSurv
         documents,
         content_hash: hasher.digest128(),
     })
+}
+
+/// The manifest's record of shard `split` of a build with `opts`, whose input `survey` read.
+pub fn set_record(split: ShardSplit, survey: &CorpusSurvey, opts: &BuildOptions) -> ShardSetRecord {
+    let settings = serde_json::json!({
+        "tokenizer": opts.tokenizer.map(|t| t.fingerprint().to_string()),
+        "token_width": opts.width.bytes(),
+        "eos": opts.eos_token_id,
+        "vocab": opts.vocab_size,
+        "decontamination": opts.decontaminate.map(|d| d.record()),
+    });
+    ShardSetRecord::new(split, survey, &settings.to_string())
 }
 
 impl ShardSetRecord {

@@ -1,4 +1,4 @@
-//! One shard of a compressed index: the FM-index of the shard's tokens **reversed**.
+//! One part of a compressed index: the FM-index of the part's tokens **reversed**.
 //!
 //! Why reversed. A row of this index is a position where a match *ends*, and what the ∞-gram
 //! asks next is what follows that end: the symbol the Burrows-Wheeler transform holds at the row.
@@ -11,18 +11,18 @@
 //! binary search over its lengths, not one backward search. Both ways cost one transform; a
 //! bidirectional index would cost two and break the size budget.
 //!
-//! Rows: `0..=n` for a shard of `n` tokens. Row `r` stands for the reversed text's suffix at `q`
+//! Rows: `0..=n` for a part of `n` tokens. Row `r` stands for the reversed text's suffix at `q`
 //! (row 0 for the empty suffix, `q = n`), that is the text's prefix `T[..n - q]`: a match that
 //! ends at `e = n - q`. Rows sort as the suffix array sorts (little-endian token bytes), so the
 //! rows of one first token are contiguous.
 
-use crate::index::build::sa::{TokenBuf, MAX_SHARD_TOKENS};
+use crate::index::build::sa::{TokenBuf, MAX_PART_TOKENS};
 use crate::index::fm::bits::{BitsBuilder, CompressedBits};
 use crate::index::fm::file::{WordReader, Words};
 use crate::index::fm::wavelet::HuffmanWavelet;
 use crate::index::format::TokenWidth;
 use crate::index::ranks::RankRange;
-use crate::index::read::shard::{NextKey, END};
+use crate::index::read::part::{NextKey, END};
 use crate::index::{IndexError, Result};
 
 /// Every `SAMPLE_EVERY`-th text position keeps its row's position, so locating a match walks at
@@ -98,7 +98,7 @@ impl PackedInts {
     }
 }
 
-pub struct FmShard {
+pub struct FmPart {
     width: TokenWidth,
     /// Tokens, separators included.
     n: u64,
@@ -127,7 +127,7 @@ fn byte_order(width: TokenWidth, token: u32) -> u32 {
     }
 }
 
-/// What the transform's symbol counts give, derived from the tree when a shard is built or read.
+/// What the transform's symbol counts give, derived from the tree when a part is built or read.
 struct SymbolCounts {
     /// `(symbol, first row of the rows it starts)`, sorted by symbol.
     first_rows: Vec<(u32, u64)>,
@@ -170,23 +170,23 @@ fn symbol_counts(
     })
 }
 
-/// What a shard is built from: its tokens (starting with a separator), the token offset of each
+/// What a part is built from: its tokens (starting with a separator), the token offset of each
 /// document's separator, and the documents' metadata lines when there are any.
-pub struct ShardText<'a> {
+pub struct PartText<'a> {
     pub tokens: &'a [u32],
     pub doc_starts: Vec<u64>,
     pub metadata: Option<Vec<String>>,
 }
 
-impl FmShard {
-    /// Builds the shard's index (`threads` for the suffix sort).
-    pub fn build(width: TokenWidth, text: ShardText, threads: u16) -> Result<Self> {
+impl FmPart {
+    /// Builds the part's index (`threads` for the suffix sort).
+    pub fn build(width: TokenWidth, text: PartText, threads: u16) -> Result<Self> {
         let tokens = text.tokens;
         let n = tokens.len() as u64;
         let separator = width.separator();
         if tokens.first() != Some(&separator) {
             return Err(IndexError::Invalid(
-                "a shard's tokens must start with a document separator".into(),
+                "a part's tokens must start with a document separator".into(),
             ));
         }
         let mut reversed = TokenBuf::new(width);
@@ -248,7 +248,7 @@ impl FmShard {
         drop(symbols);
         let symbols = symbol_counts(width, n, &bwt, end_row)
             .ok_or_else(|| IndexError::Invalid("the transform built is inconsistent".into()))?;
-        Ok(FmShard {
+        Ok(FmPart {
             width,
             n,
             bwt,
@@ -274,7 +274,7 @@ impl FmShard {
         self.doc_starts.len() as u64
     }
 
-    /// Every row: the matches of the empty query, the end of the shard included.
+    /// Every row: the matches of the empty query, the end of the part included.
     pub fn full_range(&self) -> RankRange {
         RankRange {
             lo: 0,
@@ -317,7 +317,7 @@ impl FmShard {
     }
 
     /// What follows the matches in `range`: `(token or END, count)` pairs, END once when the
-    /// range holds the shard's end; all of them, or at least `limit` when there are more.
+    /// range holds the part's end; all of them, or at least `limit` when there are more.
     pub fn next_counts(&self, range: RankRange, limit: usize, out: &mut Vec<(NextKey, u64)>) {
         if range == self.full_range() {
             out.extend_from_slice(&self.symbols.unigram);
@@ -340,12 +340,12 @@ impl FmShard {
         }
     }
 
-    /// Whether `range` holds the row of the shard's end (a match at the very end of the text).
+    /// Whether `range` holds the row of the part's end (a match at the very end of the text).
     pub fn holds_end(&self, range: RankRange) -> bool {
         range.lo <= self.end_row && self.end_row < range.hi
     }
 
-    /// Next-token counts in the order the suffix array sorts the same matches: the shard's end
+    /// Next-token counts in the order the suffix array sorts the same matches: the part's end
     /// first (a prefix of every other suffix), then tokens by their little-endian bytes.
     pub fn suffix_order(&self, counts: &mut [(NextKey, u64)]) {
         let width = self.width;
@@ -355,7 +355,7 @@ impl FmShard {
         });
     }
 
-    /// The token after the match at `row` (END at the shard's end) and the row of the match
+    /// The token after the match at `row` (END at the part's end) and the row of the match
     /// one token longer.
     pub fn step(&self, row: u64) -> Option<(u32, u64)> {
         if row == self.end_row {
@@ -367,7 +367,7 @@ impl FmShard {
     }
 
     /// Up to `depth` tokens after the match at `row`, stopping before the first token `stop`
-    /// accepts (or at the shard's end).
+    /// accepts (or at the part's end).
     pub fn following(&self, mut row: u64, depth: usize, stop: impl Fn(u32) -> bool) -> Vec<u32> {
         let mut out = Vec::new();
         while out.len() < depth {
@@ -448,14 +448,14 @@ impl FmShard {
         Some(String::from_utf8_lossy(&bytes[from as usize..to as usize]).into_owned())
     }
 
-    /// Bytes a suffix-array shard spends on the same metadata (its lines and their offsets).
+    /// Bytes a suffix-array part spends on the same metadata (its lines and their offsets).
     pub fn metadata_bytes(&self) -> u64 {
         self.metadata
             .as_ref()
             .map_or(0, |(bytes, _)| bytes.len() as u64 + 8 * self.doc_cnt())
     }
 
-    /// Bytes of everything the shard holds, by part: transform, samples, documents.
+    /// Bytes of everything the part holds, by part: transform, samples, documents.
     pub fn size_by_part(&self) -> [(&'static str, u64); 3] {
         let docs = 16 * self.doc_starts.len() as u64
             + self
@@ -491,15 +491,15 @@ impl FmShard {
         }
     }
 
-    /// Reads a shard written by [`FmShard::write`], checking every count against the others so
+    /// Reads a part written by [`FmPart::write`], checking every count against the others so
     /// that no query can index past an array.
     pub fn read(input: &mut WordReader) -> Result<Self> {
         let (bytes, n, end_row) = (input.u64()?, input.u64()?, input.u64()?);
         let Ok(width) = TokenWidth::try_from(bytes.min(255) as u8) else {
             return input.corrupt("its token width is not 1, 2 or 4 bytes");
         };
-        if n == 0 || n > MAX_SHARD_TOKENS {
-            return input.corrupt("its token count is outside what a shard holds");
+        if n == 0 || n > MAX_PART_TOKENS {
+            return input.corrupt("its token count is outside what a part holds");
         }
         let bwt = HuffmanWavelet::read(input)?;
         let sampled = CompressedBits::read(input)?;
@@ -514,7 +514,7 @@ impl FmShard {
             .then(|| symbol_counts(width, n, &bwt, end_row))
             .flatten()
         else {
-            return input.corrupt("its transform disagrees with the shard's size");
+            return input.corrupt("its transform disagrees with the part's size");
         };
         let docs_ok = doc_starts.len() == doc_rows.len()
             && doc_starts.first() == Some(&0)
@@ -530,9 +530,9 @@ impl FmShard {
         let samples_ok = samples.len == sampled.rank1(n + 1)
             && (0..samples.len).all(|i| samples.get(i) <= n / SAMPLE_EVERY);
         if !(docs_ok && metadata_ok && samples_ok) {
-            return input.corrupt("its parts disagree on the shard's size or documents");
+            return input.corrupt("its pieces disagree on the part's size or documents");
         }
-        Ok(FmShard {
+        Ok(FmPart {
             width,
             n,
             bwt,
@@ -561,10 +561,10 @@ mod tests {
             let mut tokens = vec![65535u32];
             tokens.extend(&body);
             let doc_starts: Vec<u64> = (0..tokens.len() as u64).filter(|&i| tokens[i as usize] == 65535).collect();
-            let text = ShardText { tokens: &tokens, doc_starts, metadata: None };
-            let shard = FmShard::build(TokenWidth::U16, text, 1).unwrap();
-            let range = shard.find(&pattern);
-            let mut ends: Vec<u64> = (range.lo..range.hi).map(|r| shard.end_of(r)).collect();
+            let text = PartText { tokens: &tokens, doc_starts, metadata: None };
+            let part = FmPart::build(TokenWidth::U16, text, 1).unwrap();
+            let range = part.find(&pattern);
+            let mut ends: Vec<u64> = (range.lo..range.hi).map(|r| part.end_of(r)).collect();
             ends.sort_unstable();
             let expected: Vec<u64> = (0..tokens.len())
                 .filter(|&p| tokens[p..].starts_with(&pattern))

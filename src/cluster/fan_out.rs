@@ -1,8 +1,8 @@
 //! The shard servers behind a router: found from the config's addresses and a DNS name that
 //! resolves to many (a Kubernetes headless Service), described, checked to form one set
-//! (`cluster::set`), re-checked every `refresh_secs`; and the fan-out of one call to every shard,
+//! ([`super::set`]), re-checked every `refresh_secs`; and the fan-out of one call to every shard,
 //! with a deadline per shard taken from the caller's and retries on the shard's other replicas.
-//! Every answer is validated where it arrives (`cluster::validate`): a replica that answers
+//! Every answer is validated where it arrives ([`super::validate`]): a replica that answers
 //! nonsense is down as one that does not answer, and stays down until it answers sanely.
 
 use std::collections::HashMap;
@@ -16,8 +16,9 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
-use crate::cluster::set::{assemble, SetLayout, ShardIdentity};
-use crate::cluster::validate::ShardAnswer;
+use super::merge;
+use super::set::{assemble, SetLayout, ShardIdentity};
+use super::validate::ShardAnswer;
 use crate::server::config::ClusterSection;
 use crate::server::metrics::Metrics;
 use crate::server::shard_pb as spb;
@@ -164,7 +165,7 @@ fn identity_of(d: &spb::ShardDescription) -> ShardIdentity {
         shards: d.shards,
         documents: d.documents,
         tokens: d.tokens,
-        local_shards: d.local_shards,
+        local_parts: d.local_shards,
         token_width: d.token_width,
         eos_token_id: d.eos_token_id,
         vocab_size: d.vocab_size,
@@ -534,6 +535,11 @@ impl ShardSet {
         replica.set_malformed(Some(why.to_string()));
         replica.healthy.store(false, Ordering::Relaxed);
     }
+}
+
+/// Sane answers that still cannot be merged: shards that claim more than 2^64 occurrences in all.
+pub(crate) fn unmergeable(e: merge::Overflow) -> Status {
+    Status::unavailable(format!("{e}: the shard set's answers cannot be merged"))
 }
 
 /// A request to a shard with the time it has (sent as its gRPC deadline).

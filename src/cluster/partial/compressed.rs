@@ -1,18 +1,18 @@
 //! A compressed index's answers to a router, part by part as the suffix array it was compressed
 //! from gives them: each sample's token is the one at the suffix array's rank (read from the
 //! exact counts in its order), and a draft reads on from another occurrence, as a single
-//! compressed index's drafts do ([`super::suffix`]).
+//! compressed index's drafts do ([`crate::index::fm::suffix`]).
 
+use super::{run_length, LocalContinuations, LocalParts, LocalSample};
 use crate::index::fm::query::FmMatches;
 use crate::index::fm::CompressedIndex;
 use crate::index::format::ShardSetRecord;
-use crate::index::partial::{run_length, LocalContinuations, LocalParts, LocalSample};
 use crate::index::sampling::fine_offset;
 use crate::index::Result;
 
 impl LocalParts for CompressedIndex {
     fn fine_samples(&self, m: &FmMatches, cap: u64) -> Result<Vec<LocalSample>> {
-        Ok((0..self.shards.len())
+        Ok((0..self.parts.len())
             .map(|s| {
                 let mut ordered = self.suffix_ordered(s, m.ranges[s], m);
                 let len = ordered.len();
@@ -31,8 +31,8 @@ impl LocalParts for CompressedIndex {
     }
 
     fn fine_continuations(&self, m: &FmMatches, cap: u64, depth: usize) -> Vec<LocalContinuations> {
-        (self.shards.iter().zip(&m.ranges).enumerate())
-            .map(|(s, (shard, &range))| {
+        (self.parts.iter().zip(&m.ranges).enumerate())
+            .map(|(s, (part, &range))| {
                 let mut ordered = self.suffix_ordered(s, range, m);
                 let len = ordered.len();
                 let fine = len.min(cap);
@@ -41,7 +41,7 @@ impl LocalParts for CompressedIndex {
                     fine: (0..fine)
                         .map(|k| {
                             let offset = fine_offset(k, len, fine);
-                            self.continuation_at(shard, range, &mut ordered, offset, depth)
+                            self.continuation_at(part, range, &mut ordered, offset, depth)
                         })
                         .collect(),
                 }

@@ -7,14 +7,14 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use super::reference::RemoteReference;
+use super::RemoteEvidence;
 use crate::index::backoff::{CountedLevel, LevelSearch, LevelSource};
 use crate::index::suffix::tail;
 use crate::index::{IndexError, Result};
 
 /// The levels of a sequence over the shards.
-pub(super) struct RemoteLevels {
-    shards: RemoteReference,
+pub(crate) struct RemoteLevels {
+    shards: RemoteEvidence,
     eos_token_id: u32,
     /// Every place: the count of the empty suffix.
     total: u64,
@@ -25,7 +25,7 @@ pub(super) struct RemoteLevels {
 }
 
 impl RemoteLevels {
-    pub(super) fn new(shards: RemoteReference, eos_token_id: u32) -> Result<Self> {
+    pub(crate) fn new(shards: RemoteEvidence, eos_token_id: u32) -> Result<Self> {
         Ok(Self {
             total: shards.count(&[])?,
             shards,

@@ -16,34 +16,33 @@ use std::time::Instant;
 use tokio::runtime::Handle;
 use tonic::{Request, Response, Status};
 
-use super::shards::{Answered, Members, ShardClient, ShardSet};
-use super::unmergeable;
+use crate::cluster::fan_out::{unmergeable, Answered, Members, ShardClient, ShardSet};
 use crate::cluster::merge;
+use crate::cluster::partial::{PartialContinuations, PartialDrafts};
 use crate::cluster::validate::ShardAnswer;
 use crate::cluster::wire::{continuations_of, drafts_of, evidence_of, support_of};
-use crate::evidence::{Followed, ReferenceData};
+use crate::evidence::{EvidenceError, EvidenceSource, Followed, StepInfgram};
 use crate::index::dense::{TokenEvidence, TokenScore};
-use crate::index::partial::{PartialContinuations, PartialDrafts};
 use crate::index::query::{check_vocabulary, InfgramNtdResult};
 use crate::index::suffix;
 use crate::index::IndexError;
 use crate::mix::features::{step_score, InfgramContext, SUFFIX_LENGTHS, SUPPORT_SAMPLES};
-use crate::mix::MixError;
+use crate::mix::{MixError, NeuralDistribution};
 use crate::server::shard_pb as spb;
 
 /// The shard set as scoring, mixing and drafting see it.
-pub(crate) struct RemoteReference {
+pub(crate) struct RemoteEvidence {
     shards: Arc<ShardSet>,
     /// The runtime the fan-outs run on.
     runtime: Handle,
-    /// The set this reference was made for: sequences it follows hold its answers, so another
+    /// The set this source was made for: sequences it follows hold its answers, so another
     /// set (a new build) is refused rather than mixed with them.
     set_id: String,
     vocab_size: u64,
 }
 
 /// A shard server's refusal, as the index layer carries it (the status kept for the server).
-pub(super) fn remote(status: Status) -> IndexError {
+pub(crate) fn remote(status: Status) -> IndexError {
     let message = status.message().to_string();
     IndexError::remote(status, message)
 }
@@ -56,7 +55,7 @@ fn lengths() -> Vec<u32> {
     SUFFIX_LENGTHS.iter().map(|&k| k as u32).collect()
 }
 
-impl RemoteReference {
+impl RemoteEvidence {
     /// Over `shards`, now `members`; must be made on a thread of the runtime's.
     pub fn new(shards: Arc<ShardSet>, members: &Members) -> Self {
         Self {
@@ -185,7 +184,7 @@ fn changed_set() -> MixError {
     )))
 }
 
-impl ReferenceData for RemoteReference {
+impl EvidenceSource for RemoteEvidence {
     fn vocab_size(&self) -> u64 {
         self.vocab_size
     }
@@ -265,38 +264,71 @@ impl ReferenceData for RemoteReference {
         Ok((scores, contexts))
     }
 
-    fn follow(&self, seq: &[u32]) -> Result<Followed, IndexError> {
-        Ok(Followed::Remote(self.infgram(seq)?))
+    fn follow(self: Arc<Self>, seq: &[u32]) -> Result<Box<dyn Followed>, IndexError> {
+        let answer = self.infgram(seq)?;
+        Ok(Box::new(FollowedRemote {
+            source: self,
+            answer,
+        }))
+    }
+}
+
+/// A sequence a router follows: the shards' merged ∞-gram answer after it, asked once per change.
+struct FollowedRemote {
+    source: Arc<RemoteEvidence>,
+    answer: InfgramNtdResult,
+}
+
+impl Followed for FollowedRemote {
+    fn source(&self) -> &dyn EvidenceSource {
+        &*self.source
     }
 
-    fn advance(&self, followed: &mut Followed, seq: &[u32], from: usize) -> Result<(), IndexError> {
+    fn suffix_len(&self) -> usize {
+        self.answer.suffix_len
+    }
+
+    fn prompt_cnt(&self) -> u64 {
+        self.answer.ntd.prompt_cnt
+    }
+
+    /// The answer's distribution: a tree node a token, about three times its entry.
+    fn heap_bytes(&self) -> usize {
+        self.answer.ntd.dist.len() * 3 * std::mem::size_of::<(u32, u64)>()
+    }
+
+    fn advance(&mut self, seq: &[u32], from: usize) -> Result<(), IndexError> {
         // The match grows by at most a token per token appended (App. A of the paper).
-        let tail = followed.suffix_len() + (seq.len() - from);
-        *followed = Followed::Remote(self.infgram_of_tail(seq, tail)?);
+        let tail = self.answer.suffix_len + (seq.len() - from);
+        self.answer = self.source.infgram_of_tail(seq, tail)?;
         Ok(())
     }
 
-    fn truncate(&self, followed: &mut Followed, seq: &[u32]) -> Result<(), IndexError> {
-        *followed = Followed::Remote(self.infgram_of_tail(seq, seq.len())?);
+    fn truncate(&mut self, seq: &[u32]) -> Result<(), IndexError> {
+        self.answer = self.source.infgram_of_tail(seq, seq.len())?;
         Ok(())
     }
 
-    fn infgram_followed(&self, followed: &Followed) -> Result<InfgramNtdResult, IndexError> {
-        followed.remote().cloned()
+    fn step(
+        &self,
+        _seq: &[u32],
+        _neural: &NeuralDistribution,
+    ) -> Result<StepInfgram, EvidenceError> {
+        Ok(StepInfgram::Tokens(self.answer.clone()))
     }
 
     fn continuations(
         &self,
-        followed: &Followed,
         seq: &[u32],
         samples: usize,
         depth: usize,
     ) -> Result<Vec<Vec<u32>>, IndexError> {
-        let len = followed.suffix_len();
+        let len = self.answer.suffix_len;
         if len == 0 || samples == 0 || depth == 0 {
             return Ok(Vec::new());
         }
         let parts: Vec<PartialDrafts> = self
+            .source
             .continuations(spb::ContinuationsRequest {
                 prompt: seq[seq.len() - len.min(seq.len())..].to_vec(),
                 infinite: true,

@@ -1,24 +1,21 @@
 //! What one index knows of a query, in the form several indexes' answers merge into the answer a
-//! single index over all their shards gives (`cluster::merge`; the protocol is written down in
-//! `cluster`). A shard server answers with these ([`PartialAnswers`], over any kind of index);
-//! the router merges them.
+//! single index over all their parts gives ([`super::merge`]; the protocol is written down in
+//! [`super`]). A shard server answers with these ([`PartialAnswers`], over any kind of index:
+//! [`suffix_array`], [`compressed`]); the router merges them.
+
+mod compressed;
+mod suffix_array;
 
 use std::collections::BTreeMap;
-
-use xxhash_rust::xxh3::Xxh3;
 
 use crate::index::corpus::Corpus;
 use crate::index::dense::{self, TokenEvidence};
 use crate::index::docs::{self, DocumentIndex, PartialSearch, SearchOptions};
 use crate::index::format::ShardSetRecord;
 use crate::index::query::Spread;
-use crate::index::ranks::RankRange;
-use crate::index::read::query::Matches;
-use crate::index::read::shard::Shard;
-use crate::index::sampling;
 use crate::index::suffix::{longest_suffix, Counted, Occurrences};
 use crate::index::trace;
-use crate::index::{Index, Result};
+use crate::index::Result;
 
 /// One suffix array's next tokens after a prompt, in suffix-array order and run-length coded:
 /// every match when it has at most the cap, else its `min(cap, matches)` fine samples
@@ -221,84 +218,4 @@ pub(crate) fn run_length(pairs: impl IntoIterator<Item = (u32, u64)>) -> Vec<(u3
         }
     }
     runs
-}
-
-impl LocalParts for Index {
-    fn fine_samples(&self, m: &Matches, cap: u64) -> Result<Vec<LocalSample>> {
-        self.shards
-            .iter()
-            .zip(&m.ranges)
-            .map(|(shard, &range)| {
-                Ok(LocalSample {
-                    matches: range.len(),
-                    runs: self.ordered_next_tokens(shard, range, m.bytes.len(), cap)?,
-                })
-            })
-            .collect()
-    }
-
-    fn fine_continuations(&self, m: &Matches, cap: u64, depth: usize) -> Vec<LocalContinuations> {
-        self.shards
-            .iter()
-            .zip(&m.ranges)
-            .map(|(shard, range)| {
-                let fine = range.len().min(cap);
-                LocalContinuations {
-                    matches: range.len(),
-                    fine: (0..fine)
-                        .map(|k| {
-                            let rank = range.lo + sampling::fine_offset(k, range.len(), fine);
-                            self.continuation_at(shard, rank, m.bytes.len(), depth)
-                        })
-                        .collect(),
-                }
-            })
-            .collect()
-    }
-
-    fn checked_count(&self, ids: &[u32]) -> Result<u64> {
-        self.count(ids)
-    }
-
-    fn shard_set(&self) -> Option<ShardSetRecord> {
-        self.manifest().and_then(|m| m.shard_set.clone())
-    }
-
-    fn content_id(&self) -> String {
-        let mut hasher = Xxh3::new();
-        if let Some(m) = self.manifest() {
-            for file in m.shards.iter().flat_map(|s| &s.files) {
-                hasher.update(file.name.as_bytes());
-                hasher.update(file.xxh3.as_bytes());
-            }
-        }
-        format!("{:016x}", hasher.digest())
-    }
-}
-
-impl Index {
-    /// The next tokens of `range`'s fine samples under `cap`, run-length coded in rank order.
-    fn ordered_next_tokens(
-        &self,
-        shard: &Shard,
-        range: RankRange,
-        query_bytes: usize,
-        cap: u64,
-    ) -> Result<Vec<(u32, u64)>> {
-        let keys: Vec<(u64, u64)> = if range.len() <= cap {
-            let mut runs = Vec::new();
-            crate::index::read::next_tokens::ordered_runs(shard, range, query_bytes, &mut runs)?;
-            runs
-        } else {
-            (0..cap)
-                .map(|k| {
-                    let rank = range.lo + sampling::fine_offset(k, range.len(), cap);
-                    (shard.next_key(rank, query_bytes), 1)
-                })
-                .collect()
-        };
-        Ok(run_length(
-            keys.into_iter().map(|(key, n)| (self.token_of(key), n)),
-        ))
-    }
 }

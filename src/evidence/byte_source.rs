@@ -7,15 +7,15 @@
 //! - Drafts: what followed the matched text in the index, cut into the model's tokens by its own
 //!   tokenizer (the cut it would make of that text), less a last word the byte budget may have cut
 //!   short ([`whole_word_tokens`]). Continuations that sampled the same bytes are cut once.
-//! - The token-level answers ([`ReferenceData::infgram`], the gate's context, a document's dense
+//! - The token-level answers ([`EvidenceSource::infgram`], the gate's context, a document's dense
 //!   scores) need the model's distribution at each position, so they are refused here: callers
-//!   take [`ReferenceData::step`] and [`super::bytes::document`].
+//!   take [`EvidenceSource::step`] and [`super::bytes::document`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::bytes::{decode_step, followed_step};
-use super::{EvidenceError, Followed, ReferenceData, StepInfgram};
+use super::{EvidenceError, EvidenceSource, Followed, StepInfgram};
 use crate::index::bytes::ByteText;
 use crate::index::dense::TokenScore;
 use crate::index::query::{check_vocabulary, InfgramNtdResult};
@@ -33,12 +33,12 @@ const DRAFT_BYTES_PER_TOKEN: usize = 8;
 const DRAFT_BYTES_SPARE: usize = 32;
 
 /// A byte-level index read through a model's tokenizer.
-pub struct ByteReference {
+pub struct ByteSource {
     index: Arc<Index>,
     tokenizer: Tokenizer,
 }
 
-impl ByteReference {
+impl ByteSource {
     /// Refuses an index that is not byte-level.
     pub fn new(index: Arc<Index>, tokenizer: Tokenizer) -> Result<Self, IndexError> {
         if !index.is_byte_level() {
@@ -52,8 +52,8 @@ impl ByteReference {
 
 /// What a model's sequences read of `index`: the index itself, or, when it is byte-level, the index
 /// through the model's `tokenizer`.
-pub fn for_model(index: Arc<Index>, tokenizer: &Tokenizer) -> Arc<dyn ReferenceData> {
-    match ByteReference::new(Arc::clone(&index), tokenizer.clone()) {
+pub fn for_model(index: Arc<Index>, tokenizer: &Tokenizer) -> Arc<dyn EvidenceSource> {
+    match ByteSource::new(Arc::clone(&index), tokenizer.clone()) {
         Ok(bytes) => Arc::new(bytes),
         Err(_) => index,
     }
@@ -100,7 +100,7 @@ fn needs_the_model() -> IndexError {
     )
 }
 
-impl ReferenceData for ByteReference {
+impl EvidenceSource for ByteSource {
     fn vocab_size(&self) -> u64 {
         self.tokenizer.vocab_size()
     }
@@ -126,16 +126,6 @@ impl ReferenceData for ByteReference {
         decode_step(&self.index, &self.tokenizer, context, neural)
     }
 
-    fn step_followed(
-        &self,
-        followed: &Followed,
-        _seq: &[u32],
-        neural: &NeuralDistribution,
-    ) -> Result<StepInfgram, EvidenceError> {
-        let text = followed.bytes()?;
-        Ok(followed_step(&self.index, &self.tokenizer, text, neural))
-    }
-
     fn context_after(
         &self,
         _context: &[u32],
@@ -151,50 +141,83 @@ impl ReferenceData for ByteReference {
         Err(needs_the_model().into())
     }
 
-    fn follow(&self, seq: &[u32]) -> Result<Followed, IndexError> {
+    fn follow(self: Arc<Self>, seq: &[u32]) -> Result<Box<dyn Followed>, IndexError> {
         self.check_ids(seq)?;
         let mut text = ByteText::new(&self.index)?;
         for &id in seq {
             text.push(&self.index, &self.tokenizer, id);
         }
-        Ok(Followed::Bytes(text))
+        Ok(Box::new(FollowedBytes { source: self, text }))
+    }
+}
+
+/// A model's tokens followed over a byte-level index: their text, matched a byte at a time.
+struct FollowedBytes {
+    source: Arc<ByteSource>,
+    text: ByteText,
+}
+
+impl Followed for FollowedBytes {
+    fn source(&self) -> &dyn EvidenceSource {
+        &*self.source
     }
 
-    fn advance(&self, followed: &mut Followed, seq: &[u32], from: usize) -> Result<(), IndexError> {
-        let text = followed.bytes_mut()?;
+    fn suffix_len(&self) -> usize {
+        self.text.suffix_len()
+    }
+
+    fn matched_tokens(&self) -> usize {
+        self.text.matched_tokens()
+    }
+
+    fn prompt_cnt(&self) -> u64 {
+        self.text.prompt_cnt()
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.text.heap_bytes()
+    }
+
+    fn advance(&mut self, seq: &[u32], from: usize) -> Result<(), IndexError> {
+        let ByteSource { index, tokenizer } = &*self.source;
         for &id in seq.get(from..).unwrap_or_default() {
-            text.push(&self.index, &self.tokenizer, id);
+            self.text.push(index, tokenizer, id);
         }
         Ok(())
     }
 
-    fn truncate(&self, followed: &mut Followed, seq: &[u32]) -> Result<(), IndexError> {
-        followed.bytes_mut()?.truncate(&self.index, seq.len());
+    fn truncate(&mut self, seq: &[u32]) -> Result<(), IndexError> {
+        self.text.truncate(&self.source.index, seq.len());
         Ok(())
     }
 
-    fn infgram_followed(&self, _followed: &Followed) -> Result<InfgramNtdResult, IndexError> {
-        Err(needs_the_model())
+    fn step(
+        &self,
+        _seq: &[u32],
+        neural: &NeuralDistribution,
+    ) -> Result<StepInfgram, EvidenceError> {
+        let ByteSource { index, tokenizer } = &*self.source;
+        Ok(followed_step(index, tokenizer, &self.text, neural))
     }
 
     fn continuations(
         &self,
-        followed: &Followed,
         _seq: &[u32],
         samples: usize,
         depth: usize,
     ) -> Result<Vec<Vec<u32>>, IndexError> {
-        let text = followed.bytes()?;
+        let ByteSource { index, tokenizer } = &*self.source;
+        let text = &self.text;
         let byte_depth = depth
             .saturating_mul(DRAFT_BYTES_PER_TOKEN)
             .saturating_add(DRAFT_BYTES_SPARE);
         let mut cut: HashMap<Vec<u32>, Vec<u32>> = HashMap::new();
         let mut out = Vec::new();
-        for bytes in text.continuations(&self.index, samples, byte_depth) {
+        for bytes in text.continuations(index, samples, byte_depth) {
             let tokens = cut.entry(bytes).or_insert_with_key(|bytes| {
                 let raw: Vec<u8> = bytes.iter().map(|&b| b as u8).collect();
                 // A continuation shorter than asked ended with its document.
-                let mut tokens = whole_word_tokens(&self.tokenizer, &raw, raw.len() == byte_depth);
+                let mut tokens = whole_word_tokens(tokenizer, &raw, raw.len() == byte_depth);
                 tokens.truncate(depth);
                 tokens
             });

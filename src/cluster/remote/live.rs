@@ -12,7 +12,7 @@ use tokio::runtime::Handle;
 use tonic::Status;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::shards::{ShardClient, ShardSet};
+use crate::cluster::fan_out::{ShardClient, ShardSet};
 use crate::cluster::validate::ShardAnswer;
 use crate::live::{Appended, LiveError, LiveStore, Piece, Result};
 use crate::server::shard_pb as spb;
@@ -25,7 +25,7 @@ pub(crate) struct RemoteLive {
 }
 
 fn remote(status: Status) -> LiveError {
-    LiveError::Index(super::reference::remote(status))
+    LiveError::Index(super::remote(status))
 }
 
 impl RemoteLive {
