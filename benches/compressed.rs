@@ -158,7 +158,7 @@ fn main() {
         fm_info.bytes as f64 / 1e6,
         per_text(fm_info.bytes)
     );
-    for (part, bytes) in &fm_info.bytes_by_part {
+    for (part, bytes) in &fm_info.bytes_by_component {
         println!("  {part}: {:.3} bytes per token of text", per_text(*bytes));
     }
     println!(
@@ -181,7 +181,7 @@ fn main() {
             "build_mb_per_s_one_thread": {"suffix_array": text_mb / sa_seconds, "compressed": text_mb / fm_seconds},
             "bytes": {"suffix_array": sa_info.bytes, "compressed": fm_info.bytes},
             "bytes_per_text_token": {"suffix_array": per_text(sa_info.bytes), "compressed": per_text(fm_info.bytes)},
-            "compressed_parts_per_text_token": fm_info.bytes_by_part.iter().map(|(p, b)| (p.clone(), json!(per_text(*b)))).collect::<serde_json::Map<_, _>>(),
+            "compressed_parts_per_text_token": fm_info.bytes_by_component.iter().map(|(p, b)| (p.clone(), json!(per_text(*b)))).collect::<serde_json::Map<_, _>>(),
             "latency_us": rows.iter().map(|(n, s, f)| json!({"query": n, "suffix_array": s, "compressed": f})).collect::<Vec<_>>(),
             "document_search_places_mean": places.iter().map(|(n, p)| json!({"query": n, "places": p})).collect::<Vec<_>>(),
     });

@@ -7,7 +7,8 @@
   match pod labels, Service and probe ports are container ports, volumes and claims, ConfigMaps and
   Secrets exist, the configs the containers are started with are in their ConfigMap, the router's
   shard_service names the shards' headless Service and port, and the shard count agrees in the
-  StatefulSet, the Indexed Job and the layout ConfigMap.
+  StatefulSet (shards × replicas_per_shard, at least two a shard), the Indexed Job and the layout
+  ConfigMap, whose budget lets no more pods down at once than leaves every shard a replica.
 
 Writes each overlay's serve configs to OUT/<overlay>/ so the Rust test can load them with
 ServeConfig::load. Exits 1 with one line per problem.
@@ -177,11 +178,22 @@ def check_overlay(overlay: Path, out: Path) -> None:
     jobs = by_kind.get("Job", {})
     layout = next((c for n, c in configmaps.items() if n.startswith("sidecar-layout")), None)
     shards = int(layout["data"]["shards"]) if layout else None
+    per_shard = int(layout["data"].get("replicas_per_shard", 1)) if layout else None
+    if per_shard is not None and per_shard < 2:
+        problem(where, f"replicas_per_shard {per_shard}: a restart would take a shard away")
     for s in sts.values():
         if s["spec"]["serviceName"] not in by_kind.get("Service", {}):
             problem(where, f"StatefulSet {s['metadata']['name']}: no Service {s['spec']['serviceName']}")
-        if s["spec"]["replicas"] != shards:
-            problem(where, f"StatefulSet replicas {s['spec']['replicas']} != shards {shards}")
+        if shards is None or s["spec"]["replicas"] != shards * per_shard:
+            problem(
+                where,
+                f"StatefulSet replicas {s['spec']['replicas']} != shards {shards} "
+                f"× replicas_per_shard {per_shard}",
+            )
+        for name, pdb in by_kind.get("PodDisruptionBudget", {}).items():
+            if selects(pdb["spec"]["selector"]["matchLabels"], s) and per_shard is not None:
+                if pdb["spec"].get("maxUnavailable", per_shard) > per_shard - 1:
+                    problem(where, f"PodDisruptionBudget {name} may take every replica of a shard")
     for j in jobs.values():
         if j["spec"].get("completionMode") != "Indexed":
             problem(where, f"Job {j['metadata']['name']} is not Indexed")

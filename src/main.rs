@@ -79,7 +79,7 @@ enum IndexCommand {
     Info(InfoArgs),
     /// Check every file's checksum against the manifest and every document offset.
     Verify(OpenArgs),
-    /// Build the compressed form of an index (an FM-index per shard) into a new folder.
+    /// Build the compressed form of an index (an FM-index per part) into a new folder.
     Compress(CompressArgs),
 }
 
@@ -255,7 +255,7 @@ struct BuildArgs {
     /// Replace an existing index at --out.
     #[arg(long)]
     force: bool,
-    /// Budget of each shard's next-token table (exact next-token counts of the most frequent short
+    /// Budget of each part's next-token table (exact next-token counts of the most frequent short
     /// prompts, so `ntd` after them is a lookup), in MiB; 0 writes none.
     #[arg(long, default_value_t = 64.0)]
     next_token_table_mib: f64,
@@ -546,7 +546,7 @@ fn run(cli: Cli) -> Result<()> {
             let index = Index::open(&args.index, &opts)?;
             index.verify_documents()?;
             println!(
-                "{}: ok ({} shards, checksums and document offsets verified)",
+                "{}: ok ({} parts, checksums and document offsets verified)",
                 index.dir().display(),
                 index.num_parts()
             );

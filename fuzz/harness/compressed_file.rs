@@ -1,4 +1,4 @@
-//! Target `compressed_file`: the input is the body of a compressed index's shard file (`fm.0`),
+//! Target `compressed_file`: the input is the body of a compressed index's part file (`fm.0`),
 //! whose checksum is appended here so that mutations reach the parts behind it; the file is
 //! opened and, when it opens, asked every kind of query, for every document and for what
 //! follows a match.
@@ -86,7 +86,7 @@ fn query_everything(index: &CompressedIndex) {
     let _ = index.info();
 }
 
-/// Compressed files of tiny one-shard indexes of every width.
+/// Compressed files of tiny one-part indexes of every width.
 pub fn seeds(dir: &Path) -> Vec<(&'static str, Vec<u8>)> {
     let tokenizer = tiny::tokenizer(dir);
     let seed = |name: &'static str, width, eos, vocab, alphabet: &[u32], with_tokenizer: bool| {

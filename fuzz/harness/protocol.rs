@@ -1,5 +1,5 @@
 //! Target `protocol`: the JSON-lines query protocol of `infini-sidecar query` (`run_batch`,
-//! `answer_line`) over a tiny two-shard index with a tokenizer. The input is the batch's input.
+//! `answer_line`) over a tiny two-part index with a tokenizer. The input is the batch's input.
 //! Besides not panicking, a batch keeps the protocol's promise: one JSON object per non-blank line.
 
 use std::path::Path;

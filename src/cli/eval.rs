@@ -231,7 +231,7 @@ fn open_pairing(args: &PairingArgs) -> Result<(Model, Arc<dyn EvidenceIndex>)> {
 
 /// An index of either kind as `model`'s decoding reads it (a byte-level suffix array through the
 /// model's tokens), checked to belong with it.
-fn decoding_reference(path: &Path, model: &Model) -> Result<Arc<dyn EvidenceSource>> {
+fn decoding_source(path: &Path, model: &Model) -> Result<Arc<dyn EvidenceSource>> {
     Ok(match fm::is_compressed(path) {
         true => {
             let index = CompressedIndex::open(path)?;
@@ -304,7 +304,7 @@ fn run_ppl(args: PplArgs) -> Result<()> {
 fn run_spec(args: SpecArgs) -> Result<()> {
     let draft = args.draft.options(DraftOptions::default())?;
     let model = load_model(&args.pairing.model)?;
-    let reference = decoding_reference(&args.pairing.index, &model)?;
+    let source = decoding_source(&args.pairing.index, &model)?;
     let docs = load_documents(
         &args.pairing.inputs,
         &model,
@@ -317,7 +317,7 @@ fn run_spec(args: SpecArgs) -> Result<()> {
         new_tokens: args.new_tokens,
         draft,
     };
-    let rows = eval_spec::run(&model, &reference, &docs, &opts)?;
+    let rows = eval_spec::run(&model, &source, &docs, &opts)?;
     let md = eval_spec::markdown(&rows);
     let written = match &args.out_dir {
         Some(dir) => write_results(dir, "spec", &rows, &md)?,

@@ -173,7 +173,7 @@ fn decontamination(d: &DecontaminationRecord) -> String {
     )
 }
 
-/// The rows every kind of index shows first: `[documents, tokens with separators, shards]` and
+/// The rows every kind of index shows first: `[documents, tokens with separators, parts]` and
 /// `[vocabulary size, token width, eos id]`.
 fn holds_and_vocabulary(fields: &mut Table, shape: &IndexShape) {
     let documents = shape.documents;
@@ -263,9 +263,9 @@ pub fn compressed_info(info: &CompressedInfo) -> String {
             info.suffix_array_bytes_per_token
         ),
     ]);
-    for (part, n) in &info.bytes_by_part {
+    for (component, n) in &info.bytes_by_component {
         fields.row([
-            format!("  {part}"),
+            format!("  {component}"),
             format!(
                 "{} ({:.3} bytes a token)",
                 bytes(*n),

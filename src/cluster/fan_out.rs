@@ -16,8 +16,9 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
+use super::identity::{is_wrong_shard, Expected};
 use super::merge;
-use super::set::{assemble, SetLayout, ShardIdentity};
+use super::set::{assemble, SetLayout, ShardIdentity, Stray};
 use super::validate::ShardAnswer;
 use crate::server::config::ClusterSection;
 use crate::server::metrics::Metrics;
@@ -76,6 +77,8 @@ pub(crate) struct Members {
     pub replicas: Vec<Vec<Arc<Replica>>>,
     pub doc_bases: Vec<u64>,
     pub tokenizer: Tokenizer,
+    /// The shard servers found that the set leaves out.
+    pub strays: Vec<Stray>,
     /// Where each call starts among a shard's replicas (round robin).
     next: AtomicUsize,
 }
@@ -92,17 +95,18 @@ impl Members {
             .all(|r| r.iter().any(|x| x.healthy.load(Ordering::Relaxed)))
     }
 
-    /// The replicas down now, each as its address and, when it answered nonsense, why.
+    /// The replicas down now, each as its address and, when it answered nonsense, why; then the
+    /// servers left out of the set, and why.
     pub fn down(&self) -> Vec<String> {
-        self.replicas
-            .iter()
-            .flatten()
+        let down = (self.replicas.iter().flatten())
             .filter(|r| !r.healthy.load(Ordering::Relaxed))
             .map(|r| match r.malformed() {
                 Some(why) => format!("{} (malformed answer: {why})", r.address),
                 None => r.address.clone(),
-            })
-            .collect()
+            });
+        let left_out =
+            (self.strays.iter()).map(|s| format!("{} (left out of the set: {})", s.address, s.why));
+        down.chain(left_out).collect()
     }
 }
 
@@ -129,7 +133,7 @@ impl<T> Fanned<T> {
             .filter_map(|(k, a)| a.map(|a| (k, a)))
             .collect();
         Ok(Answered {
-            parts: answered,
+            answers: answered,
             missing,
         })
     }
@@ -137,7 +141,7 @@ impl<T> Fanned<T> {
 
 /// What the shards that answered said, each with its shard's number, and which shards are missing.
 pub(crate) struct Answered<T> {
-    pub parts: Vec<(usize, T)>,
+    pub answers: Vec<(usize, T)>,
     pub missing: Vec<u32>,
 }
 
@@ -321,9 +325,16 @@ impl ShardSet {
                 Some((a.clone(), id.clone()))
             })
             .collect();
-        let outcome = assemble(&members)
+        let previous = (self.members.read().unwrap_or_else(|e| e.into_inner()))
+            .as_ref()
+            .ok()
+            .map(Arc::clone);
+        let outcome = assemble(&members, previous.as_ref().map(|m| &m.layout))
             .map_err(|e| e.to_string())
-            .and_then(|layout| self.members_of(layout, &known));
+            .and_then(|assembled| {
+                self.note_strays(&assembled.strays, previous.as_deref());
+                self.members_of(assembled.layout, assembled.strays, &known)
+            });
         drop(known);
         if let Err(why) = &outcome {
             tracing::warn!(why = %why, "no complete shard set");
@@ -331,9 +342,20 @@ impl ShardSet {
         *self.members.write().unwrap_or_else(|e| e.into_inner()) = outcome;
     }
 
+    /// Logs the servers newly left out of the set, and counts those left out now.
+    fn note_strays(&self, strays: &[Stray], previous: Option<&Members>) {
+        for stray in strays {
+            if !previous.is_some_and(|p| p.strays.contains(stray)) {
+                tracing::warn!(server = %stray.address, why = %stray.why, "a shard server is left out of the set");
+            }
+        }
+        self.metrics.stray_replicas.set(strays.len() as i64);
+    }
+
     fn members_of(
         &self,
         layout: SetLayout,
+        strays: Vec<Stray>,
         known: &HashMap<String, Known>,
     ) -> Result<Arc<Members>, String> {
         let replicas: Vec<Vec<Arc<Replica>>> = layout
@@ -382,6 +404,7 @@ impl ShardSet {
             layout,
             replicas,
             tokenizer,
+            strays,
             next: AtomicUsize::new(0),
         }))
     }
@@ -489,11 +512,9 @@ impl ShardSet {
                 last = format!("{}: no time left before the deadline", replica.address);
                 break;
             }
-            let answer = tokio::time::timeout(
-                left,
-                call(replica.client.clone(), request(ask.clone(), left)),
-            )
-            .await;
+            let mut request = request(ask.clone(), left);
+            Expected::from(shard).stamp(&mut request);
+            let answer = tokio::time::timeout(left, call(replica.client.clone(), request)).await;
             let status = match answer {
                 Ok(Ok(response)) => {
                     let answer = response.into_inner();
@@ -509,6 +530,11 @@ impl ShardSet {
                             continue;
                         }
                     }
+                }
+                Ok(Err(status)) if is_wrong_shard(&status) => {
+                    self.wrong_shard(replica, status.message());
+                    last = format!("{}: not shard {k}: {}", replica.address, status.message());
+                    continue;
                 }
                 Ok(Err(status)) if !retriable(&status) => return Err(status),
                 Ok(Err(status)) => status,
@@ -526,6 +552,14 @@ impl ShardSet {
             "shard {k} of {} is unavailable ({last})",
             members.shards()
         )))
+    }
+
+    /// Marks `replica` down until the next refresh describes it again (which finds the shard it is
+    /// now), and counts it.
+    fn wrong_shard(&self, replica: &Replica, why: &str) {
+        tracing::warn!(replica = %replica.address, why, "a shard replica is no longer the shard it was");
+        self.metrics.wrong_shard_call(&replica.address);
+        replica.healthy.store(false, Ordering::Relaxed);
     }
 
     /// Marks `replica` down for answering nonsense, and counts it.

@@ -1,6 +1,6 @@
 //! Answers of several indexes merged into the answer of one index over all their shards. Pure
 //! functions over [`crate::cluster::partial`] answers, in the order of the shards. Sums are checked:
-//! parts from shards that claim more than 2^64 occurrences together give [`Overflow`], never a
+//! partials from shards that claim more than 2^64 occurrences together give [`Overflow`], never a
 //! wrapped count.
 
 use std::collections::BTreeMap;
@@ -11,7 +11,7 @@ use crate::index::docs::{PartialSearch, SearchResult};
 use crate::index::query::{InfgramNtdResult, NtdResult, Spread};
 use crate::index::sampling;
 
-/// The parts' counts add up past 2^64: they cannot all be true.
+/// The partials' counts add up past 2^64: they cannot all be true.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the shards' counts add up past 2^64")]
 pub struct Overflow;
@@ -31,15 +31,15 @@ fn add(to: &mut u64, n: u64) -> Result<()> {
     Ok(())
 }
 
-/// The next-token distribution after a prompt (its longest suffix found anywhere, when the parts
-/// were asked for the ∞-gram): the longest suffix matched by any part, counts summed over the parts
-/// that matched that far. `max_support` must be what the parts were asked with.
+/// The next-token distribution after a prompt (its longest suffix found anywhere, when the partials
+/// were asked for the ∞-gram): the longest suffix matched by any partial, counts summed over the partials
+/// that matched that far. `max_support` must be what the partials were asked with.
 pub fn continuations(
-    parts: &[PartialContinuations],
+    partials: &[PartialContinuations],
     max_support: Option<u64>,
 ) -> Result<InfgramNtdResult> {
-    let suffix_len = parts.iter().map(|p| p.suffix_len).max().unwrap_or(0);
-    let longest: Vec<&PartialContinuations> = parts
+    let suffix_len = partials.iter().map(|p| p.suffix_len).max().unwrap_or(0);
+    let longest: Vec<&PartialContinuations> = partials
         .iter()
         .filter(|p| p.suffix_len == suffix_len)
         .collect();
@@ -101,14 +101,14 @@ pub fn continuations(
     })
 }
 
-/// The continuations drafts read after a sequence, from every part's: up to `samples` of the
+/// The continuations drafts read after a sequence, from every partial's: up to `samples` of the
 /// longest suffix's matches, each suffix array's share picked among its fine samples, in the
-/// order one index over all the parts' suffix arrays reads them
-/// ([`crate::index::suffix::SuffixMatch::continuations`]). `samples` must be what the parts were
+/// order one index over all the partials' suffix arrays reads them
+/// ([`crate::index::suffix::SuffixMatch::continuations`]). `samples` must be what the partials were
 /// asked with.
-pub fn drafts(parts: &[PartialDrafts], samples: u64) -> Result<Vec<Vec<u32>>> {
-    let suffix_len = parts.iter().map(|p| p.suffix_len).max().unwrap_or(0);
-    let arrays: Vec<_> = parts
+pub fn drafts(partials: &[PartialDrafts], samples: u64) -> Result<Vec<Vec<u32>>> {
+    let suffix_len = partials.iter().map(|p| p.suffix_len).max().unwrap_or(0);
+    let arrays: Vec<_> = partials
         .iter()
         .filter(|p| p.suffix_len == suffix_len)
         .flat_map(|p| &p.suffix_arrays)
@@ -127,14 +127,14 @@ pub fn drafts(parts: &[PartialDrafts], samples: u64) -> Result<Vec<Vec<u32>>> {
 }
 
 /// The counts of a sequence's last k tokens for each k of `lengths` shorter than the longest
-/// suffix any part matched, summed over the parts; each part gives its match's length and its
+/// suffix any partial matched, summed over the partials; each partial gives its match's length and its
 /// counts for the lengths up to it, in order (longer suffixes do not occur in it).
-pub fn suffix_counts(parts: &[(usize, &[u64])], lengths: &[usize]) -> Result<Vec<u64>> {
+pub fn suffix_counts(partials: &[(usize, &[u64])], lengths: &[usize]) -> Result<Vec<u64>> {
     lengths
         .iter()
         .enumerate()
         .map(|(i, &k)| {
-            sum(parts
+            sum(partials
                 .iter()
                 .filter(|(len, _)| k <= *len)
                 .map(|(_, counts)| counts.get(i).copied().unwrap_or(0)))
@@ -142,14 +142,14 @@ pub fn suffix_counts(parts: &[(usize, &[u64])], lengths: &[usize]) -> Result<Vec
         .collect()
 }
 
-/// Dense scores of a sequence from every part's evidence of each token: at each position the
-/// longest suffix matched by any part, counts summed over the parts that matched that far.
-pub fn token_scores(parts: &[Vec<TokenEvidence>]) -> Result<Vec<TokenScore>> {
-    let len = parts.iter().map(Vec::len).min().unwrap_or(0);
+/// Dense scores of a sequence from every partial's evidence of each token: at each position the
+/// longest suffix matched by any partial, counts summed over the partials that matched that far.
+pub fn token_scores(partials: &[Vec<TokenEvidence>]) -> Result<Vec<TokenScore>> {
+    let len = partials.iter().map(Vec::len).min().unwrap_or(0);
     (0..len)
         .map(|i| {
-            let suffix_len = parts.iter().map(|p| p[i].suffix_len).max().unwrap_or(0);
-            let merged = parts
+            let suffix_len = partials.iter().map(|p| p[i].suffix_len).max().unwrap_or(0);
+            let merged = partials
                 .iter()
                 .map(|p| p[i])
                 .filter(|e| e.suffix_len == suffix_len)
@@ -174,10 +174,10 @@ pub fn token_scores(parts: &[Vec<TokenEvidence>]) -> Result<Vec<TokenScore>> {
         .collect()
 }
 
-/// A document search from every part's documents, each part's numbered from `doc_bases[i]` (the
-/// documents of the parts before it); `totals` are the clauses' match counts over all parts.
+/// A document search from every partial's documents, each partial's numbered from `doc_bases[i]` (the
+/// documents of the partials before it); `totals` are the clauses' match counts over all partials.
 pub fn search(
-    parts: Vec<PartialSearch>,
+    partials: Vec<PartialSearch>,
     doc_bases: &[u64],
     totals: &[u64],
     strides: &[u64],
@@ -188,13 +188,13 @@ pub fn search(
         clause_places: vec![0; totals.len()],
         documents: Vec::new(),
     };
-    for (part, &base) in parts.into_iter().zip(doc_bases) {
-        add(&mut merged.doc_cnt, part.doc_cnt)?;
-        for (total, &n) in merged.clause_places.iter_mut().zip(&part.clause_places) {
+    for (partial, &base) in partials.into_iter().zip(doc_bases) {
+        add(&mut merged.doc_cnt, partial.doc_cnt)?;
+        for (total, &n) in merged.clause_places.iter_mut().zip(&partial.clause_places) {
             add(total, n)?;
         }
         let room = maxnum.saturating_sub(merged.documents.len());
-        for mut d in part.documents.into_iter().take(room) {
+        for mut d in partial.documents.into_iter().take(room) {
             add(&mut d.doc_ix, base)?;
             merged.documents.push(d);
         }
@@ -217,7 +217,7 @@ mod tests {
 
     const HALF: u64 = u64::MAX / 2 + 1;
 
-    fn part(prompt_cnt: u64, dist: &[(u32, u64)]) -> PartialContinuations {
+    fn partial(prompt_cnt: u64, dist: &[(u32, u64)]) -> PartialContinuations {
         PartialContinuations {
             suffix_len: 2,
             prompt_cnt,
@@ -232,11 +232,14 @@ mod tests {
 
     #[test]
     fn counts_past_2_64_are_an_error_not_a_wrapped_sum() {
-        let parts = [part(HALF, &[(3, HALF)]), part(HALF, &[(3, HALF)])];
-        assert_eq!(continuations(&parts, None), Err(Overflow));
-        assert_eq!(continuations(&parts, Some(4)), Err(Overflow));
-        // Within 2^64 the same parts merge.
-        let fits = [part(HALF - 1, &[(3, HALF - 1)]), part(HALF, &[(3, HALF)])];
+        let partials = [partial(HALF, &[(3, HALF)]), partial(HALF, &[(3, HALF)])];
+        assert_eq!(continuations(&partials, None), Err(Overflow));
+        assert_eq!(continuations(&partials, Some(4)), Err(Overflow));
+        // Within 2^64 the same partials merge.
+        let fits = [
+            partial(HALF - 1, &[(3, HALF - 1)]),
+            partial(HALF, &[(3, HALF)]),
+        ];
         let merged = continuations(&fits, None).unwrap();
         assert_eq!(merged.ntd.prompt_cnt, u64::MAX);
         assert_eq!(merged.ntd.dist[&3], u64::MAX);

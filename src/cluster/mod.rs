@@ -5,10 +5,10 @@
 //! - building a shard: which documents it takes and the set's id ([`split`]);
 //! - answering as a shard: one index's part of a sharded answer, over either kind ([`partial`]);
 //! - routing: the shard set a router accepts ([`set`]), the fan-out of a call to every shard and
-//!   its replicas ([`fan_out`]), what it checks of every shard answer before trusting it
-//!   ([`validate`]), how it reads them ([`wire`]), their merge into one index's answer ([`merge`]),
-//!   and the shards seen as the library's own faces: evidence, back-off levels, live namespaces
-//!   ([`remote`]).
+//!   its replicas (`fan_out`), which shard each call is for ([`identity`]), what it checks of
+//!   every shard answer before trusting it ([`validate`]), how it reads them ([`wire`]), their
+//!   merge into one index's answer ([`merge`]), and the shards seen as the library's own faces:
+//!   evidence, back-off levels, live namespaces (`remote`).
 //!
 //! # Why the merged answers are exact
 //!
@@ -27,7 +27,7 @@
 //!   only that token after its matches ([`crate::index::query::Spread`] merges).
 //! - **Back-off levels**: a suffix's count and its next tokens' counts add up over the shards, so
 //!   each level (the longest suffix, then each shorter one whose count grows) and the mixture drawn
-//!   from are one index's ([`remote`]).
+//!   from are one index's (`remote`).
 //! - **Documents**: a document lies in one shard. The router numbers shard k's documents after
 //!   those of shards 0..k, so with a build split by `--shard K/N` (contiguous runs of the input)
 //!   every document keeps its number in a single index over the same input. Searches take two
@@ -56,6 +56,7 @@
 //! document search, and for a decoding step's gate features (after its ∞-gram).
 
 pub(crate) mod fan_out;
+pub mod identity;
 pub mod merge;
 pub mod partial;
 pub(crate) mod remote;

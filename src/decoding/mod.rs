@@ -220,8 +220,9 @@ impl Sequence {
     }
 
     /// Brings the sequence to `context`, for a caller that sends the whole context at each step:
-    /// keeps what it shares with it (a truncate) and appends the rest. Bad ids are refused before
-    /// either, changing nothing; a source that fails in the append leaves the sequence cut to
+    /// keeps what it shares with it (a truncate) and appends the rest. Over an evidence source,
+    /// bad ids are refused before either, changing nothing (a model-only sequence leaves its ids
+    /// to the model); a source that fails in the append leaves the sequence cut to
     /// the shared part, still whole.
     pub fn align(&mut self, context: &[u32]) -> Result<(), DecodeError> {
         let common = self

@@ -104,7 +104,8 @@ pub struct CompressedInfo {
     pub suffix_array_bytes_per_token: f64,
     /// The files' bytes by what they serve: the transform (count, ∞-gram, distributions), the
     /// position samples (locating matches), the documents (offsets, entry rows, metadata).
-    pub bytes_by_part: Vec<(String, u64)>,
+    #[serde(rename = "bytes_by_part")]
+    pub bytes_by_component: Vec<(String, u64)>,
 }
 
 impl CompressedIndex {
@@ -137,8 +138,8 @@ impl CompressedIndex {
             bytes,
             bytes_per_token: bytes as f64 / tokens as f64,
             suffix_array_bytes_per_token: suffix_array_bytes as f64 / tokens as f64,
-            bytes_by_part: self
-                .size_by_part()
+            bytes_by_component: self
+                .size_by_component()
                 .into_iter()
                 .map(|(name, b)| (name.to_string(), b))
                 .collect(),

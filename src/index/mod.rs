@@ -3,7 +3,8 @@
 //! (`format`), the suffix-array read side (`read`), the compressed side (`fm`), the build side
 //! (`build`), and here the one face of every kind (`corpus`, its answers in `query`, what following
 //! a match asks of a kind in `suffix`) and what is written once over it (`dense`, `docs`, `trace`,
-//! `backoff`, `partial`, `bytes`, `hints`, `info`).
+//! `backoff`, `bytes`, `hints`, `info`). A shard's part of a router's answer is the cluster's
+//! ([`crate::cluster::partial`]).
 
 pub mod backoff;
 pub mod build;

@@ -254,7 +254,7 @@ impl Namespace {
                 found.push((run, m));
             }
         }
-        // The runs that match longest share the samples as shards of one index would.
+        // The runs that match longest share the samples as the parts of one index would.
         let longest_runs: Vec<_> = found.iter().filter(|(_, m)| m.len == longest).collect();
         let pooled = longest_runs.iter().map(|(_, m)| m.count()).sum();
         for (run, m) in longest_runs {

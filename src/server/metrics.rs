@@ -53,6 +53,10 @@ pub struct Metrics {
     live_gauges: LiveGauges,
     /// A router's shard answers refused as malformed, by replica address.
     malformed_answers: Family<Replica, Counter>,
+    /// A router's calls refused by a replica that is no longer the shard it was, by address.
+    wrong_shard_calls: Family<Replica, Counter>,
+    /// Shard servers a router left out of its set (another set or build, other files).
+    pub stray_replicas: Gauge,
 }
 
 /// The live index's figures ([`LiveStats`]), set at each scrape.
@@ -113,6 +117,8 @@ impl Default for Metrics {
         let kv_tokens = Gauge::default();
         let connections = Gauge::default();
         let malformed_answers = Family::<Replica, Counter>::default();
+        let wrong_shard_calls = Family::<Replica, Counter>::default();
+        let stray_replicas = Gauge::default();
         registry.register(
             "requests",
             "Finished requests (and session steps) by method and final gRPC status code, whatever ended them: the handler, the codec, a deadline or the client leaving",
@@ -146,6 +152,16 @@ impl Default for Metrics {
             "Shard answers a router refused as malformed (it failed over as from a replica that is down), by replica address",
             malformed_answers.clone(),
         );
+        registry.register(
+            "shard_wrong_identity_calls",
+            "Shard calls a replica refused because it is not the shard the router took it for (a reused address before the next refresh); the router failed over, by replica address",
+            wrong_shard_calls.clone(),
+        );
+        registry.register(
+            "shard_stray_replicas",
+            "Shard servers a router's last refresh left out of its set: another set, tokenizer or build, or other files than their shard's other replicas",
+            stray_replicas.clone(),
+        );
         Self {
             registry,
             requests,
@@ -157,6 +173,8 @@ impl Default for Metrics {
             live: OnceLock::new(),
             live_gauges,
             malformed_answers,
+            wrong_shard_calls,
+            stray_replicas,
         }
     }
 }
@@ -181,6 +199,15 @@ impl Metrics {
     /// Counts a shard answer from `replica` that a router refused.
     pub fn malformed_answer(&self, replica: &str) {
         self.malformed_answers
+            .get_or_create(&Replica {
+                replica: replica.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a call `replica` refused as not its shard's.
+    pub fn wrong_shard_call(&self, replica: &str) {
+        self.wrong_shard_calls
             .get_or_create(&Replica {
                 replica: replica.to_string(),
             })

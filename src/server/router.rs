@@ -158,12 +158,12 @@ impl RouterService {
                 c.continuations(r).await
             })
             .await?;
-        let Answered { parts, missing } = fanned.complete(allow_partial)?;
-        let parts = parts
+        let Answered { answers, missing } = fanned.complete(allow_partial)?;
+        let partials = answers
             .into_iter()
             .map(|(_, a)| continuations_of(a))
             .collect();
-        Ok((parts, missing))
+        Ok((partials, missing))
     }
 
     /// Every n-gram's count in every shard that answered.
@@ -186,9 +186,9 @@ impl RouterService {
                 c.count(r).await
             })
             .await?;
-        let Answered { parts, missing } = fanned.complete(allow_partial)?;
-        let parts = parts.into_iter().map(|(k, a)| (k, a.counts)).collect();
-        Ok(Answered { parts, missing })
+        let Answered { answers, missing } = fanned.complete(allow_partial)?;
+        let answers = answers.into_iter().map(|(k, a)| (k, a.counts)).collect();
+        Ok(Answered { answers, missing })
     }
 
     async fn search(
@@ -214,7 +214,7 @@ impl RouterService {
         let mut missing = counted.missing.clone();
         // Per clause, its n-grams' matches in the shards that count.
         let clause_totals = |keep: &dyn Fn(usize) -> bool| -> Result<Vec<u64>, Status> {
-            let counts = sum_counts(&counted.parts, n_grams, keep).map_err(unmergeable)?;
+            let counts = sum_counts(&counted.answers, n_grams, keep).map_err(unmergeable)?;
             let mut at = 0;
             cnf.iter()
                 .map(|clause| {
@@ -255,7 +255,7 @@ impl RouterService {
         missing.sort_unstable();
         missing.dedup();
         let (bases, parts): (Vec<u64>, Vec<PartialSearch>) = answered
-            .parts
+            .answers
             .into_iter()
             .filter(|(k, _)| !missing.contains(&(*k as u32)))
             .map(|(k, a)| (members.doc_bases[k], search_of(a)))
@@ -289,7 +289,7 @@ impl RouterService {
             })
             .await?;
         let mut longest = vec![0usize; ids.len()];
-        for (_, answer) in fanned.complete(false)?.parts {
+        for (_, answer) in fanned.complete(false)?.answers {
             for (l, &n) in longest.iter_mut().zip(&answer.lengths) {
                 *l = (*l).max(n as usize);
             }
@@ -297,7 +297,7 @@ impl RouterService {
         let spans = trace::maximal_spans(longest.into_iter(), opts.min_len);
         let grams: Vec<Vec<u32>> = spans.iter().map(|&(a, b)| ids[a..b].to_vec()).collect();
         let counted = self.counts(members, deadline, grams.clone(), false).await?;
-        let counts = sum_counts(&counted.parts, grams.len(), |_| true).map_err(unmergeable)?;
+        let counts = sum_counts(&counted.answers, grams.len(), |_| true).map_err(unmergeable)?;
         trace::check_shown(counts.iter().copied(), opts).map_err(super::index_status)?;
         // `trace_request` made a `max_documents` of 0 the default: every span gets its documents.
         let searches = grams.into_iter().map(|gram| async move {
@@ -321,14 +321,14 @@ impl RouterService {
     }
 }
 
-/// Each of `n` n-grams' count summed over the shards `keep` keeps (each part: shard, counts).
+/// Each of `n` n-grams' count summed over the shards `keep` keeps (each answer: shard, counts).
 fn sum_counts(
-    parts: &[(usize, Vec<u64>)],
+    answers: &[(usize, Vec<u64>)],
     n: usize,
     keep: impl Fn(usize) -> bool,
 ) -> Result<Vec<u64>, merge::Overflow> {
     let mut totals = vec![0u64; n];
-    for (_, counts) in parts.iter().filter(|(k, _)| keep(*k)) {
+    for (_, counts) in answers.iter().filter(|(k, _)| keep(*k)) {
         for (t, &c) in totals.iter_mut().zip(counts) {
             *t = t.checked_add(c).ok_or(merge::Overflow)?;
         }
@@ -411,7 +411,7 @@ impl Sidecar for RouterService {
         let counted = self
             .counts(&m, deadline, vec![r.ids], r.allow_partial)
             .await?;
-        let count = sum_counts(&counted.parts, 1, |_| true).map_err(unmergeable)?[0];
+        let count = sum_counts(&counted.answers, 1, |_| true).map_err(unmergeable)?[0];
         Ok(Response::new(pb::CountResponse {
             count,
             partial: partial_of(counted.missing),

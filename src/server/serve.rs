@@ -12,6 +12,7 @@ use tonic::transport::server::Router;
 use tonic::transport::Server;
 use tonic::{Request, Status};
 use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
 
 use super::config::{ConfigError, Limits, Role, ServeConfig};
 use super::listen::{incoming, AcceptLimits, Connection};
@@ -157,16 +158,26 @@ pub async fn serve(
             .max_encoding_message_size(limits.max_message_bytes);
         // Ready (the sidecar service SERVING) only while every shard has a replica that answers;
         // the server itself ("") is SERVING while it runs, for liveness.
-        let _readiness = AbortOnDrop(tokio::spawn(track_readiness(
+        let readiness = AbortOnDrop(tokio::spawn(track_readiness(
             router,
-            health_reporter,
+            health_reporter.clone(),
             Duration::from_secs(config.cluster.refresh_secs),
         )));
+        // Readiness stops following the shards once the drain begins.
+        let shutdown = async move {
+            shutdown.await;
+            drop(readiness);
+        };
         let routes = routes.add_service(observed(InterceptedService::new(sidecar, auth), &metrics));
         tracing::info!("serving on {local}");
-        return drain(routes, connections, limits, shutdown, move || {
-            closing.close_streams()
-        })
+        return drain(
+            routes,
+            connections,
+            limits,
+            shutdown,
+            health_reporter,
+            move || closing.close_streams(),
+        )
         .await;
     }
     let service = SidecarService::open_with_metrics(&config, Arc::clone(&metrics))?;
@@ -188,9 +199,14 @@ pub async fn serve(
         .add_optional_service(shard)
         .add_service(observed(InterceptedService::new(sidecar, auth), &metrics));
     let closing = service.clone();
-    let served = drain(routes, connections, limits, shutdown, move || {
-        closing.close_streams()
-    })
+    let served = drain(
+        routes,
+        connections,
+        limits,
+        shutdown,
+        health_reporter,
+        move || closing.close_streams(),
+    )
     .await;
     // The live index stops here, not when the last holder of the state lets go (the process may
     // exit first): its compactor finishes the build under way and the tails become runs.
@@ -224,18 +240,23 @@ async fn track_readiness(router: RouterService, health: HealthReporter, every: D
     }
 }
 
-/// Serves `routes` until `shutdown`, then drains: in-flight requests finish; once
-/// `limits.drain_secs` have passed, `close_streams` ends what is still open.
+/// Serves `routes` until `shutdown`, then drains: readiness goes NOT_SERVING (a load balancer, and
+/// a router describing its shards, stop sending calls), new connections are refused and in-flight
+/// requests finish; once `limits.drain_secs` have passed, `close_streams` ends what is still open.
 async fn drain(
     routes: Router,
     connections: ReceiverStream<std::io::Result<Connection>>,
     limits: Limits,
     shutdown: impl Future<Output = ()>,
+    health: HealthReporter,
     close_streams: impl FnOnce(),
 ) -> Result<(), ServeError> {
     let (draining_tx, mut draining) = tokio::sync::watch::channel(false);
     let server = routes.serve_with_incoming_shutdown(connections, async move {
         shutdown.await;
+        health
+            .set_service_status(pb::sidecar_server::SERVICE_NAME, ServingStatus::NotServing)
+            .await;
         tracing::info!(
             "shutting down: finishing in-flight requests, closing open streams in {} s",
             limits.drain_secs

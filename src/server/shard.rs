@@ -8,6 +8,7 @@ use super::drafting::MAX_DRAFT_TOKENS;
 use super::engine::{check_answer_size, document};
 use super::shard_pb as spb;
 use super::{check_max_support, deadline_of, index_status, live_status, SidecarService, State};
+use crate::cluster::identity::{self, Expected};
 use crate::cluster::partial::LocalSample;
 use crate::index::docs::SearchOptions;
 use crate::index::query::Spread;
@@ -15,13 +16,29 @@ use crate::live::namespace::check_name;
 use crate::live::{Appended, LiveStore, Piece};
 use tonic::{Request, Response, Status};
 
-fn describe(s: &State) -> Result<spb::ShardDescription, Status> {
+/// Which shard this server is, as routers name it in their calls ([`identity`]).
+fn own_identity(s: &State) -> Result<Expected, Status> {
     let index = s.corpus()?;
     let set = index.shard_set();
-    Ok(spb::ShardDescription {
+    Ok(Expected {
         set_id: set.as_ref().map(|r| r.set_id.clone()).unwrap_or_default(),
         shard: set.as_ref().map_or(0, |r| r.shard),
-        shards: set.as_ref().map_or(1, |r| r.shards),
+        content_id: index.content_id(),
+    })
+}
+
+/// Refuses a call a router meant for another shard.
+fn accept<T>(s: &State, request: &Request<T>) -> Result<(), Status> {
+    identity::check(request.metadata(), &own_identity(s)?)
+}
+
+fn describe(s: &State) -> Result<spb::ShardDescription, Status> {
+    let index = s.corpus()?;
+    let own = own_identity(s)?;
+    Ok(spb::ShardDescription {
+        set_id: own.set_id,
+        shard: own.shard,
+        shards: index.shard_set().map_or(1, |r| r.shards),
         documents: index.total_documents(),
         tokens: index.total_tokens(),
         local_shards: index.num_parts() as u32,
@@ -33,7 +50,7 @@ fn describe(s: &State) -> Result<spb::ShardDescription, Status> {
             .tokenizer
             .to_json()
             .map_err(|e| Status::internal(e.to_string()))?,
-        content_id: index.content_id(),
+        content_id: own.content_id,
         version: env!("CARGO_PKG_VERSION").into(),
     })
 }
@@ -291,6 +308,7 @@ impl spb::shard_server::Shard for SidecarService {
         &self,
         request: Request<spb::CountRequest>,
     ) -> Result<Response<spb::CountAnswer>, Status> {
+        accept(&self.state, &request)?;
         let deadline = deadline_of(&request);
         let r = request.into_inner();
         self.run(deadline, move |s| {
@@ -309,6 +327,7 @@ impl spb::shard_server::Shard for SidecarService {
         &self,
         request: Request<spb::ContinuationsRequest>,
     ) -> Result<Response<spb::ContinuationsAnswer>, Status> {
+        accept(&self.state, &request)?;
         let deadline = deadline_of(&request);
         let r = request.into_inner();
         self.run(deadline, move |s| continuations(s, r)).await
@@ -318,6 +337,7 @@ impl spb::shard_server::Shard for SidecarService {
         &self,
         request: Request<spb::ScoreTokensRequest>,
     ) -> Result<Response<spb::ScoreTokensAnswer>, Status> {
+        accept(&self.state, &request)?;
         let deadline = deadline_of(&request);
         let r = request.into_inner();
         self.run(deadline, move |s| score_tokens(s, r)).await
@@ -327,6 +347,7 @@ impl spb::shard_server::Shard for SidecarService {
         &self,
         request: Request<spb::SearchRequest>,
     ) -> Result<Response<spb::SearchAnswer>, Status> {
+        accept(&self.state, &request)?;
         let deadline = deadline_of(&request);
         let r = request.into_inner();
         self.run(deadline, move |s| search(s, r)).await
@@ -336,6 +357,7 @@ impl spb::shard_server::Shard for SidecarService {
         &self,
         request: Request<spb::SpanLengthsRequest>,
     ) -> Result<Response<spb::SpanLengthsAnswer>, Status> {
+        accept(&self.state, &request)?;
         let deadline = deadline_of(&request);
         let r = request.into_inner();
         self.run(deadline, move |s| {
@@ -352,6 +374,7 @@ impl spb::shard_server::Shard for SidecarService {
         &self,
         request: Request<spb::LiveAppendRequest>,
     ) -> Result<Response<spb::LiveAppendAnswer>, Status> {
+        accept(&self.state, &request)?;
         let deadline = deadline_of(&request);
         let r = request.into_inner();
         self.run(deadline, move |s| live_append(s, r)).await
@@ -361,6 +384,7 @@ impl spb::shard_server::Shard for SidecarService {
         &self,
         request: Request<spb::LiveContinuationsRequest>,
     ) -> Result<Response<spb::LiveContinuationsAnswer>, Status> {
+        accept(&self.state, &request)?;
         let deadline = deadline_of(&request);
         let r = request.into_inner();
         self.run(deadline, move |s| live_continuations(s, r)).await

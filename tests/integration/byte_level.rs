@@ -15,7 +15,7 @@ use proptest::prelude::*;
 use crate::common;
 use crate::common::oracle::Oracle;
 
-/// A byte index over `docs` (at most `max_part_tokens` a shard).
+/// A byte index over `docs` (at most `max_part_tokens` a part).
 pub fn byte_index(dir: &Path, docs: &[String], max_part_tokens: Option<u64>) -> Index {
     let tokenizer = Tokenizer::utf8_bytes();
     let opts = BuildOptions {

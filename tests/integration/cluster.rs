@@ -101,7 +101,7 @@ pub(super) fn build_with(input: &Path, out: &Path, shard: Option<usize>, extra: 
 
 /// Starts `infini-sidecar serve` on a config written from `toml` (bind is added, and `[live]` off
 /// unless `toml` has it).
-async fn serve(dir: &Path, name: &str, toml: &str) -> (Process, std::net::SocketAddr) {
+pub(super) async fn serve(dir: &Path, name: &str, toml: &str) -> (Process, std::net::SocketAddr) {
     let path = dir.join(format!("{name}.toml"));
     let live = match toml.contains("[live]") {
         true => "",

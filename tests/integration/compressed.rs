@@ -107,7 +107,7 @@ fn compressed_minipile_answers_as_the_suffix_array_does() {
     std::fs::write(&path, &bytes).unwrap();
     let err = CompressedIndex::open(&out).err().unwrap().to_string();
     assert!(err.contains("checksum") && err.contains("fm.0"), "{err}");
-    // So is a file whose parts disagree though its checksum is right: the shard's token count
+    // So is a file whose pieces disagree though its checksum is right: the part's token count
     // (the header's seventh word) one more than its transform holds.
     let mut bytes = whole.clone();
     let n = u64::from_le_bytes(bytes[48..56].try_into().unwrap());
@@ -117,11 +117,11 @@ fn compressed_minipile_answers_as_the_suffix_array_does() {
     std::fs::write(&path, with_checksum(bytes)).unwrap();
     let err = CompressedIndex::open(&out).err().unwrap().to_string();
     assert!(err.contains("corrupt") && err.contains("size"), "{err}");
-    // A shard file missing is a folder that is not whole.
+    // A part file missing is a folder that is not whole.
     std::fs::write(&path, &whole).unwrap();
     std::fs::copy(&path, part_file(&out, 1)).unwrap();
     let err = CompressedIndex::open(&out).err().unwrap().to_string();
-    assert!(err.contains("number of shards"), "{err}");
+    assert!(err.contains("number of parts"), "{err}");
     std::fs::remove_file(part_file(&out, 1)).unwrap();
     assert!(CompressedIndex::open(&out).is_ok());
     // And the command refuses to write over a folder that exists.

@@ -1,5 +1,5 @@
 //! Every query type against brute-force counting over the documents themselves, on generated corpora
-//! with several shards and every token width, including the edge cases: empty prompts, prompts at the
+//! with several parts and every token width, including the edge cases: empty prompts, prompts at the
 //! very end of the corpus, continuations at a separator, ids outside the vocabulary, queries longer than
 //! any document.
 
@@ -485,12 +485,12 @@ fn u32_corpora_match_brute_force() {
 }
 
 #[test]
-fn several_shards_are_built_and_merged() {
+fn several_parts_are_built_and_merged() {
     let docs: Vec<Vec<u32>> = (0..30)
         .map(|i| (0..20).map(|j| (i * 7 + j * 3) % 5 + 1).collect())
         .collect();
     let b = build_corpus(&docs, TokenWidth::U16, 50);
-    assert!(b.index.num_parts() >= 10, "{} shards", b.index.num_parts());
+    assert!(b.index.num_parts() >= 10, "{} parts", b.index.num_parts());
     assert!(b.index.info().next_token_table_prompts > 0);
     check_all(&b, &[vec![1, 2, 3], vec![9]]);
     check_all(&with_rank_samples(b), &[vec![1, 2, 3], vec![9]]);

@@ -10,7 +10,7 @@ use infini_sidecar::index::build::{build, BuildOptions};
 use infini_sidecar::index::format::NextTableSpec;
 use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
 
-/// A small index of several shards, with a next-token table of its prompts seen 3 times or more when
+/// A small index of several parts, with a next-token table of its prompts seen 3 times or more when
 /// asked (a table notices changed tokens under its prompts at open).
 fn small_index(dir: &Path, with_table: bool) -> std::path::PathBuf {
     let out = dir.join("idx");
@@ -317,7 +317,7 @@ fn a_vocabulary_reaching_the_separator_is_refused() {
 }
 
 #[test]
-fn a_shard_cap_too_small_is_named_as_such() {
+fn a_part_cap_too_small_is_named_as_such() {
     let tmp = tempfile::tempdir().unwrap();
     let opts = BuildOptions {
         max_part_tokens: Some(1),
@@ -330,7 +330,7 @@ fn a_shard_cap_too_small_is_named_as_such() {
     }));
     let err = build(docs, &opts).unwrap_err().to_string();
     assert!(
-        err.contains("--max-shard-tokens") && !err.contains("memory"),
+        err.contains("--max-part-tokens") && !err.contains("memory"),
         "{err}"
     );
     // A document larger than the cap names the cap too, not the memory budget.
@@ -344,7 +344,7 @@ fn a_shard_cap_too_small_is_named_as_such() {
         input_bytes: 0,
     }));
     let err = build(docs, &opts).unwrap_err().to_string();
-    assert!(err.contains("raise --max-shard-tokens"), "{err}");
+    assert!(err.contains("raise --max-part-tokens"), "{err}");
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! What one index knows of a query, in the form several indexes' answers merge into the answer a
 //! single index over all their parts gives ([`super::merge`]; the protocol is written down in
 //! [`super`]). A shard server answers with these ([`PartialAnswers`], over any kind of index:
-//! [`suffix_array`], [`compressed`]); the router merges them.
+//! `suffix_array`, `compressed`); the router merges them.
 
 mod compressed;
 mod suffix_array;
@@ -19,7 +19,7 @@ use crate::index::Result;
 
 /// One suffix array's next tokens after a prompt, in suffix-array order and run-length coded:
 /// every match when it has at most the cap, else its `min(cap, matches)` fine samples
-/// ([`sampling`]), from which the merge picks the ranks a single index would read.
+/// ([`crate::index::sampling`]), from which the merge picks the ranks a single index would read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalSample {
     pub matches: u64,

@@ -5,7 +5,7 @@
 //! deadline of the request the thread works for.
 //!
 //! Round trips per shard: one for the ∞-gram of a context or a session's step (a session asks
-//! only for the tokens that can still be part of its match), one for a document's dense evidence
+//! only for the tokens that can still be partial of its match), one for a document's dense evidence
 //! with every position's gate features, one for a draft; the gate's view of a decoding step is a
 //! second one after the ∞-gram.
 
@@ -99,8 +99,8 @@ impl RemoteEvidence {
         let deadline: Option<Instant> = crate::interrupt::deadline();
         self.wait(async {
             let fanned = self.shards.fan_out(&members, deadline, &ask, call).await?;
-            let Answered { parts, .. } = fanned.complete(false)?;
-            Ok(parts.into_iter().map(|(_, a)| a).collect())
+            let Answered { answers, .. } = fanned.complete(false)?;
+            Ok(answers.into_iter().map(|(_, a)| a).collect())
         })
     }
 
@@ -123,7 +123,7 @@ impl RemoteEvidence {
         prompt: &[u32],
         infinite: bool,
     ) -> Result<InfgramNtdResult, IndexError> {
-        let parts: Vec<PartialContinuations> = self
+        let partials: Vec<PartialContinuations> = self
             .continuations(spb::ContinuationsRequest {
                 prompt: prompt.to_vec(),
                 infinite,
@@ -132,19 +132,19 @@ impl RemoteEvidence {
             .into_iter()
             .map(continuations_of)
             .collect();
-        merge::continuations(&parts, None).map_err(merge_error)
+        merge::continuations(&partials, None).map_err(merge_error)
     }
 
     /// The length of `prompt`'s longest suffix found in any shard (each shard's answer carries a
     /// sample, not a distribution).
     pub(super) fn longest_suffix_len(&self, prompt: &[u32]) -> Result<usize, IndexError> {
-        let parts = self.continuations(spb::ContinuationsRequest {
+        let partials = self.continuations(spb::ContinuationsRequest {
             prompt: prompt.to_vec(),
             infinite: true,
             max_support: 1,
             ..Default::default()
         })?;
-        Ok(parts
+        Ok(partials
             .iter()
             .map(|a| a.suffix_len as usize)
             .max()
@@ -156,12 +156,12 @@ impl RemoteEvidence {
         let ask = spb::CountRequest {
             ngrams: vec![spb::NGram { ids: ids.to_vec() }],
         };
-        let parts = self.every_shard(ask, |mut c, r| async move { c.count(r).await })?;
-        merge::sum(parts.into_iter().flat_map(|a| a.counts)).map_err(merge_error)
+        let partials = self.every_shard(ask, |mut c, r| async move { c.count(r).await })?;
+        merge::sum(partials.into_iter().flat_map(|a| a.counts)).map_err(merge_error)
     }
 }
 
-/// The gate's view of a position from the shards' parts of it: the merged match, the merged
+/// The gate's view of a position from the shards' partial answers about it: the merged match, the merged
 /// support sample, the counts summed.
 fn gate_context(
     score: &TokenScore,
@@ -238,12 +238,12 @@ impl EvidenceSource for RemoteEvidence {
             support_samples: SUPPORT_SAMPLES,
             count_lengths: lengths(),
         };
-        let mut parts: Vec<Vec<spb::TokenEvidence>> = self
+        let mut partials: Vec<Vec<spb::TokenEvidence>> = self
             .every_shard(ask, |mut c, r| async move { c.score_tokens(r).await })?
             .into_iter()
             .map(|a| a.tokens)
             .collect();
-        let evidence: Vec<Vec<TokenEvidence>> = parts
+        let evidence: Vec<Vec<TokenEvidence>> = partials
             .iter()
             .map(|p| p.iter().map(evidence_of).collect())
             .collect();
@@ -253,8 +253,8 @@ impl EvidenceSource for RemoteEvidence {
             .enumerate()
             .map(|(i, score)| {
                 let support: Vec<PartialContinuations> =
-                    parts.iter_mut().map(|p| support_of(&mut p[i])).collect();
-                let counts: Vec<(usize, &[u64])> = parts
+                    partials.iter_mut().map(|p| support_of(&mut p[i])).collect();
+                let counts: Vec<(usize, &[u64])> = partials
                     .iter()
                     .map(|p| (p[i].suffix_len as usize, p[i].suffix_counts.as_slice()))
                     .collect();
@@ -327,7 +327,7 @@ impl Followed for FollowedRemote {
         if len == 0 || samples == 0 || depth == 0 {
             return Ok(Vec::new());
         }
-        let parts: Vec<PartialDrafts> = self
+        let partials: Vec<PartialDrafts> = self
             .source
             .continuations(spb::ContinuationsRequest {
                 prompt: seq[seq.len() - len.min(seq.len())..].to_vec(),
@@ -339,6 +339,6 @@ impl Followed for FollowedRemote {
             .into_iter()
             .map(drafts_of)
             .collect();
-        merge::drafts(&parts, samples as u64).map_err(merge_error)
+        merge::drafts(&partials, samples as u64).map_err(merge_error)
     }
 }

@@ -57,7 +57,7 @@ pub struct BuildOptions<'a> {
     pub decontaminate: Option<&'a Decontaminator>,
     /// Write each part's next-token table of frequent short prompts (`next_table`), or not.
     pub next_table: Option<NextTableSpec>,
-    /// Recorded in the manifest when this build is one shard of a set (`split`).
+    /// Recorded in the manifest when this build is one shard of a set (`cluster::split`).
     pub shard_set: Option<ShardSetRecord>,
 }
 

@@ -182,7 +182,7 @@ impl CompressedIndex {
             }
             if input.u64()? != count as u64 {
                 return input.corrupt(&format!(
-                    "its index has a different number of shards (parts) than the {count} in the folder"
+                    "its index has a different number of parts than the {count} in the folder"
                 ));
             }
             let found = (input.u64()? as u32, input.u64()?);
@@ -252,18 +252,18 @@ impl CompressedIndex {
         self.parts.iter().map(FmPart::doc_cnt).sum()
     }
 
-    /// Bytes of each part over all parts (transform, samples, documents).
-    pub fn size_by_part(&self) -> Vec<(&'static str, u64)> {
-        let mut parts: Vec<(&'static str, u64)> = Vec::new();
+    /// Bytes of each component (transform, samples, documents), summed over the parts.
+    pub fn size_by_component(&self) -> Vec<(&'static str, u64)> {
+        let mut components: Vec<(&'static str, u64)> = Vec::new();
         for part in &self.parts {
-            for (name, bytes) in part.size_by_part() {
-                match parts.iter_mut().find(|(n, _)| *n == name) {
-                    Some(part) => part.1 += bytes,
-                    None => parts.push((name, bytes)),
+            for (name, bytes) in part.size_by_component() {
+                match components.iter_mut().find(|(n, _)| *n == name) {
+                    Some(component) => component.1 += bytes,
+                    None => components.push((name, bytes)),
                 }
             }
         }
-        parts
+        components
     }
 
     pub fn vocab_size(&self) -> u64 {

@@ -455,8 +455,8 @@ impl FmPart {
             .map_or(0, |(bytes, _)| bytes.len() as u64 + 8 * self.doc_cnt())
     }
 
-    /// Bytes of everything the part holds, by part: transform, samples, documents.
-    pub fn size_by_part(&self) -> [(&'static str, u64); 3] {
+    /// Bytes of everything the part holds, by component: transform, samples, documents.
+    pub fn size_by_component(&self) -> [(&'static str, u64); 3] {
         let docs = 16 * self.doc_starts.len() as u64
             + self
                 .metadata
