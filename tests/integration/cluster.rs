@@ -45,6 +45,13 @@ const SHARDS: usize = 3;
 /// A child process killed when the test ends, however it ends.
 pub(super) struct Process(Child);
 
+impl Process {
+    /// A process of the test's own, killed when dropped.
+    pub(super) fn of(child: Child) -> Self {
+        Self(child)
+    }
+}
+
 impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.0.kill();

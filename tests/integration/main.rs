@@ -11,6 +11,7 @@ mod cli;
 mod cluster;
 mod cluster_identity;
 mod cluster_malformed;
+mod cluster_netns;
 mod cluster_restart;
 mod compressed;
 mod contamination;

@@ -218,8 +218,22 @@ pub async fn spawn_serve_with(
     std::net::SocketAddr,
     std::sync::Arc<std::sync::Mutex<String>>,
 ) {
+    let binary = std::process::Command::new(env!("CARGO_BIN_EXE_infini-sidecar"));
+    spawn_serve_by(binary, config, envs).await
+}
+
+/// [`spawn_serve_with`] run by `command`: the binary, or a command that runs it (`ip netns exec`).
+pub async fn spawn_serve_by(
+    mut command: std::process::Command,
+    config: &Path,
+    envs: &[(&str, &str)],
+) -> (
+    std::process::Child,
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::Mutex<String>>,
+) {
     use std::io::BufRead;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_infini-sidecar"))
+    let mut child = command
         .args(["serve", "--config"])
         .arg(config)
         .env("NO_COLOR", "1")

@@ -1,0 +1,274 @@
+//! Several hosts on one machine, joined by links that misbehave on command (issue 52, item 1).
+//!
+//! Each host is a network namespace of its own, joined to this process's namespace by a veth pair:
+//! host `i` is `10.N.i.2`, its peer here `10.N.i.1` (`N` tells harnesses running at once apart).
+//! Hosts talk to each other only through [`Link`]s: TCP proxies in this process (this kernel has
+//! no `netem` qdisc, so the faults are injected in user space), each listening on every address
+//! here, so a host reaches a link through its own peer address. A link delays every chunk it
+//! forwards by a latency ± jitter (in order, pipelined as a wire is), drops a share of its
+//! connections, and is cut and healed on command (a partition). Made and removed by the test, as
+//! root; where namespaces cannot be made, [`Net::new`] says why and the caller skips.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+
+/// Harnesses made by this process so far (their subnets and names differ).
+static MADE: AtomicU32 = AtomicU32::new(0);
+
+/// The namespaces of one harness; removed when dropped.
+pub struct Net {
+    hosts: Vec<Host>,
+}
+
+/// One host: its namespace, its address there and its peer's here.
+pub struct Host {
+    pub ns: String,
+    pub ip: Ipv4Addr,
+    pub here: Ipv4Addr,
+    veth: String,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip: {e}"))?;
+    match out.status.success() {
+        true => Ok(()),
+        false => Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+    }
+}
+
+impl Net {
+    /// `hosts` namespaces joined to this one, or why they cannot be made here.
+    pub fn new(hosts: usize) -> Result<Self, String> {
+        let n = MADE.fetch_add(1, Ordering::Relaxed);
+        let tag = format!("{}{}", std::process::id() % 100_000, n);
+        let subnet = 100 + (std::process::id() + n) % 100;
+        let mut net = Net { hosts: Vec::new() };
+        for i in 0..hosts {
+            let host = Host {
+                ns: format!("isc{tag}h{i}"),
+                ip: Ipv4Addr::new(10, subnet as u8, i as u8, 2),
+                here: Ipv4Addr::new(10, subnet as u8, i as u8, 1),
+                veth: format!("isc{tag}v{i}"),
+            };
+            let peer = format!("{}p", host.veth);
+            ip(&["netns", "add", &host.ns])?;
+            // Pushed before the rest can fail, so that dropping the harness removes it.
+            net.hosts.push(host);
+            let host = &net.hosts[i];
+            ip(&[
+                "link", "add", &host.veth, "type", "veth", "peer", "name", &peer,
+            ])?;
+            ip(&["link", "set", &peer, "netns", &host.ns])?;
+            ip(&[
+                "addr",
+                "add",
+                &format!("{}/24", host.here),
+                "dev",
+                &host.veth,
+            ])?;
+            ip(&["link", "set", &host.veth, "up"])?;
+            let inside = |args: &[&str]| {
+                let mut all = vec!["netns", "exec", &host.ns, "ip"];
+                all.extend_from_slice(args);
+                ip(&all)
+            };
+            inside(&["addr", "add", &format!("{}/24", host.ip), "dev", &peer])?;
+            inside(&["link", "set", &peer, "up"])?;
+            inside(&["link", "set", "lo", "up"])?;
+        }
+        Ok(net)
+    }
+
+    pub fn host(&self, i: usize) -> &Host {
+        &self.hosts[i]
+    }
+}
+
+impl Host {
+    /// `program` run inside the host's namespace.
+    pub fn command(&self, program: &str) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.ns, program]);
+        command
+    }
+
+    /// An address on the host (`port` there).
+    pub fn at(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(self.ip), port)
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for host in &self.hosts {
+            // Deleting our end deletes the pair.
+            let _ = ip(&["link", "del", &host.veth]);
+            let _ = ip(&["netns", "del", &host.ns]);
+        }
+    }
+}
+
+/// What a link does to what it forwards.
+#[derive(Debug, Clone, Copy)]
+pub struct Faults {
+    pub latency: Duration,
+    /// The delay of a chunk is `latency` ± up to this, uniformly (order kept).
+    pub jitter: Duration,
+    /// Share of forwarded chunks that end their connection instead (both ways, at once).
+    pub drop_share: f64,
+}
+
+struct LinkState {
+    faults: Faults,
+    cut: bool,
+    /// Both sockets of every connection open, to end them on a cut.
+    open: Vec<[TcpStream; 2]>,
+}
+
+/// A faulty link to `target`: connections to [`Link::addr`] reach it through the faults. Each
+/// direction of a connection is a thread that sleeps until each chunk is due (the system's timer,
+/// tens of microseconds; an async runtime's would round every delay up to its millisecond tick).
+pub struct Link {
+    pub addr: SocketAddr,
+    state: Arc<Mutex<LinkState>>,
+}
+
+impl Link {
+    /// A link listening on every address here (port chosen), forwarding to `target`.
+    pub fn start(target: SocketAddr, faults: Faults) -> Link {
+        let listener = TcpListener::bind("0.0.0.0:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let state = Arc::new(Mutex::new(LinkState {
+            faults,
+            cut: false,
+            open: Vec::new(),
+        }));
+        let shared = Arc::downgrade(&state);
+        std::thread::spawn(move || {
+            for inbound in listener.incoming() {
+                let Some(state) = shared.upgrade() else {
+                    return; // the link is gone
+                };
+                let Ok(inbound) = inbound else { continue };
+                if state.lock().unwrap().cut {
+                    continue; // dropped: the caller sees its connection closed
+                }
+                let Ok(outbound) = TcpStream::connect(target) else {
+                    continue;
+                };
+                let faults = state.lock().unwrap().faults;
+                if let Ok(ends) = forward(inbound, outbound, faults) {
+                    state.lock().unwrap().open.push(ends);
+                }
+            }
+        });
+        Link {
+            addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
+            state,
+        }
+    }
+
+    /// The link's address as `host` reaches it (through its own peer here).
+    pub fn from(&self, host: &Host) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(host.here), self.addr.port())
+    }
+
+    /// Cuts the link: every connection ends, new ones are closed as they come.
+    pub fn cut(&self) {
+        let mut state = self.state.lock().unwrap();
+        state.cut = true;
+        for ends in state.open.drain(..) {
+            for end in ends {
+                let _ = end.shutdown(Shutdown::Both);
+            }
+        }
+    }
+
+    pub fn heal(&self) {
+        self.state.lock().unwrap().cut = false;
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.cut();
+        // Wakes the accepting thread, which finds the link gone.
+        let _ = TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], self.addr.port())));
+    }
+}
+
+/// Starts one connection through the faults (a thread each way); returns its two sockets.
+fn forward(
+    inbound: TcpStream,
+    outbound: TcpStream,
+    faults: Faults,
+) -> std::io::Result<[TcpStream; 2]> {
+    inbound.set_nodelay(true)?;
+    outbound.set_nodelay(true)?;
+    let pair =
+        || -> std::io::Result<[TcpStream; 2]> { Ok([inbound.try_clone()?, outbound.try_clone()?]) };
+    let [i, o] = pair()?;
+    one_way(i, o, faults, pair()?);
+    let [i, o] = pair()?;
+    one_way(o, i, faults, pair()?);
+    pair()
+}
+
+/// Bytes from `from` to `to`, each chunk held until its time (a reading thread, a writing one);
+/// at the end of `from`, what is held is written and `to` shut down for writing. A dropped chunk
+/// ends the connection (`both`) at once.
+fn one_way(mut from: TcpStream, mut to: TcpStream, faults: Faults, both: [TcpStream; 2]) {
+    let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+    std::thread::spawn(move || {
+        for (due, chunk) in rx {
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            if to.write_all(&chunk).is_err() {
+                return;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Write);
+    });
+    std::thread::spawn(move || {
+        let mut rng = rand::rng();
+        let mut last_due = Instant::now();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if rng.random_bool(faults.drop_share.clamp(0.0, 1.0)) {
+                for end in &both {
+                    let _ = end.shutdown(Shutdown::Both);
+                }
+                return;
+            }
+            let jitter = faults.jitter.as_secs_f64();
+            let shift = match jitter > 0.0 {
+                true => rng.random_range(-jitter..=jitter),
+                false => 0.0,
+            };
+            let delay = Duration::from_secs_f64((faults.latency.as_secs_f64() + shift).max(0.0));
+            // In order, as a wire keeps them.
+            last_due = last_due.max(Instant::now() + delay);
+            if tx.send((last_due, buf[..n].to_vec())).is_err() {
+                return;
+            }
+        }
+    });
+}
