@@ -17,7 +17,7 @@ mod common;
 mod netns;
 
 use std::io::BufRead;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -87,6 +87,18 @@ fn serve_on(dir: &Path, host: &Host, name: &str, toml: &str) -> Child {
     }
     std::thread::spawn(move || for _ in log.lines() {});
     child
+}
+
+/// The servers started, killed when the bench ends (or fails).
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 async fn client(addr: SocketAddr) -> SidecarClient<Channel> {
@@ -243,6 +255,7 @@ async fn measure(addr: SocketAddr, what: Call, prompts: &[Vec<u32>]) -> serde_js
             _ => {}
         }
     }
+    assert!(!micros.is_empty(), "every call through {addr} failed");
     micros.sort_by(f64::total_cmp);
     let at = |p: f64| micros[((micros.len() - 1) as f64 * p).round() as usize];
     json!({"calls": CALLS, "failed": failed, "p50_us": at(0.5), "p99_us": at(0.99)})
@@ -278,7 +291,7 @@ fn main() {
         .collect();
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let mut children = Vec::new();
+    let mut children = Children(Vec::new());
     // Hosts: 0 the router, 1..=6 shard k's replica r at 1 + 2k + r, 7 the single sidecar.
     let shard_toml = |index: &Path| {
         format!(
@@ -289,7 +302,7 @@ fn main() {
     for (k, s) in shards.iter().enumerate() {
         for r in 0..2 {
             let host = net.host(1 + 2 * k + r);
-            children.push(serve_on(
+            children.0.push(serve_on(
                 dir.path(),
                 host,
                 &format!("s{k}r{r}"),
@@ -298,7 +311,7 @@ fn main() {
         }
     }
     let single = net.host(7);
-    children.push(serve_on(
+    children.0.push(serve_on(
         dir.path(),
         single,
         "single",
@@ -308,22 +321,23 @@ fn main() {
     let results = runtime.block_on(async {
         let mut links = Vec::new();
         for i in 1..=6 {
-            links.push(Link::start(net.host(i).at(PORT), FAULTS));
+            links.push(Link::start(router.here.into(), net.host(i).at(PORT), FAULTS));
         }
         let shard_list: Vec<String> = links
             .iter()
-            .map(|l| format!("\"{}\"", l.from(router)))
+            .map(|l| format!("\"{}\"", l.addr))
             .collect();
         let toml = format!(
             "[cluster]\nrole = \"router\"\nshards = [{}]\nshard_timeout_ms = 2000\nrefresh_secs = 2\n",
             shard_list.join(", ")
         );
-        children.push(serve_on(dir.path(), router, "router", &toml));
+        children.0.push(serve_on(dir.path(), router, "router", &toml));
         // The client's own links: to the router, to the single sidecar, to one shard server.
-        let to_router = Link::start(router.at(PORT), FAULTS);
-        let to_single = Link::start(single.at(PORT), FAULTS);
-        let to_shard = Link::start(net.host(1).at(PORT), FAULTS);
-        let here = |l: &Link| SocketAddr::from(([127, 0, 0, 1], l.addr.port()));
+        let loopback = IpAddr::from([127, 0, 0, 1]);
+        let to_router = Link::start(loopback, router.at(PORT), FAULTS);
+        let to_single = Link::start(loopback, single.at(PORT), FAULTS);
+        let to_shard = Link::start(loopback, net.host(1).at(PORT), FAULTS);
+        let here = |l: &Link| l.addr;
         until_answering(here(&to_router)).await;
         until_answering(here(&to_single)).await;
         let mut out = serde_json::Map::new();
@@ -355,10 +369,7 @@ fn main() {
         out.insert("bare_count_one_link".into(), bare);
         out
     });
-    for mut c in children {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
+    drop(children);
     let report = json!({
         "cpu": infini_sidecar::cpu::CpuInfo::detect().summary(),
         "documents": DOCUMENTS,

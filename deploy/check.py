@@ -190,10 +190,24 @@ def check_overlay(overlay: Path, out: Path) -> None:
                 f"StatefulSet replicas {s['spec']['replicas']} != shards {shards} "
                 f"× replicas_per_shard {per_shard}",
             )
-        for name, pdb in by_kind.get("PodDisruptionBudget", {}).items():
-            if selects(pdb["spec"]["selector"]["matchLabels"], s) and per_shard is not None:
-                if pdb["spec"].get("maxUnavailable", per_shard) > per_shard - 1:
-                    problem(where, f"PodDisruptionBudget {name} may take every replica of a shard")
+        budgets = [
+            (name, pdb["spec"])
+            for name, pdb in by_kind.get("PodDisruptionBudget", {}).items()
+            if selects(pdb["spec"]["selector"]["matchLabels"], s)
+        ]
+        if not budgets:
+            problem(where, f"StatefulSet {s['metadata']['name']}: no PodDisruptionBudget")
+        for name, spec in budgets:
+            # Pods a budget lets go at once: maxUnavailable, or all but minAvailable.
+            replicas = s["spec"]["replicas"]
+            def pods(v: int | str) -> int:
+                return -(-replicas * int(v[:-1]) // 100) if isinstance(v, str) else int(v)
+            if "maxUnavailable" in spec:
+                away = pods(spec["maxUnavailable"])
+            else:
+                away = replicas - pods(spec.get("minAvailable", 0))
+            if per_shard is not None and away > per_shard - 1:
+                problem(where, f"PodDisruptionBudget {name} may take every replica of a shard")
     for j in jobs.values():
         if j["spec"].get("completionMode") != "Indexed":
             problem(where, f"Job {j['metadata']['name']} is not Indexed")

@@ -18,7 +18,7 @@ use tonic::{Code, Request, Status};
 
 use super::identity::{is_wrong_shard, Expected};
 use super::merge;
-use super::set::{assemble, SetLayout, ShardIdentity, Stray};
+use super::set::{assemble, Member, SetLayout, ShardIdentity, Stray};
 use super::validate::ShardAnswer;
 use crate::server::config::ClusterSection;
 use crate::server::metrics::Metrics;
@@ -256,7 +256,8 @@ impl ShardSet {
                 }
             }
         }
-        out.dedup();
+        let mut seen = std::collections::HashSet::new();
+        out.retain(|a| seen.insert(a.clone()));
         out
     }
 
@@ -309,6 +310,7 @@ impl ShardSet {
         }))
         .await;
         let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        let mut answering = std::collections::HashSet::new();
         for (replica, description) in replicas.iter().zip(described) {
             let sane = replica.malformed().is_none();
             replica
@@ -316,25 +318,31 @@ impl ShardSet {
                 .store(description.is_some() && sane, Ordering::Relaxed);
             if let (Some(d), Some(k)) = (description, known.get_mut(&replica.address)) {
                 k.identity = Some((identity_of(&d), d.tokenizer_json));
+                answering.insert(replica.address.clone());
             }
         }
-        let members: Vec<(String, ShardIdentity)> = addresses
+        let members: Vec<Member> = addresses
             .iter()
             .filter_map(|a| {
                 let (id, _) = known.get(a)?.identity.as_ref()?;
-                Some((a.clone(), id.clone()))
+                Some(Member {
+                    address: a.clone(),
+                    identity: id.clone(),
+                    answering: answering.contains(a),
+                })
             })
             .collect();
         let previous = (self.members.read().unwrap_or_else(|e| e.into_inner()))
             .as_ref()
             .ok()
             .map(Arc::clone);
-        let outcome = assemble(&members, previous.as_ref().map(|m| &m.layout))
-            .map_err(|e| e.to_string())
-            .and_then(|assembled| {
+        let outcome = match assemble(&members, previous.as_ref().map(|m| &m.layout)) {
+            Ok(assembled) => {
                 self.note_strays(&assembled.strays, previous.as_deref());
                 self.members_of(assembled.layout, assembled.strays, &known)
-            });
+            }
+            Err(e) => Err(e.to_string()),
+        };
         drop(known);
         if let Err(why) = &outcome {
             tracing::warn!(why = %why, "no complete shard set");

@@ -26,12 +26,23 @@ pub struct ShardIdentity {
 pub enum SetError {
     #[error("no shard server answered")]
     Empty,
-    #[error("shard {shard} of {shards} has no replica that answers{}", if .seen.is_empty() { String::new() } else { format!(" (found {})", .seen) })]
+    #[error("shard {shard} of {shards} has no replica that answers{}{}", if .seen.is_empty() { String::new() } else { format!(" (found {})", .seen) }, if .strays.is_empty() { String::new() } else { format!("; left out: {}", .strays) })]
     Missing {
         shard: u32,
         shards: u32,
         seen: String,
+        /// The servers left out of the set, and why.
+        strays: String,
     },
+}
+
+/// A shard server a router found: its address, what it said of itself, and whether it answered
+/// this time (one that did not keeps what it said last, so a shard down is named, not forgotten).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub address: String,
+    pub identity: ShardIdentity,
+    pub answering: bool,
 }
 
 /// A shard server left out of the set, and why.
@@ -104,39 +115,76 @@ fn differs(a: &ShardIdentity, b: &ShardIdentity) -> Option<String> {
         .map(|(what, x, y)| format!("{what} {x} vs {y}"))
 }
 
-/// Groups the shard servers that answered (address, identity) into a set. A server that disagrees
-/// with it (another set, tokenizer or vocabulary; other files than its shard's other replicas; a
-/// shard number past the set's) is left out as a stray rather than refusing the whole set: one
-/// leftover or mis-addressed pod must not take a cluster down. Which set, and which files of a
-/// shard, win: those `previous` accepted when some server still has them (so a stray cannot
-/// displace a working set), else those the most servers have (the first found on a tie). Refused
-/// only when no server answered or a shard has no replica left.
-pub fn assemble(
-    members: &[(String, ShardIdentity)],
+/// Groups the shard servers found into a set. The servers that agree on the set-wide fields (set
+/// id, shard count, tokenizer, ids) are a candidate; a server that disagrees with the one chosen,
+/// or has other files than its shard's other replicas, or a shard number past the set's, is left
+/// out as a stray rather than refusing the whole set: one leftover or mis-addressed pod must not
+/// take a cluster down. The chosen set is complete: first among the sets complete with servers that
+/// answer now, then among those complete with the servers known; within each, the set accepted
+/// before (so a stray cannot displace a working set), else the one most servers answering agree on,
+/// else the first found. The same rule picks a shard's files among its replicas. Refused only when
+/// no candidate is complete: the reason is the preferred candidate's.
+pub fn assemble(members: &[Member], previous: Option<&SetLayout>) -> Result<Assembled, SetError> {
+    let mut candidates: Vec<&ShardIdentity> = Vec::new();
+    for m in members {
+        if !candidates.iter().any(|c| differs(c, &m.identity).is_none()) {
+            candidates.push(&m.identity);
+        }
+    }
+    let answering = |set: &ShardIdentity| {
+        (members.iter())
+            .filter(|m| m.answering && differs(set, &m.identity).is_none())
+            .count()
+    };
+    let accepted = |set: &ShardIdentity| {
+        previous.is_some_and(|p| {
+            p.shards
+                .first()
+                .is_some_and(|(id, _)| differs(id, set).is_none())
+        })
+    };
+    // Most preferred first: accepted before, then most servers answering, then first found.
+    let mut order: Vec<(usize, &ShardIdentity)> = candidates.into_iter().enumerate().collect();
+    order.sort_by_key(|&(i, set)| (!accepted(set), std::cmp::Reverse(answering(set)), i));
+    let mut first_error = None;
+    for only_answering in [true, false] {
+        for &(_, set) in &order {
+            match form(set, members, previous, only_answering) {
+                Ok(assembled) => return Ok(assembled),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+    }
+    Err(first_error.unwrap_or(SetError::Empty))
+}
+
+/// The set `set` describes, from `members` (those answering now alone when `only_answering`).
+fn form(
+    set: &ShardIdentity,
+    members: &[Member],
     previous: Option<&SetLayout>,
+    only_answering: bool,
 ) -> Result<Assembled, SetError> {
-    let first = winner(
-        members.iter().map(|(_, id)| id),
-        previous.map(SetLayout::first),
-        |a, b| differs(a, b).is_none(),
-    )
-    .ok_or(SetError::Empty)?;
     let mut strays = Vec::new();
-    let mut by_shard: BTreeMap<u32, Vec<(&String, &ShardIdentity)>> = BTreeMap::new();
-    for (addr, id) in members {
-        let why = match differs(first, id) {
+    let mut by_shard: BTreeMap<u32, Vec<&Member>> = BTreeMap::new();
+    for m in members {
+        let id = &m.identity;
+        let why = match differs(set, id) {
             Some(why) => Some(why),
-            None if id.shard >= first.shards => {
-                Some(format!("shard {} in a set of {}", id.shard, first.shards))
+            None if id.shard >= set.shards => {
+                Some(format!("shard {} in a set of {}", id.shard, set.shards))
             }
             None => None,
         };
         match why {
             Some(why) => strays.push(Stray {
-                address: addr.clone(),
+                address: m.address.clone(),
                 why,
             }),
-            None => by_shard.entry(id.shard).or_default().push((addr, id)),
+            None if only_answering && !m.answering => {}
+            None => by_shard.entry(id.shard).or_default().push(m),
         }
     }
     let mut shards = Vec::new();
@@ -144,30 +192,51 @@ pub fn assemble(
         let before = previous
             .and_then(|p| p.shards.get(*k as usize))
             .map(|(id, _)| id);
-        let files = winner(replicas.iter().map(|(_, id)| *id), before, |a, b| {
-            a.content_id == b.content_id
-        })
-        .ok_or(SetError::Empty)?;
+        let kept = before.and_then(|b| {
+            replicas
+                .iter()
+                .find(|m| m.identity.content_id == b.content_id)
+        });
+        let holders = |m: &Member| {
+            (replicas.iter())
+                .filter(|r| r.answering && r.identity.content_id == m.identity.content_id)
+                .count()
+        };
+        let files = match kept {
+            Some(m) => &m.identity,
+            None => {
+                let mut ranked: Vec<(usize, &&Member)> = replicas.iter().enumerate().collect();
+                ranked.sort_by_key(|&(i, m)| (std::cmp::Reverse(holders(m)), i));
+                &ranked[0].1.identity
+            }
+        };
         let mut addrs = Vec::new();
-        for (addr, id) in replicas {
-            if id.content_id != files.content_id {
+        for m in replicas {
+            if m.identity.content_id != files.content_id {
                 strays.push(Stray {
-                    address: (*addr).clone(),
+                    address: m.address.clone(),
                     why: format!("other files than shard {k}'s other replicas"),
                 });
-            } else if !addrs.contains(*addr) {
-                addrs.push((*addr).clone());
+            } else if !addrs.contains(&m.address) {
+                addrs.push(m.address.clone());
             }
         }
         shards.push((files.clone(), addrs));
     }
-    if let Some(missing) = (0..first.shards).find(|k| !by_shard.contains_key(k)) {
+    let missing = match set.shards {
+        0 => Some(0),
+        n => (0..n).find(|k| !by_shard.contains_key(k)),
+    };
+    if let Some(missing) = missing {
         return Err(SetError::Missing {
             shard: missing,
-            shards: first.shards,
-            seen: by_shard
-                .keys()
+            shards: set.shards,
+            seen: (by_shard.keys())
                 .map(|k| k.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            strays: (strays.iter())
+                .map(|s| format!("{} ({})", s.address, s.why))
                 .collect::<Vec<_>>()
                 .join(", "),
         });
@@ -176,23 +245,6 @@ pub fn assemble(
         layout: SetLayout { shards },
         strays,
     })
-}
-
-/// Among `ids`, the one `before` agrees with when some does, else the one most others agree with
-/// (the first on a tie); `None` when there are none.
-fn winner<'a>(
-    ids: impl Iterator<Item = &'a ShardIdentity> + Clone,
-    before: Option<&ShardIdentity>,
-    same: impl Fn(&ShardIdentity, &ShardIdentity) -> bool,
-) -> Option<&'a ShardIdentity> {
-    if let Some(kept) = before.and_then(|b| ids.clone().find(|id| same(b, id))) {
-        return Some(kept);
-    }
-    let agreeing = |id: &ShardIdentity| ids.clone().filter(|other| same(id, other)).count();
-    ids.clone()
-        .enumerate()
-        .max_by_key(|&(i, id)| (agreeing(id), std::cmp::Reverse(i)))
-        .map(|(_, id)| id)
 }
 
 #[cfg(test)]
@@ -215,8 +267,12 @@ mod tests {
         }
     }
 
-    fn at(addr: &str, id: ShardIdentity) -> (String, ShardIdentity) {
-        (addr.to_string(), id)
+    fn at(addr: &str, id: ShardIdentity) -> Member {
+        Member {
+            address: addr.to_string(),
+            identity: id,
+            answering: true,
+        }
     }
 
     fn strays(a: &Assembled) -> Vec<&str> {
@@ -242,8 +298,8 @@ mod tests {
     }
 
     /// A server of another set, tokenizer or build, or with other files than its shard's other
-    /// replicas, is left out and named; the set forms from the rest. Only a shard with no replica
-    /// left, or no server at all, refuses the set.
+    /// replicas, is left out and named; the set forms from the rest. Only a set with a shard that
+    /// has no replica left, or no server at all, is refused.
     #[test]
     fn strays_are_left_out_and_the_set_forms_from_the_rest() {
         let mut other = id(1, 2);
@@ -300,17 +356,53 @@ mod tests {
         )
         .unwrap();
         assert_eq!(strays(&again), vec!["x", "x2", "a", "a4"]);
-        assert_eq!(
-            again.layout,
-            SetLayout {
-                shards: vec![(id(0, 2), vec!["a2".into()]), (id(1, 2), vec!["b".into()])],
-            }
-        );
+        let want = vec![
+            (id(0, 2), vec!["a2".to_string()]),
+            (id(1, 2), vec!["b".to_string()]),
+        ];
+        assert_eq!(again.layout, SetLayout { shards: want });
 
-        assert!(matches!(
-            assemble(&[at("a", id(0, 2))], None),
-            Err(SetError::Missing { shard: 1, .. })
-        ));
+        let missing = assemble(&[at("a", id(0, 2)), at("x", id(5, 9))], None).unwrap_err();
+        assert!(
+            matches!(missing, SetError::Missing { shard: 1, .. }),
+            "{missing}"
+        );
+        assert!(missing.to_string().contains("left out: x"), "{missing}");
+        // A server that says its set has no shards is no set at all, and no panic.
+        assert!(assemble(&[at("a", id(0, 0))], None).is_err());
         assert_eq!(assemble(&[], None), Err(SetError::Empty));
+    }
+
+    /// A new build rolled out replica by replica: once the new set is complete with servers that
+    /// answer, it wins over the set accepted before, which now has a shard only down replicas hold.
+    #[test]
+    fn a_complete_set_of_answering_servers_wins_over_the_one_accepted_before() {
+        let new = |k| {
+            let mut id = id(k, 2);
+            id.set_id = "new".into();
+            id
+        };
+        let accepted = assemble(&[at("a", id(0, 2)), at("b", id(1, 2))], None)
+            .unwrap()
+            .layout;
+        let mut members = vec![
+            at("a", id(0, 2)),
+            at("b", id(1, 2)),
+            at("c", new(0)),
+            at("d", new(1)),
+        ];
+        members[1].answering = false;
+        let formed = assemble(&members, Some(&accepted)).unwrap();
+        assert_eq!(formed.layout.first().set_id, "new");
+        assert_eq!(strays(&formed), vec!["a", "b"]);
+        // While the old set still answers whole, it stays.
+        members[1].answering = true;
+        let kept = assemble(&members, Some(&accepted)).unwrap();
+        assert_eq!(kept.layout.first().set_id, "s");
+        // A shard whose every replica is down is still named, not forgotten.
+        let down = assemble(&members[..2], Some(&accepted));
+        members[1].answering = false;
+        let named = assemble(&members[..2], Some(&accepted)).unwrap();
+        assert_eq!(down.unwrap().layout, named.layout);
     }
 }

@@ -163,10 +163,13 @@ pub async fn serve(
             health_reporter.clone(),
             Duration::from_secs(config.cluster.refresh_secs),
         )));
-        // Readiness stops following the shards once the drain begins.
+        // Readiness stops following the shards once the drain begins (and has stopped before the
+        // drain reports NOT_SERVING, so it cannot report SERVING after it).
         let shutdown = async move {
             shutdown.await;
-            drop(readiness);
+            let mut readiness = readiness;
+            readiness.0.abort();
+            let _ = (&mut readiness.0).await;
         };
         let routes = routes.add_service(observed(InterceptedService::new(sidecar, auth), &metrics));
         tracing::info!("serving on {local}");
@@ -240,9 +243,10 @@ async fn track_readiness(router: RouterService, health: HealthReporter, every: D
     }
 }
 
-/// Serves `routes` until `shutdown`, then drains: readiness goes NOT_SERVING (a load balancer, and
-/// a router describing its shards, stop sending calls), new connections are refused and in-flight
-/// requests finish; once `limits.drain_secs` have passed, `close_streams` ends what is still open.
+/// Serves `routes` until `shutdown`, then drains: readiness goes NOT_SERVING (what a client already
+/// connected reads; a probe that connects anew is refused, which reads the same to Kubernetes),
+/// new connections are refused and in-flight requests finish; once `limits.drain_secs` have
+/// passed, `close_streams` ends what is still open.
 async fn drain(
     routes: Router,
     connections: ReceiverStream<std::io::Result<Connection>>,

@@ -50,6 +50,16 @@ impl Process {
     pub(super) fn of(child: Child) -> Self {
         Self(child)
     }
+
+    /// Stops it as Kubernetes does (SIGTERM: it drains) and waits for it to exit.
+    pub(super) fn terminate(mut self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let _ = self.0.wait();
+    }
 }
 
 impl Drop for Process {

@@ -62,6 +62,7 @@ async fn a_router_across_namespaces_answers_as_one_index_and_names_a_cut_shard()
         .flat_map(|d| [d[..1].to_vec(), d[2..4].to_vec()])
         .collect();
 
+    let router_host = net.host(0);
     let mut servers = Vec::new();
     let mut links = Vec::new();
     for k in 0..3 {
@@ -78,13 +79,9 @@ async fn a_router_across_namespaces_answers_as_one_index_and_names_a_cut_shard()
             jitter: Duration::from_micros(200),
             drop_share: 0.0,
         };
-        links.push(Link::start(host.at(PORT), faults));
+        links.push(Link::start(router_host.here.into(), host.at(PORT), faults));
     }
-    let router_host = net.host(0);
-    let shards: Vec<String> = links
-        .iter()
-        .map(|l| format!("\"{}\"", l.from(router_host)))
-        .collect();
+    let shards: Vec<String> = links.iter().map(|l| format!("\"{}\"", l.addr)).collect();
     let toml = format!(
         "[cluster]\nrole = \"router\"\nshards = [{}]\nshard_timeout_ms = 2000\nrefresh_secs = 1\n\
          [live]\nenabled = false\n",

@@ -16,11 +16,11 @@ use infini_sidecar::server::pb;
 use infini_sidecar::server::pb::sidecar_client::SidecarClient;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use super::cluster::{build_with, corpus, serve, wait_ready};
+use super::cluster::{build_with, corpus, serve, wait_ready, Process};
 use crate::common::server::{connect, free_port, spawn_serve};
 
 /// A shard server over `index` listening at `bind`.
-async fn shard_at(dir: &Path, name: &str, index: &Path, bind: SocketAddr) -> std::process::Child {
+async fn shard_at(dir: &Path, name: &str, index: &Path, bind: SocketAddr) -> Process {
     let path = dir.join(format!("{name}.toml"));
     let config = format!(
         "bind = \"{bind}\"\nindex = \"{}\"\n[cluster]\nrole = \"shard\"\n[live]\nenabled = false\n",
@@ -29,19 +29,7 @@ async fn shard_at(dir: &Path, name: &str, index: &Path, bind: SocketAddr) -> std
     std::fs::write(&path, config).unwrap();
     let (child, addr) = spawn_serve(&path).await;
     assert_eq!(addr, bind);
-    child
-}
-
-/// Stops `child` as Kubernetes does (SIGTERM) and waits for it to exit.
-async fn stop(mut child: std::process::Child) {
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    tokio::task::spawn_blocking(move || child.wait().unwrap())
-        .await
-        .unwrap();
+    Process::of(child)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -129,7 +117,10 @@ async fn a_rolling_restart_of_every_shard_server_fails_no_call() {
 
     // Each server in turn: stopped, started again at its address, described again by the router.
     for (index, name, bind, child) in &mut servers {
-        stop(child.take().unwrap()).await;
+        let stopping = child.take().unwrap();
+        tokio::task::spawn_blocking(move || stopping.terminate())
+            .await
+            .unwrap();
         tokio::time::sleep(Duration::from_millis(300)).await;
         *child = Some(shard_at(dir.path(), name, index, *bind).await);
         tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -143,10 +134,4 @@ async fn a_rolling_restart_of_every_shard_server_fails_no_call() {
         "{} of {calls} calls failed: {failed:?}",
         failed.len()
     );
-    for (_, _, _, child) in &mut servers {
-        if let Some(mut c) = child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }

@@ -5,7 +5,7 @@
 //! deadline of the request the thread works for.
 //!
 //! Round trips per shard: one for the ∞-gram of a context or a session's step (a session asks
-//! only for the tokens that can still be partial of its match), one for a document's dense evidence
+//! only for the tokens that can still be part of its match), one for a document's dense evidence
 //! with every position's gate features, one for a draft; the gate's view of a decoding step is a
 //! second one after the ∞-gram.
 

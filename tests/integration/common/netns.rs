@@ -1,10 +1,11 @@
 //! Several hosts on one machine, joined by links that misbehave on command (issue 52, item 1).
 //!
 //! Each host is a network namespace of its own, joined to this process's namespace by a veth pair:
-//! host `i` is `10.N.i.2`, its peer here `10.N.i.1` (`N` tells harnesses running at once apart).
+//! a harness takes a free /24 of 198.18.0.0/15 (the range set aside for benchmarking networks), a
+//! /30 of it a host (the host's end `.4i+2`, its peer here `.4i+1`).
 //! Hosts talk to each other only through [`Link`]s: TCP proxies in this process (this kernel has
-//! no `netem` qdisc, so the faults are injected in user space), each listening on every address
-//! here, so a host reaches a link through its own peer address. A link delays every chunk it
+//! no `netem` qdisc, so the faults are injected in user space), each listening where it is told (a
+//! host's peer address here, for that host to reach). A link delays every chunk it
 //! forwards by a latency ± jitter (in order, pipelined as a wire is), drops a share of its
 //! connections, and is cut and healed on command (a partition). Made and removed by the test, as
 //! root; where namespaces cannot be made, [`Net::new`] says why and the caller skips.
@@ -18,8 +19,11 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
-/// Harnesses made by this process so far (their subnets and names differ).
+/// Harnesses made by this process so far (each starts its search for a block elsewhere).
 static MADE: AtomicU32 = AtomicU32::new(0);
+
+/// The /24 blocks of 198.18.0.0/15.
+const BLOCKS: usize = 512;
 
 /// The namespaces of one harness; removed when dropped.
 pub struct Net {
@@ -50,21 +54,45 @@ fn ip(args: &[&str]) -> Result<(), String> {
 }
 
 impl Net {
-    /// `hosts` namespaces joined to this one, or why they cannot be made here.
+    /// `hosts` namespaces joined to this one (at most 64), or why they cannot be made here.
     pub fn new(hosts: usize) -> Result<Self, String> {
-        let n = MADE.fetch_add(1, Ordering::Relaxed);
-        let tag = format!("{}{}", std::process::id() % 100_000, n);
-        let subnet = 100 + (std::process::id() + n) % 100;
+        assert!(hosts <= 64, "a harness has a /24, a /30 a host");
+        let start =
+            std::process::id() as usize * 31 + MADE.fetch_add(1, Ordering::Relaxed) as usize;
+        // A block of 198.18.0.0/15 (the range set aside for benchmarking networks) no interface
+        // here uses; its first namespace's name claims it against harnesses running at once.
+        let mut last = String::new();
+        for block in (0..BLOCKS).map(|k| (start + k) % BLOCKS) {
+            let prefix = format!("198.{}.{}", 18 + block / 256, block % 256);
+            let used = Command::new("ip")
+                .args(["-o", "addr", "show", "to", &format!("{prefix}.0/24")])
+                .output()
+                .map_err(|e| format!("ip: {e}"))?;
+            if !used.stdout.is_empty() {
+                continue;
+            }
+            match ip(&["netns", "add", &format!("isc{block}h0")]) {
+                Ok(()) => return Net::claimed(block, &prefix, hosts),
+                Err(e) => last = e,
+            }
+        }
+        Err(format!("no free block of 198.18.0.0/15 ({last})"))
+    }
+
+    /// The harness of `block`, whose first namespace is made already.
+    fn claimed(block: usize, prefix: &str, hosts: usize) -> Result<Self, String> {
         let mut net = Net { hosts: Vec::new() };
         for i in 0..hosts {
             let host = Host {
-                ns: format!("isc{tag}h{i}"),
-                ip: Ipv4Addr::new(10, subnet as u8, i as u8, 2),
-                here: Ipv4Addr::new(10, subnet as u8, i as u8, 1),
-                veth: format!("isc{tag}v{i}"),
+                ns: format!("isc{block}h{i}"),
+                ip: format!("{prefix}.{}", 4 * i + 2).parse().unwrap(),
+                here: format!("{prefix}.{}", 4 * i + 1).parse().unwrap(),
+                veth: format!("isc{block}v{i}"),
             };
             let peer = format!("{}p", host.veth);
-            ip(&["netns", "add", &host.ns])?;
+            if i > 0 {
+                ip(&["netns", "add", &host.ns])?;
+            }
             // Pushed before the rest can fail, so that dropping the harness removes it.
             net.hosts.push(host);
             let host = &net.hosts[i];
@@ -75,7 +103,7 @@ impl Net {
             ip(&[
                 "addr",
                 "add",
-                &format!("{}/24", host.here),
+                &format!("{}/30", host.here),
                 "dev",
                 &host.veth,
             ])?;
@@ -85,7 +113,7 @@ impl Net {
                 all.extend_from_slice(args);
                 ip(&all)
             };
-            inside(&["addr", "add", &format!("{}/24", host.ip), "dev", &peer])?;
+            inside(&["addr", "add", &format!("{}/30", host.ip), "dev", &peer])?;
             inside(&["link", "set", &peer, "up"])?;
             inside(&["link", "set", "lo", "up"])?;
         }
@@ -134,8 +162,11 @@ pub struct Faults {
 struct LinkState {
     faults: Faults,
     cut: bool,
-    /// Both sockets of every connection open, to end them on a cut.
-    open: Vec<[TcpStream; 2]>,
+    /// The link is gone: its accepting thread ends.
+    closed: bool,
+    /// Both sockets of every connection open, to end them on a cut, with a token its two threads
+    /// hold (a connection whose threads have ended is forgotten).
+    open: Vec<([TcpStream; 2], Arc<()>)>,
 }
 
 /// A faulty link to `target`: connections to [`Link::addr`] reach it through the faults. Each
@@ -147,50 +178,50 @@ pub struct Link {
 }
 
 impl Link {
-    /// A link listening on every address here (port chosen), forwarding to `target`.
-    pub fn start(target: SocketAddr, faults: Faults) -> Link {
-        let listener = TcpListener::bind("0.0.0.0:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
+    /// A link listening on `listen` (port chosen), forwarding to `target`.
+    pub fn start(listen: IpAddr, target: SocketAddr, faults: Faults) -> Link {
+        let listener = TcpListener::bind(SocketAddr::new(listen, 0)).unwrap();
+        let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(LinkState {
             faults,
             cut: false,
+            closed: false,
             open: Vec::new(),
         }));
-        let shared = Arc::downgrade(&state);
+        let shared = Arc::clone(&state);
         std::thread::spawn(move || {
             for inbound in listener.incoming() {
-                let Some(state) = shared.upgrade() else {
-                    return; // the link is gone
-                };
-                let Ok(inbound) = inbound else { continue };
-                if state.lock().unwrap().cut {
-                    continue; // dropped: the caller sees its connection closed
+                if shared.lock().unwrap().closed {
+                    return;
                 }
+                let Ok(inbound) = inbound else {
+                    // Out of descriptors, say: not a reason to spin.
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
                 let Ok(outbound) = TcpStream::connect(target) else {
                     continue;
                 };
-                let faults = state.lock().unwrap().faults;
-                if let Ok(ends) = forward(inbound, outbound, faults) {
-                    state.lock().unwrap().open.push(ends);
+                // Checked and recorded under one lock, so a cut cannot miss it.
+                let mut state = shared.lock().unwrap();
+                if state.cut {
+                    continue; // dropped: the caller sees its connection closed
+                }
+                state.open.retain(|(_, alive)| Arc::strong_count(alive) > 1);
+                let alive = Arc::new(());
+                if let Ok(ends) = forward(inbound, outbound, state.faults, &alive) {
+                    state.open.push((ends, alive));
                 }
             }
         });
-        Link {
-            addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
-            state,
-        }
-    }
-
-    /// The link's address as `host` reaches it (through its own peer here).
-    pub fn from(&self, host: &Host) -> SocketAddr {
-        SocketAddr::new(IpAddr::V4(host.here), self.addr.port())
+        Link { addr, state }
     }
 
     /// Cuts the link: every connection ends, new ones are closed as they come.
     pub fn cut(&self) {
         let mut state = self.state.lock().unwrap();
         state.cut = true;
-        for ends in state.open.drain(..) {
+        for (ends, _) in state.open.drain(..) {
             for end in ends {
                 let _ = end.shutdown(Shutdown::Both);
             }
@@ -205,34 +236,44 @@ impl Link {
 impl Drop for Link {
     fn drop(&mut self) {
         self.cut();
-        // Wakes the accepting thread, which finds the link gone.
-        let _ = TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], self.addr.port())));
+        self.state.lock().unwrap().closed = true;
+        // Wakes the accepting thread, which finds the link closed.
+        let _ = TcpStream::connect(self.addr);
     }
 }
 
-/// Starts one connection through the faults (a thread each way); returns its two sockets.
+/// Starts one connection through the faults (a thread each way, each holding `alive`); returns
+/// its two sockets.
 fn forward(
     inbound: TcpStream,
     outbound: TcpStream,
     faults: Faults,
+    alive: &Arc<()>,
 ) -> std::io::Result<[TcpStream; 2]> {
     inbound.set_nodelay(true)?;
     outbound.set_nodelay(true)?;
     let pair =
         || -> std::io::Result<[TcpStream; 2]> { Ok([inbound.try_clone()?, outbound.try_clone()?]) };
     let [i, o] = pair()?;
-    one_way(i, o, faults, pair()?);
+    one_way(i, o, faults, pair()?, Arc::clone(alive));
     let [i, o] = pair()?;
-    one_way(o, i, faults, pair()?);
+    one_way(o, i, faults, pair()?, Arc::clone(alive));
     pair()
 }
 
 /// Bytes from `from` to `to`, each chunk held until its time (a reading thread, a writing one);
 /// at the end of `from`, what is held is written and `to` shut down for writing. A dropped chunk
 /// ends the connection (`both`) at once.
-fn one_way(mut from: TcpStream, mut to: TcpStream, faults: Faults, both: [TcpStream; 2]) {
+fn one_way(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    faults: Faults,
+    both: [TcpStream; 2],
+    alive: Arc<()>,
+) {
     let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
     std::thread::spawn(move || {
+        let _alive = alive;
         for (due, chunk) in rx {
             if let Some(wait) = due.checked_duration_since(Instant::now()) {
                 std::thread::sleep(wait);
