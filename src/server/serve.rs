@@ -129,7 +129,7 @@ pub async fn serve(
         None => None,
     };
     let limits = config.limits;
-    let (health_reporter, health) = tonic_health::server::health_reporter();
+    let (health, health_service) = tonic_health::server::health_reporter();
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .build_v1()
@@ -138,7 +138,7 @@ pub async fn serve(
     let routes = Server::builder()
         .http2_keepalive_interval(Some(keepalive))
         .http2_keepalive_timeout(Some(keepalive))
-        .add_service(health)
+        .add_service(health_service)
         .add_service(reflection);
     let auth = bearer_check(token.clone());
     let connections = incoming(
@@ -160,7 +160,7 @@ pub async fn serve(
         // the server itself ("") is SERVING while it runs, for liveness.
         let readiness = AbortOnDrop(tokio::spawn(track_readiness(
             router,
-            health_reporter.clone(),
+            health.clone(),
             Duration::from_secs(config.cluster.refresh_secs),
         )));
         // Readiness stops following the shards once the drain begins (and has stopped before the
@@ -173,15 +173,8 @@ pub async fn serve(
         };
         let routes = routes.add_service(observed(InterceptedService::new(sidecar, auth), &metrics));
         tracing::info!("serving on {local}");
-        return drain(
-            routes,
-            connections,
-            limits,
-            shutdown,
-            health_reporter,
-            move || closing.close_streams(),
-        )
-        .await;
+        let close = move || closing.close_streams();
+        return drain(routes, connections, limits, shutdown, health, close).await;
     }
     let service = SidecarService::open_with_metrics(&config, Arc::clone(&metrics))?;
     // Said once the index is open: clients and tests wait for this line.
@@ -189,9 +182,7 @@ pub async fn serve(
     let sidecar = SidecarServer::new(service.clone())
         .max_decoding_message_size(limits.max_message_bytes)
         .max_encoding_message_size(limits.max_message_bytes);
-    health_reporter
-        .set_serving::<SidecarServer<SidecarService>>()
-        .await;
+    health.set_serving::<SidecarServer<SidecarService>>().await;
     let shard = (config.cluster.role == Role::Shard).then(|| {
         let shard = ShardServer::new(service.clone())
             .max_decoding_message_size(limits.max_message_bytes)
@@ -202,15 +193,8 @@ pub async fn serve(
         .add_optional_service(shard)
         .add_service(observed(InterceptedService::new(sidecar, auth), &metrics));
     let closing = service.clone();
-    let served = drain(
-        routes,
-        connections,
-        limits,
-        shutdown,
-        health_reporter,
-        move || closing.close_streams(),
-    )
-    .await;
+    let close = move || closing.close_streams();
+    let served = drain(routes, connections, limits, shutdown, health, close).await;
     // The live index stops here, not when the last holder of the state lets go (the process may
     // exit first): its compactor finishes the build under way and the tails become runs.
     let _ = tokio::task::spawn_blocking(move || service.close_live()).await;
