@@ -19,7 +19,7 @@ mod netns;
 use std::io::BufRead;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use infini_sidecar::index::{Index, OpenOptions};
@@ -39,26 +39,6 @@ const FAULTS: Faults = Faults {
     jitter: Duration::from_micros(200),
     drop_share: 0.01,
 };
-
-fn build(input: &Path, out: &Path, shard: Option<usize>) {
-    let tokenizer = common::assets().join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_infini-sidecar"));
-    cmd.args(["index", "build", "--force", "--input"])
-        .arg(input)
-        .arg("--tokenizer")
-        .arg(tokenizer)
-        .arg("--out")
-        .arg(out);
-    if let Some(k) = shard {
-        cmd.args(["--shard", &format!("{k}/3")]);
-    }
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// `infini-sidecar serve` inside `host` with `toml` (its `bind` added), once it listens.
 fn serve_on(dir: &Path, host: &Host, name: &str, toml: &str) -> Child {
@@ -137,19 +117,6 @@ enum Call {
     SessionStep,
 }
 
-/// A caller's top 32 tokens' log-probs, falling geometrically; 5% of the mass on the others.
-fn neural_top_k() -> pb::NeuralTopK {
-    let q: f64 = 0.8;
-    let norm = (1.0 - q.powi(32)) / (1.0 - q);
-    pb::NeuralTopK {
-        tokens: (0..32).map(|t| t * 97 + 13).collect(),
-        logprobs: (0..32)
-            .map(|r| (0.95 * q.powi(r) / norm).ln() as f32)
-            .collect(),
-        rest_mass: 0.05,
-    }
-}
-
 type Session = (
     mpsc::Sender<pb::SessionRequest>,
     tonic::Streaming<pb::SessionResponse>,
@@ -208,7 +175,7 @@ async fn call(
                     tokens: prompt[prompt.len() - 1..].to_vec(),
                 }),
                 Step::Mix(pb::SessionMix {
-                    neural: Some(pb::session_mix::Neural::TopKLogprobs(neural_top_k())),
+                    neural: Some(pb::session_mix::Neural::TopKLogprobs(common::neural_top_k())),
                     lambda: Some(pb::session_mix::Lambda::FixedLambda(0.3)),
                     top_k: 8,
                     ..Default::default()
@@ -275,10 +242,10 @@ fn main() {
     let lines: Vec<&str> = text.lines().take(DOCUMENTS).collect();
     std::fs::write(&input, lines.join("\n") + "\n").unwrap();
     let whole = dir.path().join("whole");
-    build(&input, &whole, None);
+    common::build_index(&input, &whole, None);
     let shards: Vec<PathBuf> = (0..3).map(|k| dir.path().join(format!("s{k}"))).collect();
     for (k, s) in shards.iter().enumerate() {
-        build(&input, s, Some(k));
+        common::build_index(&input, s, Some((k, 3)));
     }
     let index = Index::open(&whole, &OpenOptions::default()).unwrap();
     let docs: Vec<Vec<u32>> = index.documents().filter(|d| d.len() > 64).collect();

@@ -7,11 +7,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::{loopback_floor, measure};
+use common::{assets, build_index, loopback_floor, measure, neural_top_k};
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::server::config::{ClusterSection, Role, ServeConfig};
 use infini_sidecar::server::pb::sidecar_client::SidecarClient;
@@ -26,34 +25,6 @@ const DOCUMENTS: usize = 4_000;
 const CALLS: usize = 2_000;
 const CLIENTS: usize = 8;
 const THROUGHPUT_FOR: Duration = Duration::from_secs(3);
-
-fn assets() -> PathBuf {
-    std::env::var_os("INFINI_SIDECAR_ASSETS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/infini-sidecar/assets")
-        })
-}
-
-fn build(input: &Path, out: &Path, shard: Option<(usize, usize)>) {
-    let tokenizer = assets().join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_infini-sidecar"));
-    cmd.args(["index", "build", "--force", "--input"])
-        .arg(input)
-        .arg("--tokenizer")
-        .arg(tokenizer)
-        .arg("--out")
-        .arg(out);
-    if let Some((k, n)) = shard {
-        cmd.args(["--shard", &format!("{k}/{n}")]);
-    }
-    let status = cmd.output().unwrap();
-    assert!(
-        status.status.success(),
-        "{}",
-        String::from_utf8_lossy(&status.stderr)
-    );
-}
 
 fn config(index: PathBuf, cluster: ClusterSection) -> ServeConfig {
     let mut c: ServeConfig = toml::from_str("[live]\nenabled = false\n").unwrap();
@@ -118,19 +89,6 @@ const CALLS_MEASURED: [(&str, Call); 4] = [
     ("mix", Call::Mix),
     ("session_step", Call::SessionStep),
 ];
-
-/// A caller's top 32 tokens' log-probs, falling geometrically; 5% of the mass on the others.
-fn neural_top_k() -> pb::NeuralTopK {
-    let q: f64 = 0.8;
-    let norm = (1.0 - q.powi(32)) / (1.0 - q);
-    pb::NeuralTopK {
-        tokens: (0..32).map(|t| t * 97 + 13).collect(),
-        logprobs: (0..32)
-            .map(|r| (0.95 * q.powi(r) / norm).ln() as f32)
-            .collect(),
-        rest_mass: 0.05,
-    }
-}
 
 /// One client: its connection, and its session once it has one.
 struct Caller {
@@ -302,7 +260,7 @@ fn main() {
     )
     .unwrap();
     let single_dir = dir.path().join("single");
-    build(&input, &single_dir, None);
+    build_index(&input, &single_dir, None);
     let index = Index::open(&single_dir, &OpenOptions::default()).unwrap();
     let prompts = prompts(&index, 512);
     let tokens = index.total_tokens();
@@ -320,7 +278,7 @@ fn main() {
             let mut addrs = Vec::new();
             for k in 0..n {
                 let out = dir.path().join(format!("set{n}-{k}"));
-                build(&input, &out, Some((k, n)));
+                build_index(&input, &out, Some((k, n)));
                 let shard = ClusterSection {
                     role: Role::Shard,
                     ..ClusterSection::default()

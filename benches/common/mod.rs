@@ -19,6 +19,40 @@ pub fn assets() -> std::path::PathBuf {
         })
 }
 
+/// `index build` of `input` into `out` with SmolLM2's tokenizer; shard `k` of `n` when given.
+pub fn build_index(input: &Path, out: &Path, shard: Option<(usize, usize)>) {
+    let tokenizer = assets().join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_infini-sidecar"));
+    cmd.args(["index", "build", "--force", "--input"])
+        .arg(input)
+        .arg("--tokenizer")
+        .arg(tokenizer)
+        .arg("--out")
+        .arg(out);
+    if let Some((k, n)) = shard {
+        cmd.args(["--shard", &format!("{k}/{n}")]);
+    }
+    let status = cmd.output().unwrap();
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+}
+
+/// A caller's top 32 tokens' log-probs, falling geometrically; 5% of the mass on the others.
+pub fn neural_top_k() -> infini_sidecar::server::pb::NeuralTopK {
+    let q: f64 = 0.8;
+    let norm = (1.0 - q.powi(32)) / (1.0 - q);
+    infini_sidecar::server::pb::NeuralTopK {
+        tokens: (0..32).map(|t| t * 97 + 13).collect(),
+        logprobs: (0..32)
+            .map(|r| (0.95 * q.powi(r) / norm).ln() as f32)
+            .collect(),
+        rest_mass: 0.05,
+    }
+}
+
 /// The first `count` mini-Pile test documents longer than `min_tokens`, tokenized; `assets` is the
 /// folder holding `minipile/`.
 pub fn test_documents(

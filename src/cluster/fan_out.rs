@@ -162,22 +162,6 @@ struct Known {
     identity: Option<(ShardIdentity, String)>,
 }
 
-fn identity_of(d: &spb::ShardDescription) -> ShardIdentity {
-    ShardIdentity {
-        set_id: d.set_id.clone(),
-        shard: d.shard,
-        shards: d.shards,
-        documents: d.documents,
-        tokens: d.tokens,
-        local_parts: d.local_shards,
-        token_width: d.token_width,
-        eos_token_id: d.eos_token_id,
-        vocab_size: d.vocab_size,
-        tokenizer_fingerprint: d.tokenizer_fingerprint.clone(),
-        content_id: d.content_id.clone(),
-    }
-}
-
 /// Whether another replica of the shard may answer where this one did not.
 fn retriable(status: &Status) -> bool {
     matches!(
@@ -317,7 +301,7 @@ impl ShardSet {
                 .healthy
                 .store(description.is_some() && sane, Ordering::Relaxed);
             if let (Some(d), Some(k)) = (description, known.get_mut(&replica.address)) {
-                k.identity = Some((identity_of(&d), d.tokenizer_json));
+                k.identity = Some((ShardIdentity::from(&d), d.tokenizer_json));
                 answering.insert(replica.address.clone());
             }
         }

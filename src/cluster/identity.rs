@@ -11,6 +11,7 @@
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Request, Status};
 
+use super::partial::PartialAnswers;
 use super::set::ShardIdentity;
 
 const SET_ID: &str = "sidecar-set-id";
@@ -38,6 +39,16 @@ impl From<&ShardIdentity> for Expected {
 }
 
 impl Expected {
+    /// Which shard `index` is, as routers name it: computed once, when a server opens it.
+    pub fn of_index(index: &(impl PartialAnswers + ?Sized)) -> Self {
+        let set = index.shard_set();
+        Self {
+            set_id: set.as_ref().map(|r| r.set_id.clone()).unwrap_or_default(),
+            shard: set.as_ref().map_or(0, |r| r.shard),
+            content_id: index.content_id(),
+        }
+    }
+
     /// Puts the expectation on `request` (values that are not ASCII header text are left off:
     /// set and content ids are hex, so that never happens to ours).
     pub fn stamp<T>(&self, request: &mut Request<T>) {

@@ -1,7 +1,9 @@
-//! Shard answers (`sidecar.shard.v1`) read as the merge's parts ([`crate::cluster::partial`] and
-//! friends). Only answers that passed [`super::validate`] are read: these conversions trust the
-//! invariants it checked.
+//! Shard answers (`sidecar.shard.v1`) read as the merge's partial answers
+//! ([`crate::cluster::partial`] and friends), and a shard server's description as its identity.
+//! Only answers that passed [`super::validate`] are read: these conversions trust the invariants
+//! it checked.
 
+use super::set::ShardIdentity;
 use crate::cluster::partial::{
     LocalContinuations, LocalSample, PartialContinuations, PartialDrafts,
 };
@@ -9,6 +11,25 @@ use crate::index::dense::TokenEvidence;
 use crate::index::docs::{Document, PartialSearch};
 use crate::index::query::Spread;
 use crate::server::shard_pb as spb;
+
+/// What a shard server says of itself, less its tokenizer.
+impl From<&spb::ShardDescription> for ShardIdentity {
+    fn from(d: &spb::ShardDescription) -> Self {
+        Self {
+            set_id: d.set_id.clone(),
+            shard: d.shard,
+            shards: d.shards,
+            documents: d.documents,
+            tokens: d.tokens,
+            local_parts: d.local_shards,
+            token_width: d.token_width,
+            eos_token_id: d.eos_token_id,
+            vocab_size: d.vocab_size,
+            tokenizer_fingerprint: d.tokenizer_fingerprint.clone(),
+            content_id: d.content_id.clone(),
+        }
+    }
+}
 
 /// The spread the wire says (an unknown kind reads as none; validation refuses it first).
 pub fn spread_of(kind: i32, single: u32) -> Spread {

@@ -10,6 +10,7 @@ use super::metrics::Metrics;
 use super::mix_sequences::MixSequences;
 use super::session::Sessions;
 use super::{ServeError, SidecarService, State};
+use crate::cluster::identity::Expected;
 use crate::cluster::partial::PartialAnswers;
 use crate::cpu::{CpuInfo, KernelFlavour};
 use crate::evidence::{byte_source, EvidenceSource};
@@ -235,6 +236,7 @@ impl SidecarService {
         }
         Self {
             state: Arc::new(State {
+                shard: (evidence.corpus.as_deref()).map(Expected::of_index),
                 corpus: evidence.corpus,
                 evidence: evidence.evidence,
                 tokenizer: evidence.tokenizer,

@@ -17,26 +17,22 @@ use crate::live::{Appended, LiveStore, Piece};
 use tonic::{Request, Response, Status};
 
 /// Which shard this server is, as routers name it in their calls ([`identity`]).
-fn own_identity(s: &State) -> Result<Expected, Status> {
-    let index = s.corpus()?;
-    let set = index.shard_set();
-    Ok(Expected {
-        set_id: set.as_ref().map(|r| r.set_id.clone()).unwrap_or_default(),
-        shard: set.as_ref().map_or(0, |r| r.shard),
-        content_id: index.content_id(),
-    })
+fn own_identity(s: &State) -> Result<&Expected, Status> {
+    s.shard
+        .as_ref()
+        .ok_or_else(|| Status::internal("this service holds no index"))
 }
 
 /// Refuses a call a router meant for another shard.
 fn accept<T>(s: &State, request: &Request<T>) -> Result<(), Status> {
-    identity::check(request.metadata(), || own_identity(s))
+    identity::check(request.metadata(), || own_identity(s).cloned())
 }
 
 fn describe(s: &State) -> Result<spb::ShardDescription, Status> {
     let index = s.corpus()?;
     let own = own_identity(s)?;
     Ok(spb::ShardDescription {
-        set_id: own.set_id,
+        set_id: own.set_id.clone(),
         shard: own.shard,
         shards: index.shard_set().map_or(1, |r| r.shards),
         documents: index.total_documents(),
@@ -50,7 +46,7 @@ fn describe(s: &State) -> Result<spb::ShardDescription, Status> {
             .tokenizer
             .to_json()
             .map_err(|e| Status::internal(e.to_string()))?,
-        content_id: own.content_id,
+        content_id: own.content_id.clone(),
         version: env!("CARGO_PKG_VERSION").into(),
     })
 }

@@ -11,6 +11,7 @@ use super::metrics::Metrics;
 use super::mix_sequences::MixSequences;
 use super::session::Sessions;
 use super::status::{index_status, model_status};
+use crate::cluster::identity::Expected;
 use crate::cluster::partial::PartialAnswers;
 use crate::cpu::CpuInfo;
 use crate::evidence::EvidenceSource;
@@ -25,6 +26,8 @@ pub(super) struct State {
     /// The index every engine call and a shard server's partial answers read, of whichever kind;
     /// `None` in a router.
     pub(super) corpus: Option<Arc<dyn PartialAnswers>>,
+    /// Which shard the corpus is, as routers' calls name it; `None` in a router.
+    pub(super) shard: Option<Expected>,
     /// Where scoring, mixing and drafting get the ∞-gram's evidence: the index, or a router's
     /// shard servers.
     pub(super) evidence: Arc<dyn EvidenceSource>,

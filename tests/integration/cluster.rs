@@ -94,6 +94,18 @@ fn build(input: &Path, out: &Path, shard: Option<usize>) {
     build_with(input, out, shard, &[]);
 }
 
+/// The corpus built whole and as a set of `SHARDS` shards, under `dir`: (whole, shards).
+pub(super) fn build_set(dir: &Path) -> (PathBuf, Vec<PathBuf>) {
+    let input = corpus(dir);
+    let whole = dir.join("whole");
+    build(&input, &whole, None);
+    let shards: Vec<PathBuf> = (0..SHARDS).map(|k| dir.join(format!("s{k}"))).collect();
+    for (k, d) in shards.iter().enumerate() {
+        build(&input, d, Some(k));
+    }
+    (whole, shards)
+}
+
 /// [`build`] with more arguments of `index build`.
 pub(super) fn build_with(input: &Path, out: &Path, shard: Option<usize>, extra: &[&str]) {
     let tokenizer = smollm2_gguf();
@@ -287,16 +299,7 @@ async fn merged_scores(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn routers_answer_as_one_index_and_name_the_shard_that_is_down() {
     let dir = tempfile::tempdir().unwrap();
-    let input = corpus(dir.path());
-    let single_dir = dir.path().join("single");
-    build(&input, &single_dir, None);
-    let shard_dirs: Vec<PathBuf> = (0..SHARDS)
-        .map(|k| {
-            let out = dir.path().join(format!("shard-{k}"));
-            build(&input, &out, Some(k));
-            out
-        })
-        .collect();
+    let (single_dir, shard_dirs) = build_set(dir.path());
     let open = |p: &Path| Index::open(p, &OpenOptions::default()).unwrap();
     let single = open(&single_dir);
     let joined = Arc::new(Index::join(shard_dirs.iter().map(|p| open(p)).collect()).unwrap());

@@ -1,63 +1,23 @@
 //! Which shard a server is, checked per call and per refresh (issue 52, item 2). An address the
 //! router took for one shard that now reaches another (a pod IP reused before the next refresh;
-//! here a forwarder re-pointed) refuses the router's calls: the shard is unavailable (a router
+//! here a link re-pointed) refuses the router's calls: the shard is unavailable (a router
 //! fails over to its next replica, as from one that is down), never answered with the other
 //! shard's counts; the refusals are counted against the address. A server of another set at a
 //! router's address is left out of the set, named in `Info`, instead of keeping the router from
 //! forming it.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::server::pb;
 use infini_sidecar::server::pb::sidecar_client::SidecarClient;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use super::cluster::{build_with, corpus, serve, shard_server, wait_ready};
+use super::cluster::{build_set, serve, shard_server, wait_ready};
+use crate::common::netns::{Faults, Link};
 use crate::common::server::{connect, free_port, sample, scrape};
-
-/// A TCP forwarder whose target can change: re-pointing it drops every open connection, so the
-/// next call through it reaches the new target, as a reused address would.
-struct Forwarder {
-    target: Mutex<SocketAddr>,
-    open: Mutex<Vec<JoinHandle<()>>>,
-}
-
-impl Forwarder {
-    async fn start(target: SocketAddr) -> (Arc<Self>, SocketAddr) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let me = Arc::new(Self {
-            target: Mutex::new(target),
-            open: Mutex::new(Vec::new()),
-        });
-        let forwarder = Arc::clone(&me);
-        tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                let target = *forwarder.target.lock().unwrap();
-                let task = tokio::spawn(async move {
-                    if let Ok(mut outbound) = TcpStream::connect(target).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                    }
-                });
-                forwarder.open.lock().unwrap().push(task);
-            }
-        });
-        (me, addr)
-    }
-
-    fn point_at(&self, target: SocketAddr) {
-        *self.target.lock().unwrap() = target;
-        for task in self.open.lock().unwrap().drain(..) {
-            task.abort();
-        }
-    }
-}
 
 /// A router over `shards` that describes them once (no refresh within the test).
 async fn router(
@@ -96,13 +56,7 @@ async fn counts(client: &mut SidecarClient<Channel>, ngrams: &[Vec<u32>]) -> Vec
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_server_that_is_not_the_shard_it_was_taken_for_is_never_relayed() {
     let dir = tempfile::tempdir().unwrap();
-    let input = corpus(dir.path());
-    let whole = dir.path().join("whole");
-    build_with(&input, &whole, None, &[]);
-    let shard_dirs: Vec<_> = (0..3).map(|k| dir.path().join(format!("s{k}"))).collect();
-    for (k, d) in shard_dirs.iter().enumerate() {
-        build_with(&input, d, Some(k), &[]);
-    }
+    let (whole, shard_dirs) = build_set(dir.path());
     let single = Index::open(&whole, &OpenOptions::default()).unwrap();
     // Unigrams and bigrams of the first documents: each shard holds its own share of them.
     let docs: Vec<Vec<u32>> = single.documents().take(40).collect();
@@ -122,8 +76,9 @@ async fn a_server_that_is_not_the_shard_it_was_taken_for_is_never_relayed() {
     let (other_zero, other_zero_addr) = shard_server(dir.path(), "shard0b", &shard_dirs[0]).await;
     servers.push(other_zero);
 
-    // The router reaches shard 1 through the forwarder alone.
-    let (forwarder, forwarded) = Forwarder::start(addrs[1]).await;
+    // The router reaches shard 1 through a link alone.
+    let link = Link::start([127, 0, 0, 1].into(), addrs[1], Faults::default());
+    let forwarded = link.addr;
     let metrics = free_port();
     let shards = [
         addrs[0].to_string(),
@@ -133,9 +88,9 @@ async fn a_server_that_is_not_the_shard_it_was_taken_for_is_never_relayed() {
     let (_router, mut client) = router(dir.path(), "router", &shards, metrics).await;
     assert_eq!(counts(&mut client, &ngrams).await, want);
 
-    // The forwarder's address now reaches a server of shard 0: every call is the single index's
+    // The link's address now reaches a server of shard 0: every call is the single index's
     // answer or UNAVAILABLE naming shard 1, never shard 0's counts twice over.
-    forwarder.point_at(other_zero_addr);
+    link.retarget(other_zero_addr);
     let mut refused = 0;
     for ids in ngrams.iter().take(20) {
         match client

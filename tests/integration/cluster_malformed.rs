@@ -351,33 +351,16 @@ async fn call(
     })
 }
 
-/// The shard's description, as a router checks answers against it.
-fn identity(d: spb::ShardDescription) -> ShardIdentity {
-    ShardIdentity {
-        set_id: d.set_id,
-        shard: d.shard,
-        shards: d.shards,
-        documents: d.documents,
-        tokens: d.tokens,
-        local_parts: d.local_shards,
-        token_width: d.token_width,
-        eos_token_id: d.eos_token_id,
-        vocab_size: d.vocab_size,
-        tokenizer_fingerprint: d.tokenizer_fingerprint,
-        content_id: d.content_id,
-    }
-}
-
 /// The real shard server's answers to many requests of every kind pass the validation.
 async fn real_answers_pass(shard: SocketAddr, docs: &[Vec<u32>]) {
     let mut client = ShardClient::new(connect(shard).await).max_decoding_message_size(usize::MAX);
-    let id = identity(
-        client
-            .describe(spb::DescribeRequest {})
-            .await
-            .unwrap()
-            .into_inner(),
-    );
+    // The shard's description, as a router checks answers against it.
+    let description = client
+        .describe(spb::DescribeRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let id = ShardIdentity::from(&description);
     assert!(
         id.local_parts > 1,
         "one suffix array: the samples' checks lost their point"

@@ -14,7 +14,7 @@ use tonic::transport::Channel;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use super::cluster::{build_with, corpus, wait_ready, Process};
+use super::cluster::{build_set, wait_ready, Process};
 use crate::common::netns::{Faults, Host, Link, Net};
 use crate::common::server::{connect, spawn_serve_by};
 
@@ -52,9 +52,7 @@ async fn a_router_across_namespaces_answers_as_one_index_and_names_a_cut_shard()
         }
     };
     let dir = tempfile::tempdir().unwrap();
-    let input = corpus(dir.path());
-    let whole = dir.path().join("whole");
-    build_with(&input, &whole, None, &[]);
+    let (whole, shard_dirs) = build_set(dir.path());
     let single = Index::open(&whole, &OpenOptions::default()).unwrap();
     let ngrams: Vec<Vec<u32>> = single
         .documents()
@@ -65,9 +63,7 @@ async fn a_router_across_namespaces_answers_as_one_index_and_names_a_cut_shard()
     let router_host = net.host(0);
     let mut servers = Vec::new();
     let mut links = Vec::new();
-    for k in 0..3 {
-        let index = dir.path().join(format!("s{k}"));
-        build_with(&input, &index, Some(k), &[]);
+    for (k, index) in shard_dirs.iter().enumerate() {
         let toml = format!(
             "index = \"{}\"\n[cluster]\nrole = \"shard\"\n[live]\nenabled = false\n",
             index.display()

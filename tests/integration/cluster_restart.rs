@@ -16,7 +16,7 @@ use infini_sidecar::server::pb;
 use infini_sidecar::server::pb::sidecar_client::SidecarClient;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use super::cluster::{build_with, corpus, serve, wait_ready, Process};
+use super::cluster::{build_set, serve, wait_ready, Process};
 use crate::common::server::{connect, free_port, spawn_serve};
 
 /// A shard server over `index` listening at `bind`.
@@ -35,13 +35,7 @@ async fn shard_at(dir: &Path, name: &str, index: &Path, bind: SocketAddr) -> Pro
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_rolling_restart_of_every_shard_server_fails_no_call() {
     let dir = tempfile::tempdir().unwrap();
-    let input = corpus(dir.path());
-    let whole = dir.path().join("whole");
-    build_with(&input, &whole, None, &[]);
-    let shard_dirs: Vec<_> = (0..3).map(|k| dir.path().join(format!("s{k}"))).collect();
-    for (k, d) in shard_dirs.iter().enumerate() {
-        build_with(&input, d, Some(k), &[]);
-    }
+    let (whole, shard_dirs) = build_set(dir.path());
     let single = Index::open(&whole, &OpenOptions::default()).unwrap();
     let prompts: Vec<Vec<u32>> = single
         .documents()

@@ -150,7 +150,8 @@ impl Drop for Net {
 }
 
 /// What a link does to what it forwards.
-#[derive(Debug, Clone, Copy)]
+/// The default is a link without faults.
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Faults {
     pub latency: Duration,
     /// The delay of a chunk is `latency` ± up to this, uniformly (order kept).
@@ -160,6 +161,7 @@ pub struct Faults {
 }
 
 struct LinkState {
+    target: SocketAddr,
     faults: Faults,
     cut: bool,
     /// The link is gone: its accepting thread ends.
@@ -183,6 +185,7 @@ impl Link {
         let listener = TcpListener::bind(SocketAddr::new(listen, 0)).unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(LinkState {
+            target,
             faults,
             cut: false,
             closed: false,
@@ -199,6 +202,7 @@ impl Link {
                     std::thread::sleep(Duration::from_millis(10));
                     continue;
                 };
+                let target = shared.lock().unwrap().target;
                 let Ok(outbound) = TcpStream::connect(target) else {
                     continue;
                 };
@@ -221,11 +225,15 @@ impl Link {
     pub fn cut(&self) {
         let mut state = self.state.lock().unwrap();
         state.cut = true;
-        for (ends, _) in state.open.drain(..) {
-            for end in ends {
-                let _ = end.shutdown(Shutdown::Both);
-            }
-        }
+        end_all(&mut state);
+    }
+
+    /// Points the link at `target` (an address changing hands): every connection ends, and new
+    /// ones reach `target`.
+    pub fn retarget(&self, target: SocketAddr) {
+        let mut state = self.state.lock().unwrap();
+        state.target = target;
+        end_all(&mut state);
     }
 
     pub fn heal(&self) {
@@ -239,6 +247,15 @@ impl Drop for Link {
         self.state.lock().unwrap().closed = true;
         // Wakes the accepting thread, which finds the link closed.
         let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// Ends every connection open through a link.
+fn end_all(state: &mut LinkState) {
+    for (ends, _) in state.open.drain(..) {
+        for end in ends {
+            let _ = end.shutdown(Shutdown::Both);
+        }
     }
 }
 

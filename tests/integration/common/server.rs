@@ -209,15 +209,15 @@ pub async fn spawn_serve(config: &Path) -> (std::process::Child, std::net::Socke
     (child, addr)
 }
 
-/// [`spawn_serve`] with more environment variables, and the log as it grows.
-pub async fn spawn_serve_with(
-    config: &Path,
-    envs: &[(&str, &str)],
-) -> (
+/// A served binary: its process, where it listens, and its log as it grows.
+pub type Spawned = (
     std::process::Child,
     std::net::SocketAddr,
     std::sync::Arc<std::sync::Mutex<String>>,
-) {
+);
+
+/// [`spawn_serve`] with more environment variables, and the log as it grows.
+pub async fn spawn_serve_with(config: &Path, envs: &[(&str, &str)]) -> Spawned {
     let binary = std::process::Command::new(env!("CARGO_BIN_EXE_infini-sidecar"));
     spawn_serve_by(binary, config, envs).await
 }
@@ -227,11 +227,7 @@ pub async fn spawn_serve_by(
     mut command: std::process::Command,
     config: &Path,
     envs: &[(&str, &str)],
-) -> (
-    std::process::Child,
-    std::net::SocketAddr,
-    std::sync::Arc<std::sync::Mutex<String>>,
-) {
+) -> Spawned {
     use std::io::BufRead;
     let mut child = command
         .args(["serve", "--config"])
