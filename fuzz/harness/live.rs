@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use infini_sidecar::index::TokenWidth;
 use infini_sidecar::live::{
-    Appended, LiveConfig, LiveError, LiveIndex, LiveStore, Piece, Vocabulary,
+    Appended, Durability, LiveConfig, LiveError, LiveIndex, LiveStore, Piece, Vocabulary,
 };
 
 const VOCAB: Vocabulary = Vocabulary {
@@ -169,7 +169,7 @@ fn append(live: &LiveIndex, model: &mut Model, r: &mut Reader, ns: &'static str,
         .iter()
         .map(|(doc, tokens)| Piece { doc: *doc, tokens })
         .collect();
-    let outcome = live.append_pieces(ns, &refs, &id);
+    let outcome = live.append_pieces(ns, &refs, &id, Durability::Written);
     let any_bad = pieces
         .iter()
         .flat_map(|(_, t)| t)

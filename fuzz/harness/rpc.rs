@@ -541,6 +541,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                 &spb::LiveAppendRequest {
                     namespace: "fuzz".into(),
                     request_id: String::new(),
+                    sync: false,
                     pieces: vec![spb::LivePiece {
                         doc: 1 << 63 | 7,
                         tokens: vec![259, 97, 256, 261],

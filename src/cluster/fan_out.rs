@@ -466,6 +466,49 @@ impl ShardSet {
             .map_err(Status::unavailable)
     }
 
+    /// Runs `call` with `ask` on every replica of shard `k` at once: the answers when each took
+    /// it (a write kept by every replica, so that whichever answers later has it). UNAVAILABLE
+    /// names the shard and the replicas that did not; those that did keep what they took, and a
+    /// retry with the same request id adds it to the others alone.
+    pub async fn call_every_replica<Q, T, F, Fut>(
+        &self,
+        members: &Members,
+        k: usize,
+        deadline: Option<Instant>,
+        ask: &Q,
+        call: F,
+    ) -> Result<Vec<T>, Status>
+    where
+        Q: Clone,
+        T: ShardAnswer<Q>,
+        F: Fn(ShardClient, Request<Q>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let replicas = &members.replicas[k];
+        let outcomes = futures_util::future::join_all(
+            (replicas.iter()).map(|r| self.call_replica(members, k, r, deadline, ask, &call)),
+        )
+        .await;
+        let mut answers = Vec::with_capacity(replicas.len());
+        let mut failed = Vec::new();
+        for outcome in outcomes {
+            match outcome? {
+                Ok(answer) => answers.push(answer),
+                Err(why) => failed.push(why),
+            }
+        }
+        match failed.is_empty() {
+            true => Ok(answers),
+            false => Err(Status::unavailable(format!(
+                "shard {k} of {}: {} of its {} replicas did not take the write ({})",
+                members.shards(),
+                failed.len(),
+                replicas.len(),
+                failed.join("; ")
+            ))),
+        }
+    }
+
     /// `call` with `ask` on shard `k`, its replicas tried in turn (healthy ones first, from the
     /// `start`-th): the answer that passed validation, why no replica gave one, or the caller's
     /// own error.
@@ -484,8 +527,6 @@ impl ShardSet {
         F: Fn(ShardClient, Request<Q>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        let shard = &members.layout.shards[k].0;
-        let shard_timeout = Duration::from_millis(self.config.shard_timeout_ms);
         let replicas = &members.replicas[k];
         let mut order: Vec<&Arc<Replica>> = (0..replicas.len())
             .map(|i| &replicas[(start + i) % replicas.len()])
@@ -493,56 +534,92 @@ impl ShardSet {
         order.sort_by_key(|r| !r.healthy.load(Ordering::Relaxed));
         let mut last = String::from("no replica");
         for replica in order {
-            let left = match deadline {
-                Some(d) => d
-                    .saturating_duration_since(Instant::now())
-                    .saturating_sub(MERGE_MARGIN),
-                None => shard_timeout,
+            match self
+                .call_replica(members, k, replica, deadline, ask, call)
+                .await?
+            {
+                Ok(answer) => return Ok(Ok(answer)),
+                Err(why) => last = why,
             }
-            .min(shard_timeout);
-            if left.is_zero() {
-                last = format!("{}: no time left before the deadline", replica.address);
+            if deadline.is_some_and(|d| Instant::now() + MERGE_MARGIN >= d) {
                 break;
             }
-            let mut request = request(ask.clone(), left);
-            Expected::from(shard).stamp(&mut request);
-            let answer = tokio::time::timeout(left, call(replica.client.clone(), request)).await;
-            let status = match answer {
-                Ok(Ok(response)) => {
-                    let answer = response.into_inner();
-                    match answer.validate(ask, shard) {
-                        Ok(()) => {
-                            replica.set_malformed(None);
-                            replica.healthy.store(true, Ordering::Relaxed);
-                            return Ok(Ok(answer));
-                        }
-                        Err(why) => {
-                            self.refuse(replica, &why.to_string());
-                            last = format!("{}: malformed answer: {why}", replica.address);
-                            continue;
-                        }
-                    }
-                }
-                Ok(Err(status)) if is_wrong_shard(&status) => {
-                    self.wrong_shard(replica, status.message());
-                    last = format!("{}: not shard {k}: {}", replica.address, status.message());
-                    continue;
-                }
-                Ok(Err(status)) if !retriable(&status) => return Err(status),
-                Ok(Err(status)) => status,
-                Err(_) => Status::deadline_exceeded("no answer within the shard's deadline"),
-            };
-            replica.healthy.store(false, Ordering::Relaxed);
-            last = format!(
-                "{}: {:?}: {}",
-                replica.address,
-                status.code(),
-                status.message()
-            );
         }
         Ok(Err(format!(
             "shard {k} of {} is unavailable ({last})",
             members.shards()
+        )))
+    }
+
+    /// `call` with `ask` on one replica of shard `k`, within the shard's timeout and the caller's
+    /// deadline: its answer if it passed validation, why not (the replica is marked down), or
+    /// the caller's own error.
+    async fn call_replica<Q, T, F, Fut>(
+        &self,
+        members: &Members,
+        k: usize,
+        replica: &Replica,
+        deadline: Option<Instant>,
+        ask: &Q,
+        call: &F,
+    ) -> Result<Result<T, String>, Status>
+    where
+        Q: Clone,
+        T: ShardAnswer<Q>,
+        F: Fn(ShardClient, Request<Q>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let shard = &members.layout.shards[k].0;
+        let shard_timeout = Duration::from_millis(self.config.shard_timeout_ms);
+        let left = match deadline {
+            Some(d) => d
+                .saturating_duration_since(Instant::now())
+                .saturating_sub(MERGE_MARGIN),
+            None => shard_timeout,
+        }
+        .min(shard_timeout);
+        if left.is_zero() {
+            return Ok(Err(format!(
+                "{}: no time left before the deadline",
+                replica.address
+            )));
+        }
+        let mut request = request(ask.clone(), left);
+        Expected::from(shard).stamp(&mut request);
+        let answer = tokio::time::timeout(left, call(replica.client.clone(), request)).await;
+        let status = match answer {
+            Ok(Ok(response)) => {
+                let answer = response.into_inner();
+                return Ok(match answer.validate(ask, shard) {
+                    Ok(()) => {
+                        replica.set_malformed(None);
+                        replica.healthy.store(true, Ordering::Relaxed);
+                        Ok(answer)
+                    }
+                    Err(why) => {
+                        self.refuse(replica, &why.to_string());
+                        Err(format!("{}: malformed answer: {why}", replica.address))
+                    }
+                });
+            }
+            Ok(Err(status)) if is_wrong_shard(&status) => {
+                self.wrong_shard(replica, status.message());
+                return Ok(Err(format!(
+                    "{}: not shard {k}: {}",
+                    replica.address,
+                    status.message()
+                )));
+            }
+            Ok(Err(status)) if !retriable(&status) => return Err(status),
+            Ok(Err(status)) => status,
+            Err(_) => Status::deadline_exceeded("no answer within the shard's deadline"),
+        };
+        replica.healthy.store(false, Ordering::Relaxed);
+        Ok(Err(format!(
+            "{}: {:?}: {}",
+            replica.address,
+            status.code(),
+            status.message()
         )))
     }
 

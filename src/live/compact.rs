@@ -8,7 +8,8 @@
 //! throughout: a run is built beside what it replaces and swapped in under the namespace's lock,
 //! and the run list is written before that lock is taken (only compaction changes runs, so what
 //! it writes stays true). A namespace whose compaction fails is logged and skipped; the others
-//! and eviction go on. A frozen tail whose build fails (a full disk) is never dropped: it stays in
+//! and eviction go on. Freezing a tail starts its journal's next generation; the older ones are
+//! removed once the run is listed. A frozen tail whose build fails (a full disk) is never dropped: it stays in
 //! memory, searchable, and is tried again later each time, while appends are refused
 //! (`Inner::write_failure`). Eviction takes from the namespace that holds the most, so one tenant
 //! cannot push out another's documents; empty namespaces are reclaimed.
@@ -17,6 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::journal;
 use super::namespace::Namespace;
 use super::run::{folder_name, Run, RunMeta};
 use super::{Inner, Result};
@@ -133,13 +135,14 @@ fn freeze(inner: &Inner, ns: &Namespace, now: bool) -> Result<()> {
     if !due {
         return Ok(());
     }
-    let (frozen, meta) = {
+    let (frozen, through, meta) = {
         let mut state = ns.write();
         if state.frozen.is_none() {
-            state.frozen = Some(Arc::new(std::mem::take(&mut state.tail)));
+            state.freeze_tail();
         }
         let frozen = state.frozen.clone().unwrap_or_default();
-        (frozen, new_meta(inner, &mut state.next_run, 0))
+        let through = state.frozen_through;
+        (frozen, through, new_meta(inner, &mut state.next_run, 0))
     };
     let built = Run::build(
         &ns.dir,
@@ -154,19 +157,26 @@ fn freeze(inner: &Inner, ns: &Namespace, now: bool) -> Result<()> {
             (state.runs.clone(), state.next_run)
         };
         runs.push(Arc::clone(&run));
-        ns.write_list(&runs, next_run)?;
+        ns.write_list(&runs, next_run, through)?;
         Ok(run)
     });
     let mut state = ns.write();
     match built {
         Ok(run) => {
             state.frozen = None;
+            state.journal_from = through;
             state.runs.push(run);
             (state.failures, state.retry_at) = (0, None);
             inner
                 .pending
                 .fetch_sub(frozen.tokens() as u64, Ordering::Relaxed);
             inner.wrote();
+            drop(state);
+            // Older generations are never read again (the list starts after them); a file left
+            // by a failure here is removed at the next freeze.
+            if let Err(e) = journal::remove_before(&ns.dir, through) {
+                tracing::warn!(namespace = %ns.name, error = %e, "could not remove a live journal whose tail is in a run");
+            }
             Ok(())
         }
         Err(e) => {
@@ -208,13 +218,13 @@ fn merge(inner: &Inner, ns: &Namespace) -> Result<bool> {
         Run::build(&ns.dir, meta, &inner.vocab, docs),
     )?);
     // Only compaction changes the runs, so the parts are still the newest ones.
-    let (mut runs, next_run) = {
+    let (mut runs, next_run, journal_from) = {
         let state = ns.read();
-        (state.runs.clone(), state.next_run)
+        (state.runs.clone(), state.next_run, state.journal_from)
     };
     let n = runs.len();
     runs.splice(n - parts.len().., [run]);
-    written(inner, ns.write_list(&runs, next_run))?;
+    written(inner, ns.write_list(&runs, next_run, journal_from))?;
     ns.write().runs = runs;
     for part in parts {
         remove_run(ns, &part.meta);
@@ -282,11 +292,11 @@ fn evict(inner: &Inner) -> Result<()> {
         let Some((_, ns)) = largest else {
             return Ok(());
         };
-        let (runs, next_run) = {
+        let (runs, next_run, journal_from) = {
             let state = ns.read();
-            (state.runs[1..].to_vec(), state.next_run)
+            (state.runs[1..].to_vec(), state.next_run, state.journal_from)
         };
-        written(inner, ns.write_list(&runs, next_run))?;
+        written(inner, ns.write_list(&runs, next_run, journal_from))?;
         let run = {
             let mut state = ns.write();
             state.runs.remove(0)

@@ -4,7 +4,8 @@
 //! naming it, so a kill at any moment leaves a list whose runs are all whole. Folders of runs the
 //! list does not name are ours and removed at open (the folder carries the namespace's marker,
 //! `folder`, so nothing in it is anyone else's). A run that fails its checks at open is set aside
-//! alone (renamed, never deleted) and the namespace serves the others.
+//! alone (renamed, never deleted) and the namespace serves the others. What the tail holds is in
+//! the namespace's journal (`journal`) until its run is listed, and is read back at open.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::folder::{self, NAMESPACE_MARKER, SET_ASIDE_PREFIX};
+use super::journal::{self, is_journal_file, Journal, Record};
 use super::run::{is_run_folder, Run, RunMeta};
 use super::tail::Tail;
 use super::{LiveError, Result, Vocabulary};
@@ -31,13 +33,23 @@ struct RunList {
     next_run: u64,
     /// Oldest first.
     runs: Vec<RunMeta>,
+    /// The first journal generation whose changes are in no run (absent in lists written before
+    /// the journal, 2026-11-29: they have no journal).
+    #[serde(default)]
+    journal_from: u64,
 }
 
-#[derive(Default)]
 pub struct State {
     pub tail: Tail,
+    /// Where the tail's changes are written before they are acknowledged.
+    pub journal: Journal,
+    /// The first journal generation in no listed run.
+    pub journal_from: u64,
     /// A tail compaction is building into a run: still searched until the run replaces it.
     pub frozen: Option<Arc<Tail>>,
+    /// The journal generation after the frozen tail's: the list's `journal_from` once its run is
+    /// listed.
+    pub frozen_through: u64,
     /// Oldest first.
     pub runs: Vec<Arc<Run>>,
     pub next_run: u64,
@@ -50,6 +62,42 @@ pub struct State {
 }
 
 impl State {
+    fn new(dir: &Path, journal_from: u64, next_journal: u64, next_run: u64) -> Self {
+        Self {
+            tail: Tail::default(),
+            journal: Journal::new(dir, next_journal),
+            journal_from,
+            frozen: None,
+            frozen_through: journal_from,
+            runs: Vec::new(),
+            next_run,
+            failures: 0,
+            retry_at: None,
+            retired: false,
+        }
+    }
+
+    /// Freezes the tail (compaction builds it into a run) and starts the journal's next
+    /// generation for the new one.
+    pub fn freeze_tail(&mut self) {
+        self.frozen = Some(Arc::new(std::mem::take(&mut self.tail)));
+        self.frozen_through = self.journal.rotate();
+    }
+
+    /// Applies a change read back from the journal to the tail.
+    fn replay(&mut self, record: &Record) {
+        match record {
+            Record::Append { pieces, .. } => {
+                for (doc, tokens) in pieces {
+                    self.tail.append(*doc, tokens);
+                }
+            }
+            Record::Retract { doc, n } => {
+                self.tail.retract(*doc, *n as usize);
+            }
+        }
+    }
+
     pub fn tokens(&self) -> u64 {
         self.pending() + self.runs.iter().map(|r| r.meta.tokens).sum::<u64>()
     }
@@ -68,6 +116,15 @@ impl State {
     pub fn is_empty(&self) -> bool {
         self.tail.is_empty() && self.frozen.is_none() && self.runs.is_empty()
     }
+}
+
+/// A namespace as [`Namespace::open`] found it.
+pub struct Opened {
+    pub namespace: Namespace,
+    /// Runs that failed their checks and were set aside.
+    pub set_aside: usize,
+    /// The journal's appends read back into the tail (their request ids, their documents).
+    pub replayed: Vec<Record>,
 }
 
 pub struct Namespace {
@@ -110,16 +167,17 @@ impl Namespace {
         folder::mark_namespace(&dir)?;
         let ns = Self {
             name: name.to_string(),
+            state: RwLock::new(State::new(&dir, 0, 0, 0)),
             dir,
-            state: RwLock::default(),
         };
-        ns.write_list(&[], 0)?;
+        ns.write_list(&[], 0, 0)?;
         Ok(ns)
     }
 
     /// A namespace as its folder's list leaves it, without the folders of runs the list does not
-    /// name (a kill left them); runs that fail their checks are set aside. Returns how many were.
-    pub fn open(root: &Path, name: &str, vocab: &Vocabulary) -> Result<(Self, usize)> {
+    /// name (a kill left them), its tail read back from its journal; runs that fail their checks
+    /// are set aside.
+    pub fn open(root: &Path, name: &str, vocab: &Vocabulary) -> Result<Opened> {
         let dir = root.join(name);
         let path = dir.join(LIST_FILE);
         let list: RunList = match std::fs::read_to_string(&path) {
@@ -159,27 +217,34 @@ impl Namespace {
                 Err(e) => set_aside_run(&dir, name, &meta, &e)?,
             }
         }
+        let (replayed, next_journal) = journal::replay(&dir, list.journal_from, vocab)?;
+        let mut state = State::new(&dir, list.journal_from, next_journal, list.next_run);
+        for record in &replayed {
+            state.replay(record);
+        }
+        let set_aside = listed - runs.len();
         let ns = Self {
             name: name.to_string(),
             dir,
-            state: RwLock::new(State {
-                next_run: list.next_run,
-                ..State::default()
-            }),
+            state: RwLock::new(state),
         };
-        let set_aside = listed - runs.len();
         if set_aside > 0 {
-            ns.write_list(&runs, list.next_run)?;
+            ns.write_list(&runs, list.next_run, list.journal_from)?;
         }
         ns.write().runs = runs;
-        Ok((ns, set_aside))
+        Ok(Opened {
+            namespace: ns,
+            set_aside,
+            replayed,
+        })
     }
 
     /// Removes the folder of a namespace that holds nothing, if it holds only what an empty
     /// namespace has (its marker and list); returns whether it did. A folder with runs set aside
     /// is left as it is.
     pub fn remove_folder(&self) -> Result<bool> {
-        let ours = |e: &String| e == NAMESPACE_MARKER || e.starts_with(LIST_FILE);
+        let ours =
+            |e: &String| e == NAMESPACE_MARKER || e.starts_with(LIST_FILE) || is_journal_file(e);
         let entries = folder::entries(&self.dir)?;
         if !entries.iter().all(ours) {
             return Ok(false);
@@ -203,13 +268,15 @@ impl Namespace {
         self.state.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records `runs` as the namespace's list: written beside it, synced, renamed over it. Called
-    /// by compaction alone, with no lock held, before the state takes the same runs.
-    pub fn write_list(&self, runs: &[Arc<Run>], next_run: u64) -> Result<()> {
+    /// Records `runs` as the namespace's list, with the first journal generation in none of
+    /// them: written beside it, synced, renamed over it. Called by compaction alone, with no lock
+    /// held, before the state takes the same runs.
+    pub fn write_list(&self, runs: &[Arc<Run>], next_run: u64, journal_from: u64) -> Result<()> {
         let list = RunList {
             version: LIST_VERSION,
             next_run,
             runs: runs.iter().map(|r| r.meta.clone()).collect(),
+            journal_from,
         };
         let path = self.dir.join(LIST_FILE);
         let temp = self.dir.join(format!("{LIST_FILE}.tmp"));

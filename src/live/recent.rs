@@ -1,6 +1,6 @@
 //! The request ids of recent appends, so that a client that lost an answer can send the same
 //! request again without adding its documents twice. Bounded: the oldest ids are forgotten first,
-//! and a restart forgets them all (the README says what a retry then does).
+//! and a restart forgets all but those of appends still in a journal (read back at open).
 
 use std::collections::{HashSet, VecDeque};
 

@@ -13,7 +13,7 @@ use crate::cluster::partial::LocalSample;
 use crate::index::docs::SearchOptions;
 use crate::index::query::Spread;
 use crate::live::namespace::check_name;
-use crate::live::{Appended, LiveStore, Piece};
+use crate::live::{Appended, Durability, LiveStore, Piece};
 use tonic::{Request, Response, Status};
 
 /// Which shard this server is, as routers name it in their calls ([`identity`]).
@@ -252,8 +252,12 @@ fn live_append(s: &State, r: spb::LiveAppendRequest) -> Result<spb::LiveAppendAn
             tokens: &p.tokens,
         })
         .collect();
+    let durability = match r.sync {
+        true => Durability::Synced,
+        false => Durability::Written,
+    };
     let appended = live
-        .append_pieces(&r.namespace, &pieces, &r.request_id)
+        .append_pieces(&r.namespace, &pieces, &r.request_id, durability)
         .map_err(live_status)?;
     Ok(spb::LiveAppendAnswer {
         repeated: appended == Appended::Repeated,

@@ -443,6 +443,7 @@ async fn real_answers_pass(shard: SocketAddr, docs: &[Vec<u32>]) {
             tokens: (0..24).map(|i| 30_000 + 7 * i).collect(),
         }],
         request_id: String::new(),
+        sync: false,
     };
     let a = client
         .live_append(append.clone())

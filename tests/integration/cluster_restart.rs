@@ -1,11 +1,13 @@
-//! A rolling restart under load (issue 52, item 4): every shard server of a set of 3 shards × 2
-//! replicas is stopped (SIGTERM: it drains, finishing its calls in flight) and started again at the
-//! same address, one at a time, while a steady workload of counts and ∞-gram distributions runs
-//! through a router. The router fails over to each shard's other replica: not one call fails, and
-//! every answer is the single index's.
+//! Shard servers restarted under a router (issue 52, item 4). A rolling restart under load: every
+//! shard server of a set of 3 shards × 2 replicas is stopped (SIGTERM: it drains, finishing its
+//! calls in flight) and started again at the same address, one at a time, while a steady workload
+//! of counts and ∞-gram distributions runs through a router. The router fails over to each
+//! shard's other replica: not one call fails, and every answer is the single index's. And the live
+//! index across replicas killed outright: what a router acknowledged is on every replica of its
+//! namespace's owner.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,16 +16,28 @@ use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::server::pb;
 use infini_sidecar::server::pb::sidecar_client::SidecarClient;
+use tonic::transport::Channel;
+use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use super::cluster::{build_set, serve, wait_ready, Process};
-use crate::common::server::{connect, free_port, spawn_serve};
+use super::cluster::{build_set, router, serve, wait_ready, Process};
+use crate::common::server::{add, connect, draftable, free_port, random_documents, spawn_serve};
 
-/// A shard server over `index` listening at `bind`.
-async fn shard_at(dir: &Path, name: &str, index: &Path, bind: SocketAddr) -> Process {
+/// A shard server over `index` listening at `bind`, its live index kept in `live` (off without).
+async fn shard_at(
+    dir: &Path,
+    name: &str,
+    index: &Path,
+    bind: SocketAddr,
+    live: Option<&Path>,
+) -> Process {
     let path = dir.join(format!("{name}.toml"));
+    let live = match live {
+        Some(data) => format!("data_dir = \"{}\"", data.display()),
+        None => "enabled = false".into(),
+    };
     let config = format!(
-        "bind = \"{bind}\"\nindex = \"{}\"\n[cluster]\nrole = \"shard\"\n[live]\nenabled = false\n",
+        "bind = \"{bind}\"\nindex = \"{}\"\n[cluster]\nrole = \"shard\"\n[live]\n{live}\n",
         index.display()
     );
     std::fs::write(&path, config).unwrap();
@@ -55,7 +69,7 @@ async fn a_rolling_restart_of_every_shard_server_fails_no_call() {
     for (k, d) in shard_dirs.iter().enumerate() {
         for r in 0..2 {
             let bind = free_port();
-            let child = shard_at(dir.path(), &format!("s{k}r{r}"), d, bind).await;
+            let child = shard_at(dir.path(), &format!("s{k}r{r}"), d, bind, None).await;
             servers.push((d.clone(), format!("s{k}r{r}"), bind, Some(child)));
         }
     }
@@ -116,7 +130,7 @@ async fn a_rolling_restart_of_every_shard_server_fails_no_call() {
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_millis(300)).await;
-        *child = Some(shard_at(dir.path(), name, index, *bind).await);
+        *child = Some(shard_at(dir.path(), name, index, *bind, None).await);
         tokio::time::sleep(Duration::from_millis(1500)).await;
         wait_ready(&channel, ServingStatus::Serving).await;
     }
@@ -128,4 +142,80 @@ async fn a_rolling_restart_of_every_shard_server_fails_no_call() {
         "{} of {calls} calls failed: {failed:?}",
         failed.len()
     );
+}
+
+/// Documents a router acknowledged went to one replica of the namespace's owner shard (the first
+/// that answered): with that replica killed, the other drafted none of them. Now each replica
+/// takes every append before it is acknowledged, so either drafts them; while one is down the
+/// append is refused by name, and its retry (same request id) after the restart adds it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acknowledged_documents_are_on_every_replica_of_their_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, shard_dirs) = build_set(dir.path());
+    let mut replicas: Vec<Replica> = Vec::new();
+    for (k, d) in shard_dirs.iter().enumerate() {
+        for r in 0..2 {
+            let (name, bind) = (format!("s{k}r{r}"), free_port());
+            let live = dir.path().join(format!("{name}-live"));
+            let child = shard_at(dir.path(), &name, d, bind, Some(&live)).await;
+            replicas.push((d.clone(), name, bind, live, Some(child)));
+        }
+    }
+    let list: Vec<String> = replicas.iter().map(|r| r.2.to_string()).collect();
+    let (_router, mut client, channel) = router(dir.path(), "router", &list, "").await;
+    let first = random_documents(41, 4);
+    client
+        .add_documents(add("ns", &first, "first"))
+        .await
+        .unwrap();
+
+    kill(&mut replicas, 0);
+    assert_eq!(draftable(&mut client, "ns", &first).await, 4);
+    let second = random_documents(42, 4);
+    let refused = client
+        .add_documents(add("ns", &second, "second"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(
+        refused.message().contains("did not take the write"),
+        "{refused:?}"
+    );
+    assert!(refused.message().contains(" of 3"), "{refused:?}");
+
+    for (index, name, bind, live, child) in replicas.iter_mut().step_by(2) {
+        *child = Some(shard_at(dir.path(), name, index, *bind, Some(live)).await);
+    }
+    wait_ready(&channel, ServingStatus::Serving).await;
+    let retried = retry(&mut client, add("ns", &second, "second")).await;
+    // The surviving replica had taken the first try; the restarted one takes it now.
+    assert!(!retried.repeated, "{retried:?}");
+    kill(&mut replicas, 1);
+    assert_eq!(draftable(&mut client, "ns", &first).await, 4);
+    assert_eq!(draftable(&mut client, "ns", &second).await, 4);
+}
+
+/// A shard replica: its index, name, address, live data folder and process while it runs.
+type Replica = (PathBuf, String, SocketAddr, PathBuf, Option<Process>);
+
+/// Kills (SIGKILL) replica `r` of every shard.
+fn kill(replicas: &mut [Replica], r: usize) {
+    for (_, _, _, _, child) in replicas.iter_mut().skip(r).step_by(2) {
+        drop(child.take());
+    }
+}
+
+/// `request` sent until the router's set takes it (its replicas are described again after a
+/// restart within `refresh_secs`).
+async fn retry(
+    client: &mut SidecarClient<Channel>,
+    request: pb::AddDocumentsRequest,
+) -> pb::AddDocumentsResponse {
+    for _ in 0..100 {
+        match client.add_documents(request.clone()).await {
+            Ok(answer) => return answer.into_inner(),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    panic!("the append was never taken");
 }

@@ -13,43 +13,9 @@ use tonic::transport::Channel;
 use tonic::Code;
 
 use crate::common::server::{
-    build_index, config, connect, live_draft_continues, open_session, permit_comes_back,
-    random_document, spawn_serve, start, step, with_model, Running, Served,
+    add, build_index, config, connect, draftable, open_session, permit_comes_back,
+    random_documents, spawn_serve, start, step, with_model, Running, Served,
 };
-
-/// `n` random 300-token documents (`random_document`).
-fn random_documents(seed: u64, n: usize) -> Vec<Vec<u32>> {
-    let mut rng = seed | 1;
-    (0..n).map(|_| random_document(&mut rng, 300)).collect()
-}
-
-fn add(namespace: &str, docs: &[Vec<u32>], request_id: &str) -> pb::AddDocumentsRequest {
-    pb::AddDocumentsRequest {
-        namespace: namespace.into(),
-        documents: docs
-            .iter()
-            .map(|d| pb::LiveDocument {
-                content: Some(pb::live_document::Content::Tokens(pb::TokenIds {
-                    ids: d.clone(),
-                })),
-            })
-            .collect(),
-        request_id: request_id.into(),
-    }
-}
-
-/// How many of `docs` the live namespace drafts the next tokens of.
-async fn draftable(
-    client: &mut SidecarClient<Channel>,
-    namespace: &str,
-    docs: &[Vec<u32>],
-) -> usize {
-    let mut found = 0;
-    for d in docs {
-        found += usize::from(live_draft_continues(client, namespace, d).await);
-    }
-    found
-}
 
 async fn live_info(client: &mut SidecarClient<Channel>) -> pb::LiveInfo {
     let info = client.info(pb::InfoRequest {}).await.unwrap().into_inner();
@@ -177,13 +143,15 @@ impl SmallDisk {
         ok.then(|| Self(at.to_path_buf()))
     }
 
-    /// Fills the disk but for a few KiB with one file, returned.
-    fn fill(&self) -> PathBuf {
+    /// Fills the disk but for `leave` bytes with one file, returned.
+    fn fill(&self, leave: u64) -> PathBuf {
         use std::io::Write;
         let path = self.0.join("filler");
         let mut f = std::fs::File::create(&path).unwrap();
         let block = vec![0u8; 4096];
         while f.write_all(&block).is_ok() {}
+        let len = f.metadata().unwrap().len();
+        f.set_len(len.saturating_sub(leave)).unwrap();
         path
     }
 }
@@ -221,8 +189,9 @@ async fn a_full_disk_keeps_what_was_acknowledged_and_refuses_what_comes_next() {
         .add_documents(add("acked", &random_documents(7, 1), ""))
         .await
         .unwrap();
-    let filler = disk.fill();
-    // 6,000 tokens: past the freeze size, so their build starts at once, and fails.
+    // Room for the journal's record of the next 6,000 tokens (24 KB), not for their run: they are
+    // past the freeze size, so their build starts at once, and fails.
+    let filler = disk.fill(32 << 10);
     let docs = random_documents(3, 20);
     client.add_documents(add("acked", &docs, "")).await.unwrap();
     let started = Instant::now();
@@ -260,6 +229,69 @@ async fn a_full_disk_keeps_what_was_acknowledged_and_refuses_what_comes_next() {
     let mut child = Served(child);
     let mut client = SidecarClient::new(connect(addr).await);
     assert_eq!(draftable(&mut client, "acked", &docs).await, 20);
+    assert!(sigterm(&mut child.0).success());
+}
+
+/// Acknowledged documents and a session's learnt tokens sat in the tail, in memory only, until
+/// the tail was built into a run: a kill of the process lost them all (a restart drafted none of
+/// 10 documents AddDocuments had acknowledged). The journal keeps them; a retry of an
+/// acknowledged request adds nothing twice after the restart either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_was_acknowledged_survives_a_kill_of_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("live");
+    let index = build_index(dir.path());
+    // A freeze size no test reaches: everything stays in the tail.
+    let path = config_file(
+        dir.path(),
+        &index,
+        &data,
+        "budget_tokens = 2000000
+freeze_tokens = 100000
+",
+    );
+    let (child, addr) = spawn_serve(&path).await;
+    let mut child = Served(child);
+    let mut client = SidecarClient::new(connect(addr).await);
+    let docs = random_documents(11, 10);
+    client
+        .add_documents(add("acked", &docs, "request-1"))
+        .await
+        .unwrap();
+    let learnt = random_documents(12, 1).remove(0);
+    let (tx, mut replies, _) = learning_session(&mut client, &learnt[..10], "learnt").await;
+    for (append, keep) in [(&learnt[10..], None), (&[][..], Some(200))] {
+        let step_request = match keep {
+            None => session_request::Step::Append(pb::SessionAppend {
+                tokens: append.to_vec(),
+            }),
+            Some(length) => session_request::Step::Truncate(pb::SessionTruncate { length }),
+        };
+        let answer = step(&tx, &mut replies, step_request).await;
+        assert!(answer.result.is_none(), "{:?}", answer.result);
+    }
+    assert_eq!(live_info(&mut client).await.tail_tokens, 3_200);
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
+    drop(tx);
+
+    let (child, addr) = spawn_serve(&path).await;
+    let mut child = Served(child);
+    let mut client = SidecarClient::new(connect(addr).await);
+    let info = live_info(&mut client).await;
+    assert_eq!((info.tokens, info.tail_tokens), (3_200, 3_200), "{info:?}");
+    assert_eq!(draftable(&mut client, "acked", &docs).await, 10);
+    assert_eq!(
+        draftable(&mut client, "learnt", &[learnt[..200].to_vec()]).await,
+        1
+    );
+    let again = client
+        .add_documents(add("acked", &docs, "request-1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(again.repeated, "{again:?}");
+    assert_eq!(live_info(&mut client).await.tokens, 3_200);
     assert!(sigterm(&mut child.0).success());
 }
 

@@ -1,9 +1,14 @@
-//! The live index behind routers: each namespace lives on one shard server, its **owner**, chosen by
-//! a stable hash of its name over the set's shards (the first replica of that shard that answers,
-//! in address order). Every router sends the namespace's appends there and drafts from there, so
-//! sequences behind different routers learn from each other. Appends are best effort as on a
-//! single sidecar (a sequence that fails to learn stops learning); so are drafts (an owner that
-//! does not answer offers no live draft this step).
+//! The live index behind routers: each namespace lives on one shard, its **owner**, chosen by a
+//! stable hash of its name over the set's shards. Every router sends the namespace's appends to
+//! every replica of that shard and acknowledges one only when each replica has taken it (written
+//! to its journal; documents also synced to its disk), so a replica killed, restarted or cut off
+//! loses nothing acknowledged and any replica can answer drafts: they go to the first that
+//! answers. While a replica of the owner is down, appends to its namespaces fail (UNAVAILABLE,
+//! naming the shard and the replica) and may be sent again with the same request id; the
+//! replicas that took the first try do not add it twice. So sequences behind different routers
+//! learn from each other. A sequence's appends are best effort as on a single sidecar (one that
+//! fails to learn stops learning); so are drafts (an owner that does not answer offers no live
+//! draft this step).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -12,9 +17,9 @@ use tokio::runtime::Handle;
 use tonic::Status;
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::cluster::fan_out::{ShardClient, ShardSet};
+use crate::cluster::fan_out::{Members, ShardClient, ShardSet};
 use crate::cluster::validate::ShardAnswer;
-use crate::live::{Appended, LiveError, LiveStore, Piece, Result};
+use crate::live::{Appended, Durability, LiveError, LiveStore, Piece, Result};
 use crate::server::shard_pb as spb;
 
 /// The shard servers' live indexes, each namespace on its owner.
@@ -37,7 +42,7 @@ impl RemoteLive {
         }
     }
 
-    /// Runs `call` with `ask` on the owner of `namespace`.
+    /// Runs `call` with `ask` on the first replica of `namespace`'s owner that answers.
     fn on_owner<Q, T, F, Fut>(
         &self,
         namespace: &str,
@@ -51,11 +56,38 @@ impl RemoteLive {
         Fut: Future<Output = std::result::Result<tonic::Response<T>, Status>>,
     {
         let members = self.shards.members()?;
-        let owner = (xxh3_64(namespace.as_bytes()) % members.shards() as u64) as usize;
+        let owner = owner(namespace, &members);
         let deadline = crate::interrupt::deadline();
         self.runtime
             .block_on(self.shards.call_one(&members, owner, deadline, ask, call))
     }
+
+    /// Runs `call` with `ask` on every replica of `namespace`'s owner; fails unless each answers.
+    fn on_every_owner_replica<Q, T, F, Fut>(
+        &self,
+        namespace: &str,
+        ask: &Q,
+        call: F,
+    ) -> std::result::Result<Vec<T>, Status>
+    where
+        Q: Clone,
+        T: ShardAnswer<Q>,
+        F: Fn(ShardClient, tonic::Request<Q>) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<T>, Status>>,
+    {
+        let members = self.shards.members()?;
+        let owner = owner(namespace, &members);
+        let deadline = crate::interrupt::deadline();
+        self.runtime.block_on(
+            self.shards
+                .call_every_replica(&members, owner, deadline, ask, call),
+        )
+    }
+}
+
+/// The shard that owns `namespace`.
+fn owner(namespace: &str, members: &Members) -> usize {
+    (xxh3_64(namespace.as_bytes()) % members.shards() as u64) as usize
 }
 
 /// A document id no shard server's own counter reaches: the high bit set, the rest random.
@@ -73,12 +105,13 @@ impl LiveStore for RemoteLive {
         document_id()
     }
 
-    /// One call to the owner, which adds the pieces all or none.
+    /// One call to each replica of the owner, each of which adds the pieces all or none.
     fn append_pieces(
         &self,
         namespace: &str,
         pieces: &[Piece],
         request_id: &str,
+        durability: Durability,
     ) -> Result<Appended> {
         let ask = spb::LiveAppendRequest {
             namespace: namespace.to_string(),
@@ -89,15 +122,14 @@ impl LiveStore for RemoteLive {
                 })
                 .collect(),
             request_id: request_id.to_string(),
+            sync: durability == Durability::Synced,
         };
-        let answer = self
-            .on_owner(
-                namespace,
-                &ask,
-                |mut c, r| async move { c.live_append(r).await },
-            )
+        let answers =
+            self.on_every_owner_replica(namespace, &ask, |mut c, r| async move {
+                c.live_append(r).await
+            })
             .map_err(remote)?;
-        Ok(match answer.repeated {
+        Ok(match answers.iter().all(|a| a.repeated) {
             true => Appended::Repeated,
             false => Appended::Added,
         })

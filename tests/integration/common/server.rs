@@ -366,6 +366,40 @@ pub async fn live_draft_continues(
     drafted[..] == doc[100..104]
 }
 
+/// `n` random 300-token documents (`random_document`).
+pub fn random_documents(seed: u64, n: usize) -> Vec<Vec<u32>> {
+    let mut rng = seed | 1;
+    (0..n).map(|_| random_document(&mut rng, 300)).collect()
+}
+
+pub fn add(namespace: &str, docs: &[Vec<u32>], request_id: &str) -> pb::AddDocumentsRequest {
+    pb::AddDocumentsRequest {
+        namespace: namespace.into(),
+        documents: docs
+            .iter()
+            .map(|d| pb::LiveDocument {
+                content: Some(pb::live_document::Content::Tokens(pb::TokenIds {
+                    ids: d.clone(),
+                })),
+            })
+            .collect(),
+        request_id: request_id.into(),
+    }
+}
+
+/// How many of `docs` the live namespace drafts the next tokens of.
+pub async fn draftable(
+    client: &mut SidecarClient<Channel>,
+    namespace: &str,
+    docs: &[Vec<u32>],
+) -> usize {
+    let mut found = 0;
+    for d in docs {
+        found += usize::from(live_draft_continues(client, namespace, d).await);
+    }
+    found
+}
+
 /// A real binary's process, killed if the test ends (a failed assertion) before it stops it.
 pub struct Served(pub std::process::Child);
 
