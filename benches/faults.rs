@@ -16,16 +16,14 @@ mod common;
 #[path = "../tests/integration/common/netns.rs"]
 mod netns;
 
-use std::io::BufRead;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::server::pb::sidecar_client::SidecarClient;
 use infini_sidecar::server::pb::{self, session_request::Step};
-use netns::{Faults, Host, Link, Net};
+use netns::{Faults, Host, Link, Net, Server};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -41,44 +39,14 @@ const FAULTS: Faults = Faults {
 };
 
 /// `infini-sidecar serve` inside `host` with `toml` (its `bind` added), once it listens.
-fn serve_on(dir: &Path, host: &Host, name: &str, toml: &str) -> Child {
+fn serve_on(dir: &Path, host: &Host, name: &str, toml: &str) -> Server {
     let path = dir.join(format!("{name}.toml"));
-    std::fs::write(
-        &path,
-        format!(
-            "bind = \"{}\"\n{toml}[live]\nenabled = false\n",
-            host.at(PORT)
-        ),
-    )
-    .unwrap();
-    let mut child = host
-        .command(env!("CARGO_BIN_EXE_infini-sidecar"))
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env("NO_COLOR", "1")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut log = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("serving on ") {
-        line.clear();
-        assert!(log.read_line(&mut line).unwrap() > 0, "{name} exited");
-    }
-    std::thread::spawn(move || for _ in log.lines() {});
-    child
-}
-
-/// The servers started, killed when the bench ends (or fails).
-struct Children(Vec<Child>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+    let config = format!(
+        "bind = \"{}\"\n{toml}[live]\nenabled = false\n",
+        host.at(PORT)
+    );
+    std::fs::write(&path, config).unwrap();
+    Server::start(host.command(env!("CARGO_BIN_EXE_infini-sidecar")), &path)
 }
 
 async fn client(addr: SocketAddr) -> SidecarClient<Channel> {
@@ -258,7 +226,7 @@ fn main() {
         .collect();
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let mut children = Children(Vec::new());
+    let mut children = Vec::new();
     // Hosts: 0 the router, 1..=6 shard k's replica r at 1 + 2k + r, 7 the single sidecar.
     let shard_toml = |index: &Path| {
         format!(
@@ -269,7 +237,7 @@ fn main() {
     for (k, s) in shards.iter().enumerate() {
         for r in 0..2 {
             let host = net.host(1 + 2 * k + r);
-            children.0.push(serve_on(
+            children.push(serve_on(
                 dir.path(),
                 host,
                 &format!("s{k}r{r}"),
@@ -278,7 +246,7 @@ fn main() {
         }
     }
     let single = net.host(7);
-    children.0.push(serve_on(
+    children.push(serve_on(
         dir.path(),
         single,
         "single",
@@ -298,7 +266,7 @@ fn main() {
             "[cluster]\nrole = \"router\"\nshards = [{}]\nshard_timeout_ms = 2000\nrefresh_secs = 2\n",
             shard_list.join(", ")
         );
-        children.0.push(serve_on(dir.path(), router, "router", &toml));
+        children.push(serve_on(dir.path(), router, "router", &toml));
         // The client's own links: to the router, to the single sidecar, to one shard server.
         let loopback = IpAddr::from([127, 0, 0, 1]);
         let to_router = Link::start(loopback, router.at(PORT), FAULTS);

@@ -6,7 +6,8 @@
 - Kubernetes: `kubectl kustomize` renders every overlay, and the objects fit together: selectors
   match pod labels, Service and probe ports are container ports, volumes and claims, ConfigMaps and
   Secrets exist, the configs the containers are started with are in their ConfigMap, the router's
-  shard_service names the shards' headless Service and port, and the shard count agrees in the
+  shard_service names the shards' headless Service and port and its replicas_per_shard is the
+  layout's, and the shard count agrees in the
   StatefulSet (shards × replicas_per_shard, at least two a shard), the Indexed Job and the layout
   ConfigMap, whose budget lets no more pods down at once than leaves every shard a replica.
 
@@ -229,6 +230,15 @@ def check_config(where: str, wname: str, config: dict, by_kind: dict, workload: 
         problem(where, f"{wname}: shard_service {host} is not headless (the router balances itself)")
     if int(port) not in [p["port"] for p in svc["spec"]["ports"]]:
         problem(where, f"{wname}: shard_service port {port} is not a port of Service {host}")
+    configmaps = by_kind.get("ConfigMap", {})
+    layout = next((c for n, c in configmaps.items() if n.startswith("sidecar-layout")), None)
+    want = int(layout["data"].get("replicas_per_shard", 1)) if layout else None
+    if want is not None and cluster.get("replicas_per_shard", 0) != want:
+        problem(
+            where,
+            f"{wname}: cluster.replicas_per_shard {cluster.get('replicas_per_shard', 0)} is not "
+            f"the layout's {want} (live appends would be acknowledged without a restarting replica)",
+        )
 
 
 def main() -> None:

@@ -485,8 +485,16 @@ impl ShardSet {
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let replicas = &members.replicas[k];
+        let expected = self.config.replicas_per_shard;
+        if replicas.len() < expected {
+            return Err(Status::unavailable(format!(
+                "shard {k} of {}: the router knows {} of its {expected} replicas (cluster.replicas_per_shard), and a write must reach every one",
+                members.shards(),
+                replicas.len()
+            )));
+        }
         let outcomes = futures_util::future::join_all(
-            (replicas.iter()).map(|r| self.call_replica(members, k, r, deadline, ask, &call)),
+            (replicas.iter()).map(|r| self.call_replica(members, k, r, deadline, ask, &call, true)),
         )
         .await;
         let mut answers = Vec::with_capacity(replicas.len());
@@ -535,7 +543,7 @@ impl ShardSet {
         let mut last = String::from("no replica");
         for replica in order {
             match self
-                .call_replica(members, k, replica, deadline, ask, call)
+                .call_replica(members, k, replica, deadline, ask, call, false)
                 .await?
             {
                 Ok(answer) => return Ok(Ok(answer)),
@@ -553,7 +561,9 @@ impl ShardSet {
 
     /// `call` with `ask` on one replica of shard `k`, within the shard's timeout and the caller's
     /// deadline: its answer if it passed validation, why not (the replica is marked down), or
-    /// the caller's own error.
+    /// the caller's own error. A replica too busy for a `write` (RESOURCE_EXHAUSTED: a live index
+    /// holding back appends) is not down: its answer is the caller's, to send again later.
+    #[allow(clippy::too_many_arguments)]
     async fn call_replica<Q, T, F, Fut>(
         &self,
         members: &Members,
@@ -562,6 +572,7 @@ impl ShardSet {
         deadline: Option<Instant>,
         ask: &Q,
         call: &F,
+        write: bool,
     ) -> Result<Result<T, String>, Status>
     where
         Q: Clone,
@@ -611,6 +622,9 @@ impl ShardSet {
                 )));
             }
             Ok(Err(status)) if !retriable(&status) => return Err(status),
+            Ok(Err(status)) if write && status.code() == Code::ResourceExhausted => {
+                return Err(status)
+            }
             Ok(Err(status)) => status,
             Err(_) => Status::deadline_exceeded("no answer within the shard's deadline"),
         };

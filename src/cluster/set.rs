@@ -160,7 +160,10 @@ pub fn assemble(members: &[Member], previous: Option<&SetLayout>) -> Result<Asse
     Err(first_error.unwrap_or(SetError::Empty))
 }
 
-/// The set `set` describes, from `members` (those answering now alone when `only_answering`).
+/// The set `set` describes, from `members`: complete with those answering now alone when
+/// `only_answering`. Either way a shard's replicas that are down but known (described before) stay
+/// in its list behind the others: a live append must reach every replica of its shard, and one
+/// that went missing from the list while down would come back without what it missed.
 fn form(
     set: &ShardIdentity,
     members: &[Member],
@@ -169,6 +172,7 @@ fn form(
 ) -> Result<Assembled, SetError> {
     let mut strays = Vec::new();
     let mut by_shard: BTreeMap<u32, Vec<&Member>> = BTreeMap::new();
+    let mut resting: BTreeMap<u32, Vec<&Member>> = BTreeMap::new();
     for m in members {
         let id = &m.identity;
         let why = match differs(set, id) {
@@ -183,7 +187,7 @@ fn form(
                 address: m.address.clone(),
                 why,
             }),
-            None if only_answering && !m.answering => {}
+            None if only_answering && !m.answering => resting.entry(id.shard).or_default().push(m),
             None => by_shard.entry(id.shard).or_default().push(m),
         }
     }
@@ -218,6 +222,12 @@ fn form(
                     why: format!("other files than shard {k}'s other replicas"),
                 });
             } else if !addrs.contains(&m.address) {
+                addrs.push(m.address.clone());
+            }
+        }
+        // Down replicas with the shard's files; others are passed over until they answer.
+        for m in resting.get(k).into_iter().flatten() {
+            if m.identity.content_id == files.content_id && !addrs.contains(&m.address) {
                 addrs.push(m.address.clone());
             }
         }
@@ -404,5 +414,26 @@ mod tests {
         members[1].answering = false;
         let named = assemble(&members[..2], Some(&accepted)).unwrap();
         assert_eq!(down.unwrap().layout, named.layout);
+    }
+
+    /// A replica down but known stays in its shard's list (after those answering), so live appends
+    /// still go to it and fail until it is back, rather than being acknowledged without it.
+    #[test]
+    fn a_replica_down_stays_in_its_shard_behind_those_answering() {
+        let mut members = vec![
+            at("a", id(0, 2)),
+            at("b", id(0, 2)),
+            at("c", id(1, 2)),
+            at("d", id(1, 2)),
+        ];
+        members[0].answering = false;
+        let formed = assemble(&members, None).unwrap();
+        let replicas = |f: &Assembled, k: usize| f.layout.shards[k].1.clone();
+        assert_eq!(replicas(&formed, 0), vec!["b", "a"]);
+        assert_eq!(replicas(&formed, 1), vec!["c", "d"]);
+        assert!(formed.strays.is_empty());
+        // One with other files than its shard's answering replicas is not kept.
+        members[0].identity.content_id = "other".into();
+        assert_eq!(replicas(&assemble(&members, None).unwrap(), 0), vec!["b"]);
     }
 }

@@ -138,7 +138,8 @@ fn freeze(inner: &Inner, ns: &Namespace, now: bool) -> Result<()> {
     let (frozen, through, meta) = {
         let mut state = ns.write();
         if state.frozen.is_none() {
-            state.freeze_tail();
+            let ids = (inner.recent.lock().unwrap_or_else(|e| e.into_inner())).of(&ns.name);
+            state.freeze_tail(&ids);
         }
         let frozen = state.frozen.clone().unwrap_or_default();
         let through = state.frozen_through;

@@ -6,10 +6,13 @@
 //!
 //! The journal is a series of files, one **generation** for each tail: freezing a tail starts the
 //! next one, and once the tail's run is listed (`runs.json` records the first generation not yet
-//! in a run) the older files are removed. Each record is its length, a checksum and its bytes; a
-//! kill in the middle of a write leaves a torn last record, which is cut off at open (it was never
-//! acknowledged). A record that fails its check before the end of its file is corruption: the file
-//! is copied aside (`.bad-`, never deleted) before being cut there, and the error logged.
+//! in a run) the older files are removed. A new generation opens with the request ids the
+//! namespace remembers, so a retry after a restart is still known for what it is. Each record is
+//! its length, a checksum and its bytes; a write that fails is cut back off at once (an append
+//! refused never comes back at the next start), and a kill in the middle of a write leaves a torn
+//! last record, which is cut off at open (it was never acknowledged). A record that fails its
+//! check before the end of its file is corruption: the file is copied aside (`.bad-`, never
+//! deleted) before being cut there, and the error logged.
 
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Write};
@@ -26,6 +29,7 @@ const SUFFIX: &str = ".log";
 const HEADER: usize = 12;
 const APPEND: u8 = 1;
 const RETRACT: u8 = 2;
+const IDS: u8 = 3;
 
 /// Whether `name` is one of a namespace's journal files.
 pub fn is_journal_file(name: &str) -> bool {
@@ -54,6 +58,8 @@ pub enum Record {
         doc: u64,
         n: u64,
     },
+    /// Request ids of appends in earlier generations, still remembered.
+    Ids(Vec<String>),
 }
 
 /// Encodes an append without copying its tokens into a [`Record`] first.
@@ -70,6 +76,16 @@ fn encode_append(request_id: &str, pieces: &[Piece]) -> Vec<u8> {
         for t in piece.tokens {
             bytes.extend(t.to_le_bytes());
         }
+    }
+    bytes
+}
+
+fn encode_ids(ids: &[String]) -> Vec<u8> {
+    let mut bytes = vec![IDS];
+    bytes.extend((ids.len() as u32).to_le_bytes());
+    for id in ids {
+        bytes.extend((id.len() as u16).to_le_bytes());
+        bytes.extend(id.as_bytes());
     }
     bytes
 }
@@ -109,6 +125,15 @@ fn decode(bytes: &[u8], vocab: &Vocabulary) -> Option<Record> {
             doc: u64::from_le_bytes(r.take()?),
             n: u64::from_le_bytes(r.take()?),
         },
+        IDS => {
+            let n = u32::from_le_bytes(r.take()?) as usize;
+            let mut ids = Vec::with_capacity(n.min(bytes.len() / 2));
+            for _ in 0..n {
+                let len = u16::from_le_bytes(r.take()?) as usize;
+                ids.push(String::from_utf8(r.bytes(len)?.to_vec()).ok()?);
+            }
+            Record::Ids(ids)
+        }
         _ => return None,
     };
     r.0.is_empty().then_some(record)
@@ -138,6 +163,8 @@ pub struct Journal {
     dir: PathBuf,
     generation: u64,
     file: Option<File>,
+    /// The open file's length: where a failed write is cut back to.
+    len: u64,
 }
 
 impl Journal {
@@ -147,6 +174,7 @@ impl Journal {
             dir: dir.to_path_buf(),
             generation,
             file: None,
+            len: 0,
         }
     }
 
@@ -163,10 +191,16 @@ impl Journal {
         self.write(&encode_retract(doc, n), false)
     }
 
-    /// Closes this generation's file; later writes go to the next one's. Returns the next one.
-    pub fn rotate(&mut self) -> u64 {
+    /// Closes this generation's file and opens the next one's with `ids` (the request ids still
+    /// remembered, whose appends the closed generations hold); returns the next generation.
+    pub fn rotate(&mut self, ids: &[String]) -> u64 {
         self.file = None;
         self.generation += 1;
+        if !ids.is_empty() {
+            if let Err(e) = self.write(&encode_ids(ids), false) {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "could not carry request ids into a new journal; a retry after a restart may add its documents again");
+            }
+        }
         self.generation
     }
 
@@ -183,6 +217,7 @@ impl Journal {
                 .append(true)
                 .open(&path)
                 .map_err(io)?;
+            self.len = file.metadata().map_err(io)?.len();
             // The new file's name is durable once its folder is synced.
             File::open(&self.dir)
                 .and_then(|d| d.sync_all())
@@ -196,9 +231,13 @@ impl Journal {
             file.write_all(&record)
                 .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
         if let Err(e) = written {
-            // What a failed write left is torn at the end of this file, where reading stops; the
-            // next write starts a new generation so nothing acknowledged follows it.
-            self.rotate();
+            // Cut back to before this record, so an append refused is never read back. Where even
+            // that fails, later writes go to a new generation: reading this one stops at the torn
+            // record, so nothing acknowledged after it is lost.
+            if file.set_len(self.len).is_err() {
+                self.file = None;
+                self.generation += 1;
+            }
             return Err(match e.kind() {
                 ErrorKind::StorageFull | ErrorKind::QuotaExceeded => LiveError::Full(format!(
                     "the live index cannot write its journal under {} ({e}): the disk is full; what it acknowledged is kept and appends are refused until the disk takes writes again",
@@ -207,6 +246,7 @@ impl Journal {
                 _ => io(e),
             });
         }
+        self.len += record.len() as u64;
         Ok(())
     }
 }
@@ -330,7 +370,8 @@ mod tests {
         let mut want = vec![append(&mut journal, "r1", 7, &[1, 2, 3])];
         journal.retract(7, 1).unwrap();
         want.push(Record::Retract { doc: 7, n: 1 });
-        assert_eq!(journal.rotate(), 4);
+        assert_eq!(journal.rotate(&["r1".to_string()]), 4);
+        want.push(Record::Ids(vec!["r1".into()]));
         want.push(append(&mut journal, "", 8, &[999]));
         assert_eq!(replay(dir.path(), 0, &VOCAB).unwrap(), (want.clone(), 5));
         // Generations before `from` are in runs already.
@@ -343,6 +384,9 @@ mod tests {
             replay(dir.path(), 0, &VOCAB).unwrap(),
             (want[2..].to_vec(), 5)
         );
+        // A rotation with no ids to carry makes no file until its first write.
+        assert_eq!(journal.rotate(&[]), 5);
+        assert_eq!(replay(dir.path(), 0, &VOCAB).unwrap().1, 5);
         // No journal: nothing, and the generation asked for is the next.
         let empty = tempfile::tempdir().unwrap();
         assert_eq!(replay(empty.path(), 9, &VOCAB).unwrap(), (Vec::new(), 9));

@@ -386,14 +386,22 @@ impl LiveIndex {
                         .runs_set_aside
                         .fetch_add(opened.set_aside as u64, Ordering::Relaxed);
                     for record in &opened.replayed {
-                        if let journal::Record::Append { request_id, pieces } = record {
-                            recent.record(&name, request_id);
-                            // Ids handed out here, not a router's (high bit set), go on after
-                            // these so that no new document continues a replayed one.
-                            next_document = (pieces.iter())
-                                .map(|(doc, _)| doc + 1)
-                                .filter(|&d| d < 1 << 63)
-                                .fold(next_document, u64::max);
+                        match record {
+                            journal::Record::Append { request_id, pieces } => {
+                                recent.record(&name, request_id);
+                                // Ids handed out here, not a router's (high bit set), go on after
+                                // these so that no new document continues a replayed one.
+                                next_document = (pieces.iter())
+                                    .map(|(doc, _)| doc + 1)
+                                    .filter(|&d| d < 1 << 63)
+                                    .fold(next_document, u64::max);
+                            }
+                            journal::Record::Ids(ids) => {
+                                for id in ids {
+                                    recent.record(&name, id);
+                                }
+                            }
+                            journal::Record::Retract { .. } => {}
                         }
                     }
                     let ns = opened.namespace;
@@ -568,9 +576,9 @@ impl LiveIndex {
             compact::round(&self.inner, true);
             let lost = self.inner.pending.load(Ordering::Relaxed);
             if lost > 0 {
-                tracing::error!(
+                tracing::warn!(
                     tokens = lost,
-                    "the live index closes with tokens it could not write to disk; they are lost"
+                    "the live index closes with tokens it could not build into runs; its journals keep them for the next start"
                 );
             }
         }
@@ -848,28 +856,37 @@ impl LiveStore for LiveIndex {
                 ns = self.namespace_or_create(namespace)?;
                 continue;
             }
-            let mut recent = inner.recent.lock().unwrap_or_else(|e| e.into_inner());
-            if recent.seen(namespace, request_id) {
+            // The namespace's lock orders appends to it, so its ids need no other lock held
+            // through the journal's write (a sync of AddDocuments would hold back every namespace).
+            let seen = (inner.recent.lock().unwrap_or_else(|e| e.into_inner()))
+                .seen(namespace, request_id);
+            if seen {
                 return Ok(Appended::Repeated);
             }
-            if let Err(e) = inner.admit(namespace, state.pending(), n, namespaces, true) {
+            let sync = durability == Durability::Synced;
+            let taken = inner
+                .admit(namespace, state.pending(), n, namespaces, true)
+                .and_then(|()| {
+                    // Counted in `pending` by `admit`: given back if the journal refuses it.
+                    state
+                        .journal
+                        .append(request_id, pieces, sync)
+                        .inspect_err(|_| {
+                            inner.pending.fetch_sub(n, Ordering::Relaxed);
+                        })
+                });
+            if let Err(e) = taken {
                 let empty = state.is_empty();
-                drop((state, recent));
+                drop(state);
                 if empty {
                     inner.reclaim(&ns)?;
                 }
                 return Err(e);
             }
-            // Counted in `pending` by `admit`.
-            let sync = durability == Durability::Synced;
-            if let Err(e) = state.journal.append(request_id, pieces, sync) {
-                inner.pending.fetch_sub(n, Ordering::Relaxed);
-                return Err(e);
-            }
             for piece in pieces {
                 state.tail.append(piece.doc, piece.tokens);
             }
-            recent.record(namespace, request_id);
+            (inner.recent.lock().unwrap_or_else(|e| e.into_inner())).record(namespace, request_id);
             break state.tail.tokens() as u64 >= inner.config.freeze_tokens;
         };
         if full && inner.config.background {
@@ -883,13 +900,18 @@ impl LiveStore for LiveIndex {
             return false;
         };
         let mut state = ns.write();
+        if state.tail.held(doc) < n {
+            return false;
+        }
+        // Written first: a retraction the journal does not hold is not made (the caller goes on in
+        // a new document), or the next start would read the tokens back inside the document.
+        if let Err(e) = state.journal.retract(doc, n as u64) {
+            tracing::warn!(namespace, error = %e, "could not journal a retraction; the tokens stay");
+            return false;
+        }
         let retracted = state.tail.retract(doc, n);
         if retracted {
             self.inner.pending.fetch_sub(n as u64, Ordering::Relaxed);
-            // Best effort as the retraction itself: unwritten, a restart teaches the tokens again.
-            if let Err(e) = state.journal.retract(doc, n as u64) {
-                tracing::warn!(namespace, error = %e, "could not journal a retraction");
-            }
         }
         retracted
     }

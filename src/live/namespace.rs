@@ -78,10 +78,10 @@ impl State {
     }
 
     /// Freezes the tail (compaction builds it into a run) and starts the journal's next
-    /// generation for the new one.
-    pub fn freeze_tail(&mut self) {
+    /// generation for the new one, carrying `ids` (the request ids the namespace remembers).
+    pub fn freeze_tail(&mut self, ids: &[String]) {
         self.frozen = Some(Arc::new(std::mem::take(&mut self.tail)));
-        self.frozen_through = self.journal.rotate();
+        self.frozen_through = self.journal.rotate(ids);
     }
 
     /// Applies a change read back from the journal to the tail.
@@ -95,6 +95,7 @@ impl State {
             Record::Retract { doc, n } => {
                 self.tail.retract(*doc, *n as usize);
             }
+            Record::Ids(_) => {}
         }
     }
 
@@ -249,8 +250,11 @@ impl Namespace {
         if !entries.iter().all(ours) {
             return Ok(false);
         }
-        // The marker last: a kill before it leaves a namespace that opens empty.
-        for name in entries.iter().filter(|e| *e != NAMESPACE_MARKER) {
+        // Journals first (a list gone before them would let them be read as the namespace's at the
+        // next open), the marker last: a kill before it leaves a namespace that opens empty.
+        let mut entries: Vec<&String> = entries.iter().filter(|e| *e != NAMESPACE_MARKER).collect();
+        entries.sort_by_key(|e| !is_journal_file(e));
+        for name in entries {
             let path = self.dir.join(name);
             std::fs::remove_file(&path).map_err(|e| LiveError::io(&path, e))?;
         }

@@ -19,6 +19,14 @@ impl RecentRequests {
         !id.is_empty() && self.seen.contains(&(namespace.to_string(), id.to_string()))
     }
 
+    /// The ids remembered for `namespace`, oldest first.
+    pub fn of(&self, namespace: &str) -> Vec<String> {
+        (self.order.iter())
+            .filter(|(ns, _)| ns == namespace)
+            .map(|(_, id)| id.clone())
+            .collect()
+    }
+
     pub fn record(&mut self, namespace: &str, id: &str) {
         if id.is_empty() {
             return;
@@ -55,5 +63,8 @@ mod tests {
         assert!(recent.seen("b", "0") && recent.seen("b", &(REMEMBERED - 1).to_string()));
         recent.record("b", "new");
         assert!(!recent.seen("b", "0") && recent.seen("b", "1"));
+        assert!(recent.of("a").is_empty());
+        assert_eq!(recent.of("b")[..2], ["1".to_string(), "2".to_string()]);
+        assert_eq!(recent.of("b").last().map(String::as_str), Some("new"));
     }
 }

@@ -73,6 +73,13 @@ impl Tail {
         self.tokens += tokens.len();
     }
 
+    /// Tokens of document `doc` this tail holds.
+    pub fn held(&self, doc: u64) -> usize {
+        self.slots
+            .get(&doc)
+            .map_or(0, |&slot| self.docs[slot].1.len())
+    }
+
     /// Takes the last `n` tokens of document `doc` back, if this tail holds that many of it (a
     /// sequence that learns took them back: what it teaches stays what it kept). Their
     /// occurrences are found from the newest end, where they are, and marked taken back; lookups

@@ -74,6 +74,11 @@ pub struct ClusterSection {
     pub shard_timeout_ms: u64,
     /// Router: seconds between two checks of every shard server (readiness, replicas come and go).
     pub refresh_secs: u64,
+    /// Router: the replicas every shard has in this deployment. A live append is acknowledged only
+    /// once every replica of its owner shard has taken it, and refused while the router knows
+    /// fewer than this many of them (a replica gone from DNS while it restarts must not be left
+    /// out). 0: every replica the router knows of.
+    pub replicas_per_shard: usize,
 }
 
 impl Default for ClusterSection {
@@ -84,6 +89,7 @@ impl Default for ClusterSection {
             shard_service: None,
             shard_timeout_ms: 2_000,
             refresh_secs: 5,
+            replicas_per_shard: 0,
         }
     }
 }

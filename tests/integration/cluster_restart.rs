@@ -190,6 +190,20 @@ async fn acknowledged_documents_are_on_every_replica_of_their_owner() {
     let retried = retry(&mut client, add("ns", &second, "second")).await;
     // The surviving replica had taken the first try; the restarted one takes it now.
     assert!(!retried.repeated, "{retried:?}");
+    // Both replicas of the owner hold every document once; no other replica holds any.
+    let mut held = Vec::new();
+    for (_, _, bind, _, _) in &replicas {
+        let info = connect(*bind).await;
+        let info = SidecarClient::new(info)
+            .info(pb::InfoRequest {})
+            .await
+            .unwrap();
+        held.push(info.into_inner().live.map_or(0, |l| l.tokens));
+    }
+    let owner: Vec<usize> = (0..held.len()).filter(|&j| held[j] > 0).collect();
+    assert_eq!(owner.len(), 2, "{held:?}");
+    assert_eq!((owner[0] % 2, owner[1]), (0, owner[0] + 1), "{held:?}");
+    assert!(owner.iter().all(|&j| held[j] == 8 * 300), "{held:?}");
     kill(&mut replicas, 1);
     assert_eq!(draftable(&mut client, "ns", &first).await, 4);
     assert_eq!(draftable(&mut client, "ns", &second).await, 4);

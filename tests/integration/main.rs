@@ -9,6 +9,7 @@ mod byte_level;
 mod byte_mixing;
 mod cli;
 mod cluster;
+mod cluster_chaos;
 mod cluster_identity;
 mod cluster_malformed;
 mod cluster_netns;

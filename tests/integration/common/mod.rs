@@ -1,6 +1,7 @@
 //! Shared helpers of the integration tests: the real assets fetched by `scripts/fetch_assets.py`.
 #![allow(dead_code)]
 
+pub mod chaos;
 pub mod netns;
 pub mod oracle;
 pub mod server;

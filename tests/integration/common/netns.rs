@@ -10,9 +10,10 @@
 //! connections, and is cut and healed on command (a partition). Made and removed by the test, as
 //! root; where namespaces cannot be made, [`Net::new`] says why and the caller skips.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::process::Command;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -162,7 +163,8 @@ pub struct Faults {
 
 struct LinkState {
     target: SocketAddr,
-    faults: Faults,
+    /// Read for every chunk, so a change reaches the connections open.
+    faults: Arc<Mutex<Faults>>,
     cut: bool,
     /// The link is gone: its accepting thread ends.
     closed: bool,
@@ -186,7 +188,7 @@ impl Link {
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(LinkState {
             target,
-            faults,
+            faults: Arc::new(Mutex::new(faults)),
             cut: false,
             closed: false,
             open: Vec::new(),
@@ -213,7 +215,7 @@ impl Link {
                 }
                 state.open.retain(|(_, alive)| Arc::strong_count(alive) > 1);
                 let alive = Arc::new(());
-                if let Ok(ends) = forward(inbound, outbound, state.faults, &alive) {
+                if let Ok(ends) = forward(inbound, outbound, &state.faults, &alive) {
                     state.open.push((ends, alive));
                 }
             }
@@ -238,6 +240,11 @@ impl Link {
 
     pub fn heal(&self) {
         self.state.lock().unwrap().cut = false;
+    }
+
+    /// What the link does from now on, to the connections open too (a link that slows down).
+    pub fn set_faults(&self, faults: Faults) {
+        *self.state.lock().unwrap().faults.lock().unwrap() = faults;
     }
 }
 
@@ -264,7 +271,7 @@ fn end_all(state: &mut LinkState) {
 fn forward(
     inbound: TcpStream,
     outbound: TcpStream,
-    faults: Faults,
+    faults: &Arc<Mutex<Faults>>,
     alive: &Arc<()>,
 ) -> std::io::Result<[TcpStream; 2]> {
     inbound.set_nodelay(true)?;
@@ -272,9 +279,9 @@ fn forward(
     let pair =
         || -> std::io::Result<[TcpStream; 2]> { Ok([inbound.try_clone()?, outbound.try_clone()?]) };
     let [i, o] = pair()?;
-    one_way(i, o, faults, pair()?, Arc::clone(alive));
+    one_way(i, o, Arc::clone(faults), pair()?, Arc::clone(alive));
     let [i, o] = pair()?;
-    one_way(o, i, faults, pair()?, Arc::clone(alive));
+    one_way(o, i, Arc::clone(faults), pair()?, Arc::clone(alive));
     pair()
 }
 
@@ -284,7 +291,7 @@ fn forward(
 fn one_way(
     mut from: TcpStream,
     mut to: TcpStream,
-    faults: Faults,
+    faults: Arc<Mutex<Faults>>,
     both: [TcpStream; 2],
     alive: Arc<()>,
 ) {
@@ -310,6 +317,7 @@ fn one_way(
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
+            let faults = *faults.lock().unwrap();
             if rng.random_bool(faults.drop_share.clamp(0.0, 1.0)) {
                 for end in &both {
                     let _ = end.shutdown(Shutdown::Both);
@@ -329,4 +337,52 @@ fn one_way(
             }
         }
     });
+}
+
+/// `infini-sidecar serve` run by a command (the binary, or `ip netns exec` of it in a host), killed
+/// when dropped.
+pub struct Server {
+    child: Child,
+    /// Where it listens, as its log says.
+    pub addr: SocketAddr,
+}
+
+impl Server {
+    /// `command` serving `config`, once it listens; its log is drained in the background.
+    pub fn start(mut command: Command, config: &Path) -> Server {
+        let mut child = command
+            .args(["serve", "--config"])
+            .arg(config)
+            .env("NO_COLOR", "1")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut log = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        let addr = loop {
+            line.clear();
+            let read = log.read_line(&mut line).unwrap();
+            assert!(read > 0, "{} exited", config.display());
+            if let Some((_, at)) = line.split_once("serving on ") {
+                break at.trim().parse().unwrap();
+            }
+        };
+        std::thread::spawn(move || for _ in log.lines() {});
+        Server { child, addr }
+    }
+
+    /// Stops it as Kubernetes does (SIGTERM: it drains) and waits for it to exit.
+    pub fn terminate(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
