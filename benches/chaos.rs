@@ -62,12 +62,13 @@ fn main() {
     let report = runtime.block_on(chaos::run(&net, &setup));
     for (kind, tally) in &report.calls {
         println!(
-            "{kind:>12}: {:>6} calls, {:>6} equal, {:>4} partial (flagged), {:>4} unavailable naming the shard, {:?} failed otherwise, {} wrong; {:.1}% failed",
+            "{kind:>12}: {:>6} calls, {:>6} equal, {:>4} partial (flagged), {:>4} unavailable naming the shard, {:?} failed otherwise, {} hung, {} wrong; {:.1}% failed",
             tally.calls,
             tally.equal,
             tally.partial_flagged,
             tally.unavailable_named,
             tally.failed,
+            tally.hung,
             tally.wrong,
             100.0 * tally.failed_share()
         );

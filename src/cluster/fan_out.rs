@@ -282,9 +282,15 @@ impl ShardSet {
                 })
                 .collect()
         };
-        let described = futures_util::future::join_all(replicas.iter().map(|r| async move {
+        // The tokenizer of the set accepted: a replica whose tokenizer it is leaves its JSON out.
+        let have = (self.members.read().unwrap_or_else(|e| e.into_inner()))
+            .as_ref()
+            .map_or_else(|_| String::new(), |m| m.tokenizer.fingerprint().to_string());
+        let described = futures_util::future::join_all(replicas.iter().map(|r| async {
             let mut client = r.client.clone();
-            let mut request = Request::new(spb::DescribeRequest {});
+            let mut request = Request::new(spb::DescribeRequest {
+                have_tokenizer_fingerprint: have.clone(),
+            });
             request.set_timeout(DESCRIBE_TIMEOUT);
             let answer = tokio::time::timeout(DESCRIBE_TIMEOUT, client.describe(request)).await;
             match answer {
@@ -302,6 +308,7 @@ impl ShardSet {
                 .store(description.is_some() && sane, Ordering::Relaxed);
             if let (Some(d), Some(k)) = (description, known.get_mut(&replica.address)) {
                 k.identity = Some((ShardIdentity::from(&d), d.tokenizer_json));
+                // (Left out when it is the accepted set's tokenizer, which `members_of` keeps.)
                 answering.insert(replica.address.clone());
             }
         }

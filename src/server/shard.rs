@@ -28,9 +28,14 @@ fn accept<T>(s: &State, request: &Request<T>) -> Result<(), Status> {
     identity::check(request.metadata(), || own_identity(s).cloned())
 }
 
-fn describe(s: &State) -> Result<spb::ShardDescription, Status> {
+fn describe(s: &State, r: spb::DescribeRequest) -> Result<spb::ShardDescription, Status> {
     let index = s.corpus()?;
     let own = own_identity(s)?;
+    let fingerprint = s.tokenizer.fingerprint();
+    let tokenizer_json = match r.have_tokenizer_fingerprint == fingerprint {
+        true => String::new(),
+        false => (s.tokenizer.to_json()).map_err(|e| Status::internal(e.to_string()))?,
+    };
     Ok(spb::ShardDescription {
         set_id: own.set_id.clone(),
         shard: own.shard,
@@ -41,11 +46,8 @@ fn describe(s: &State) -> Result<spb::ShardDescription, Status> {
         token_width: index.width().bytes() as u32,
         eos_token_id: index.eos_token_id(),
         vocab_size: index.vocab_size(),
-        tokenizer_fingerprint: s.tokenizer.fingerprint().to_string(),
-        tokenizer_json: s
-            .tokenizer
-            .to_json()
-            .map_err(|e| Status::internal(e.to_string()))?,
+        tokenizer_fingerprint: fingerprint.to_string(),
+        tokenizer_json,
         content_id: own.content_id.clone(),
         version: env!("CARGO_PKG_VERSION").into(),
     })
@@ -300,8 +302,7 @@ impl spb::shard_server::Shard for SidecarService {
         request: Request<spb::DescribeRequest>,
     ) -> Result<Response<spb::ShardDescription>, Status> {
         // No work permit: a busy shard is still there, and must not look down to its routers.
-        let _ = request;
-        describe(&self.state).map(Response::new)
+        describe(&self.state, request.into_inner()).map(Response::new)
     }
 
     async fn count(

@@ -356,7 +356,7 @@ async fn real_answers_pass(shard: SocketAddr, docs: &[Vec<u32>]) {
     let mut client = ShardClient::new(connect(shard).await).max_decoding_message_size(usize::MAX);
     // The shard's description, as a router checks answers against it.
     let description = client
-        .describe(spb::DescribeRequest {})
+        .describe(spb::DescribeRequest::default())
         .await
         .unwrap()
         .into_inner();

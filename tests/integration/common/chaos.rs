@@ -94,12 +94,15 @@ pub struct Tally {
     pub unavailable_named: u64,
     /// Failed otherwise, by gRPC code.
     pub failed: BTreeMap<String, u64>,
+    /// Neither answered nor failed within the call's deadline and 5 s more (a stream the server
+    /// left open).
+    pub hung: u64,
     pub wrong: u64,
 }
 
 impl Tally {
     pub fn failed_share(&self) -> f64 {
-        let failed: u64 = self.failed.values().sum::<u64>() + self.unavailable_named;
+        let failed: u64 = self.failed.values().sum::<u64>() + self.unavailable_named + self.hung;
         failed as f64 / self.calls.max(1) as f64
     }
 }
@@ -169,8 +172,15 @@ enum Outcome {
     Partial,
     Named,
     Failed(Code),
+    Hung,
     Wrong(String),
 }
+
+/// The kinds of call, as the report names them.
+const KINDS: [&str; 5] = ["count", "infgram_ntd", "mix", "score", "session"];
+
+/// Longest a call may take before it counts as hung.
+const HUNG: Duration = Duration::from_secs(15);
 
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let path = dir.join(format!("{name}.toml"));
@@ -328,8 +338,12 @@ pub async fn run(net: &Net, setup: &Setup<'_>) -> Report {
             while !stop.load(Ordering::Relaxed) {
                 let next = documents.lock().unwrap().next_try(&mut rng, &mut n);
                 let client = &mut clients[rng.random_range(0..ROUTERS)];
-                let answer = client.add_documents(request(next.request())).await;
-                documents.lock().unwrap().answered(next, answer.is_ok());
+                let answer =
+                    tokio::time::timeout(HUNG, client.add_documents(request(next.request()))).await;
+                documents
+                    .lock()
+                    .unwrap()
+                    .answered(next, matches!(answer, Ok(Ok(_))));
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })
@@ -356,7 +370,7 @@ pub async fn run(net: &Net, setup: &Setup<'_>) -> Report {
     for r in &replicas {
         replica_clients.push(shard_client(net.host(r.host).at(PORT)).await);
     }
-    let tally = documents.check(&mut clients, &mut replica_clients).await;
+    let tally = documents.check(&clients, &replica_clients).await;
     drop(routers);
     drop(replicas);
     let calls = Arc::try_unwrap(tallies).unwrap().into_inner().unwrap();
@@ -574,6 +588,7 @@ async fn baseline(clients: &[SidecarClient<Channel>], pool: &Pool) {
                     Outcome::Equal => None,
                     Outcome::Wrong(why) => Some(why),
                     Outcome::Failed(code) => Some(format!("failed: {code:?}")),
+                    Outcome::Hung => Some("no answer".into()),
                     Outcome::Partial | Outcome::Named => Some("a shard missing".into()),
                 } {
                     panic!("before any fault, {kind} {i} through a router differs from the single sidecar: {why}");
@@ -606,8 +621,7 @@ async fn call(
     call_one(client, pool, which, rng.random_range(0..n), partial).await
 }
 
-/// Call `i` of kind `which` (partial answers allowed with `partial`, where a call takes them),
-/// checked against the single sidecar's answer.
+/// Call `i` of kind `which`, judged; hung when it takes longer than [`HUNG`].
 async fn call_one(
     client: &mut SidecarClient<Channel>,
     pool: &Pool,
@@ -615,6 +629,19 @@ async fn call_one(
     i: usize,
     partial: bool,
 ) -> (&'static str, Outcome) {
+    let outcome = tokio::time::timeout(HUNG, judged_call(client, pool, which, i, partial)).await;
+    (KINDS[which], outcome.unwrap_or(Outcome::Hung))
+}
+
+/// Call `i` of kind `which` (partial answers allowed with `partial`, where a call takes them),
+/// checked against the single sidecar's answer.
+async fn judged_call(
+    client: &mut SidecarClient<Channel>,
+    pool: &Pool,
+    which: usize,
+    i: usize,
+    partial: bool,
+) -> Outcome {
     match which {
         0 => {
             let (ids, want) = &pool.counts[i];
@@ -633,7 +660,7 @@ async fn call_one(
                     _ => Outcome::Wrong(format!("count {ids:?}: {got:?}, want {want}")),
                 }
             });
-            ("count", outcome)
+            outcome
         }
         1 => {
             let (prompt, want) = &pool.ntds[i];
@@ -647,7 +674,7 @@ async fn call_one(
                 }
                 _ => Outcome::Wrong(format!("∞-gram {prompt:?}: {got:?}, want {want:?}")),
             });
-            ("infgram_ntd", outcome)
+            outcome
         }
         2 => {
             let (mix, want) = &pool.mixes[i];
@@ -656,7 +683,7 @@ async fn call_one(
                 true => Outcome::Equal,
                 false => Outcome::Wrong(format!("mix {:?}: {got:?}, want {want:?}", mix.context)),
             });
-            ("mix", outcome)
+            outcome
         }
         3 => {
             let (score, want) = &pool.scores[i];
@@ -665,7 +692,7 @@ async fn call_one(
                 true => Outcome::Equal,
                 false => Outcome::Wrong(format!("score: {got:?}, want {want:?}")),
             });
-            ("score", outcome)
+            outcome
         }
         _ => {
             let (steps, want) = &pool.sessions[i];
@@ -674,7 +701,7 @@ async fn call_one(
                 true => Outcome::Equal,
                 false => Outcome::Wrong(format!("session {i}: {got:?}, want {want:?}")),
             });
-            ("session", outcome)
+            outcome
         }
     }
 }
@@ -709,6 +736,7 @@ fn record(
         Outcome::Partial => tally.partial_flagged += 1,
         Outcome::Named => tally.unavailable_named += 1,
         Outcome::Failed(code) => *tally.failed.entry(format!("{code:?}")).or_default() += 1,
+        Outcome::Hung => tally.hung += 1,
         Outcome::Wrong(why) => {
             tally.wrong += 1;
             let mut wrong = wrong.lock().unwrap();
@@ -929,7 +957,9 @@ impl DocumentLog {
         while let Some(doc) = self.waiting.pop() {
             let d = &self.docs[doc];
             loop {
-                match clients[0].add_documents(request(add(d))).await {
+                let added =
+                    tokio::time::timeout(HUNG, clients[0].add_documents(request(add(d)))).await;
+                match added.unwrap_or_else(|_| Err(Status::deadline_exceeded("hung"))) {
                     Ok(_) => {
                         self.docs[doc].acknowledged = true;
                         break;
@@ -948,26 +978,37 @@ impl DocumentLog {
     }
 
     /// Whether each document acknowledged is drafted through both routers, and held once by each
-    /// replica of one shard (its owner's) and by no other replica.
+    /// replica of one shard (its owner's) and by no other replica. Documents are checked 16 at a
+    /// time.
     async fn check(
         mut self,
-        routers: &mut [SidecarClient<Channel>],
-        replicas: &mut [ShardClient<Channel>],
+        routers: &[SidecarClient<Channel>],
+        replicas: &[ShardClient<Channel>],
     ) -> Documents {
-        for d in self.docs.iter().filter(|d| d.acknowledged) {
-            let mut through = Vec::new();
-            for router in routers.iter_mut() {
-                through.push(drafts(router, d).await);
-            }
-            let mut held = Vec::new();
-            for replica in replicas.iter_mut() {
-                held.push(copies(replica, d).await);
-            }
+        use futures_util::StreamExt;
+        let acknowledged = self.docs.iter().filter(|d| d.acknowledged);
+        let mut checked = futures_util::stream::iter(acknowledged)
+            .map(|d| {
+                let (mut routers, mut replicas) = (routers.to_vec(), replicas.to_vec());
+                async move {
+                    let mut through = Vec::new();
+                    for router in &mut routers {
+                        through.push(drafts(router, d).await);
+                    }
+                    let mut held = Vec::new();
+                    for replica in &mut replicas {
+                        held.push(copies(replica, d).await);
+                    }
+                    (d, through, held)
+                }
+            })
+            .buffer_unordered(16);
+        while let Some((d, through, held)) = checked.next().await {
             let lost = through.contains(&false);
             let holders: Vec<usize> = (0..held.len()).filter(|&j| held[j] > 0).collect();
-            let one_shard = holders.len() == REPLICAS && holders[0].is_multiple_of(REPLICAS) && {
-                (holders.windows(2)).all(|w| w[1] == w[0] + 1)
-            };
+            let one_shard = holders.len() == REPLICAS
+                && holders[0].is_multiple_of(REPLICAS)
+                && (holders.windows(2)).all(|w| w[1] == w[0] + 1);
             let misplaced = !one_shard || holders.iter().any(|&j| held[j] != 1);
             self.tally.lost += u64::from(lost);
             self.tally.misplaced += u64::from(misplaced);
@@ -978,6 +1019,7 @@ impl DocumentLog {
                 ));
             }
         }
+        drop(checked);
         self.tally
     }
 }
@@ -1004,11 +1046,11 @@ async fn copies(client: &mut ShardClient<Channel>, d: &Document) -> u32 {
         samples: 16,
         depth: 4,
     };
-    match client.live_continuations(request(ask)).await {
-        Ok(answer) => (answer.into_inner().continuations.iter())
+    match tokio::time::timeout(HUNG, client.live_continuations(request(ask))).await {
+        Ok(Ok(answer)) => (answer.into_inner().continuations.iter())
             .filter(|c| c.tokens[..] == d.tokens[100..104])
             .count() as u32,
-        Err(_) => u32::MAX,
+        _ => u32::MAX,
     }
 }
 
@@ -1028,8 +1070,8 @@ async fn drafts(client: &mut SidecarClient<Channel>, d: &Document) -> bool {
         namespace: d.namespace.clone(),
         reference: Vec::new(),
     };
-    match client.draft(request(draft)).await {
-        Ok(answer) => answer.into_inner().token_ids[..] == d.tokens[100..104],
-        Err(_) => false,
+    match tokio::time::timeout(HUNG, client.draft(request(draft))).await {
+        Ok(Ok(answer)) => answer.into_inner().token_ids[..] == d.tokens[100..104],
+        _ => false,
     }
 }
