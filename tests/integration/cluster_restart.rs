@@ -168,6 +168,25 @@ async fn acknowledged_documents_are_on_every_replica_of_their_owner() {
         .add_documents(add("ns", &first, "first"))
         .await
         .unwrap();
+    // A router that knows one replica of each shard (the other gone from its DNS name while it
+    // restarts, say) refuses appends rather than acknowledging them on one replica alone.
+    let half: Vec<String> = list.iter().step_by(2).map(|a| format!("\"{a}\"")).collect();
+    let toml = format!(
+        "[cluster]\nrole = \"router\"\nshards = [{}]\nrefresh_secs = 1\nreplicas_per_shard = 2\n",
+        half.join(", ")
+    );
+    let (_half_router, half_addr) = serve(dir.path(), "half", &toml).await;
+    let half_channel = connect(half_addr).await;
+    wait_ready(&half_channel, ServingStatus::Serving).await;
+    let refused = SidecarClient::new(half_channel)
+        .add_documents(add("ns", &first, "first"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(
+        refused.message().contains("knows 1 of its 2 replicas"),
+        "{refused:?}"
+    );
 
     kill(&mut replicas, 0);
     assert_eq!(draftable(&mut client, "ns", &first).await, 4);

@@ -94,6 +94,8 @@ pub struct Tally {
     pub unavailable_named: u64,
     /// Failed otherwise, by gRPC code.
     pub failed: BTreeMap<String, u64>,
+    /// The first message of each code that failed otherwise.
+    pub failed_first: BTreeMap<String, String>,
     /// Neither answered nor failed within the call's deadline and 5 s more (a stream the server
     /// left open).
     pub hung: u64,
@@ -171,7 +173,7 @@ enum Outcome {
     Equal,
     Partial,
     Named,
-    Failed(Code),
+    Failed(Status),
     Hung,
     Wrong(String),
 }
@@ -587,7 +589,7 @@ async fn baseline(clients: &[SidecarClient<Channel>], pool: &Pool) {
                 if let Some(why) = match outcome {
                     Outcome::Equal => None,
                     Outcome::Wrong(why) => Some(why),
-                    Outcome::Failed(code) => Some(format!("failed: {code:?}")),
+                    Outcome::Failed(status) => Some(format!("failed: {status:?}")),
                     Outcome::Hung => Some("no answer".into()),
                     Outcome::Partial | Outcome::Named => Some("a shard missing".into()),
                 } {
@@ -713,7 +715,7 @@ fn judge<T>(got: Result<T, Status>, check: impl FnOnce(T) -> Outcome) -> Outcome
         Err(status) if status.code() == Code::Unavailable && names_a_shard(status.message()) => {
             Outcome::Named
         }
-        Err(status) => Outcome::Failed(status.code()),
+        Err(status) => Outcome::Failed(status),
     }
 }
 
@@ -735,7 +737,13 @@ fn record(
         Outcome::Equal => tally.equal += 1,
         Outcome::Partial => tally.partial_flagged += 1,
         Outcome::Named => tally.unavailable_named += 1,
-        Outcome::Failed(code) => *tally.failed.entry(format!("{code:?}")).or_default() += 1,
+        Outcome::Failed(status) => {
+            let code = format!("{:?}", status.code());
+            *tally.failed.entry(code.clone()).or_default() += 1;
+            (tally.failed_first)
+                .entry(code)
+                .or_insert_with(|| status.message().to_string());
+        }
         Outcome::Hung => tally.hung += 1,
         Outcome::Wrong(why) => {
             tally.wrong += 1;
@@ -1004,7 +1012,7 @@ impl DocumentLog {
             })
             .buffer_unordered(16);
         while let Some((d, through, held)) = checked.next().await {
-            let lost = through.contains(&false);
+            let lost = through.iter().any(Result::is_err);
             let holders: Vec<usize> = (0..held.len()).filter(|&j| held[j] > 0).collect();
             let one_shard = holders.len() == REPLICAS
                 && holders[0].is_multiple_of(REPLICAS)
@@ -1054,8 +1062,9 @@ async fn copies(client: &mut ShardClient<Channel>, d: &Document) -> u32 {
     }
 }
 
-/// Whether `client`'s live namespace drafts the 4 tokens after the document's 100-token head.
-async fn drafts(client: &mut SidecarClient<Channel>, d: &Document) -> bool {
+/// Whether `client`'s live namespace drafts the 4 tokens after the document's 100-token head, or
+/// what it did instead.
+async fn drafts(client: &mut SidecarClient<Channel>, d: &Document) -> Result<(), String> {
     let draft = pb::DraftRequest {
         target: Some(pb::draft_request::Target::Context(pb::TokenIds {
             ids: d.tokens[..100].to_vec(),
@@ -1071,7 +1080,9 @@ async fn drafts(client: &mut SidecarClient<Channel>, d: &Document) -> bool {
         reference: Vec::new(),
     };
     match tokio::time::timeout(HUNG, client.draft(request(draft))).await {
-        Ok(Ok(answer)) => answer.into_inner().token_ids[..] == d.tokens[100..104],
-        _ => false,
+        Ok(Ok(answer)) if answer.get_ref().token_ids[..] == d.tokens[100..104] => Ok(()),
+        Ok(Ok(answer)) => Err(format!("drafted {:?}", answer.into_inner().token_ids)),
+        Ok(Err(status)) => Err(format!("{:?}: {}", status.code(), status.message())),
+        Err(_) => Err("hung".into()),
     }
 }
