@@ -6,7 +6,8 @@
 //!
 //! Every answer is checked against a single sidecar's over the whole index (the same model), asked
 //! before the faults start: it must be equal, or UNAVAILABLE naming a shard, or a partial answer
-//! flagged with its missing shards (and counts no higher than the whole's). Anything else that
+//! flagged with its missing shards (counts no higher than the whole's; an ∞-gram match no longer,
+//! and as long only with no more occurrences). Anything else that
 //! fails is counted by its code. An append refused is sent again (same request id) until it is
 //! acknowledged or the run ends, and then until the cluster, healed, takes it. At the end every
 //! document acknowledged must be drafted through both routers, and be held exactly once by each
@@ -669,11 +670,15 @@ async fn judged_call(
             let got = client
                 .next_token_distribution(request(ntd(prompt, partial)))
                 .await;
+            // Over fewer shards the longest match is no longer than over all, and as long only
+            // with no more occurrences (a shorter one may have more).
+            let within = |got: &pb::NextTokenDistributionResponse| {
+                got.suffix_len < want.suffix_len
+                    || (got.suffix_len == want.suffix_len && got.prompt_cnt <= want.prompt_cnt)
+            };
             let outcome = judge(got.map(|r| r.into_inner()), |got| match &got.partial {
                 None if got == *want => Outcome::Equal,
-                Some(p) if !p.missing_shards.is_empty() && got.prompt_cnt <= want.prompt_cnt => {
-                    Outcome::Partial
-                }
+                Some(p) if !p.missing_shards.is_empty() && within(&got) => Outcome::Partial,
                 _ => Outcome::Wrong(format!("∞-gram {prompt:?}: {got:?}, want {want:?}")),
             });
             outcome
