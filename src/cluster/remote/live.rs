@@ -10,15 +10,13 @@
 //! fails to learn stops learning); so are drafts (an owner that does not answer offers no live
 //! draft this step).
 
-use std::future::Future;
 use std::sync::Arc;
 
 use tokio::runtime::Handle;
 use tonic::Status;
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::cluster::fan_out::{Members, ShardClient, ShardSet};
-use crate::cluster::validate::ShardAnswer;
+use crate::cluster::fan_out::{Members, ShardSet};
 use crate::live::{Appended, Durability, LiveError, LiveStore, Piece, Result};
 use crate::server::shard_pb as spb;
 
@@ -42,52 +40,12 @@ impl RemoteLive {
         }
     }
 
-    /// Runs `call` with `ask` on the first replica of `namespace`'s owner that answers.
-    fn on_owner<Q, T, F, Fut>(
-        &self,
-        namespace: &str,
-        ask: &Q,
-        call: F,
-    ) -> std::result::Result<T, Status>
-    where
-        Q: Clone,
-        T: ShardAnswer<Q>,
-        F: Fn(ShardClient, tonic::Request<Q>) -> Fut,
-        Fut: Future<Output = std::result::Result<tonic::Response<T>, Status>>,
-    {
+    /// The set now, and the shard in it that owns `namespace` (a stable hash of its name).
+    fn owner(&self, namespace: &str) -> std::result::Result<(Arc<Members>, usize), Status> {
         let members = self.shards.members()?;
-        let owner = owner(namespace, &members);
-        let deadline = crate::interrupt::deadline();
-        self.runtime
-            .block_on(self.shards.call_one(&members, owner, deadline, ask, call))
+        let owner = (xxh3_64(namespace.as_bytes()) % members.shards() as u64) as usize;
+        Ok((members, owner))
     }
-
-    /// Runs `call` with `ask` on every replica of `namespace`'s owner; fails unless each answers.
-    fn on_every_owner_replica<Q, T, F, Fut>(
-        &self,
-        namespace: &str,
-        ask: &Q,
-        call: F,
-    ) -> std::result::Result<Vec<T>, Status>
-    where
-        Q: Clone,
-        T: ShardAnswer<Q>,
-        F: Fn(ShardClient, tonic::Request<Q>) -> Fut,
-        Fut: Future<Output = std::result::Result<tonic::Response<T>, Status>>,
-    {
-        let members = self.shards.members()?;
-        let owner = owner(namespace, &members);
-        let deadline = crate::interrupt::deadline();
-        self.runtime.block_on(
-            self.shards
-                .call_every_replica(&members, owner, deadline, ask, call),
-        )
-    }
-}
-
-/// The shard that owns `namespace`.
-fn owner(namespace: &str, members: &Members) -> usize {
-    (xxh3_64(namespace.as_bytes()) % members.shards() as u64) as usize
 }
 
 /// A document id no shard server's own counter reaches: the high bit set, the rest random.
@@ -124,9 +82,16 @@ impl LiveStore for RemoteLive {
             request_id: request_id.to_string(),
             sync: durability == Durability::Synced,
         };
-        let answers =
-            self.on_every_owner_replica(namespace, &ask, |mut c, r| async move {
-                c.live_append(r).await
+        let answers = self
+            .owner(namespace)
+            .and_then(|(members, owner)| {
+                self.runtime.block_on(self.shards.call_every_replica(
+                    &members,
+                    owner,
+                    crate::interrupt::deadline(),
+                    &ask,
+                    |mut c, r| async move { c.live_append(r).await },
+                ))
             })
             .map_err(remote)?;
         Ok(match answers.iter().all(|a| a.repeated) {
@@ -151,8 +116,14 @@ impl LiveStore for RemoteLive {
             samples: samples as u32,
             depth: depth as u32,
         };
-        let answer = self.on_owner(namespace, &ask, |mut c, r| async move {
-            c.live_continuations(r).await
+        let answer = self.owner(namespace).and_then(|(members, owner)| {
+            self.runtime.block_on(self.shards.call_one(
+                &members,
+                owner,
+                crate::interrupt::deadline(),
+                &ask,
+                |mut c, r| async move { c.live_continuations(r).await },
+            ))
         });
         match answer {
             Ok(a) => (

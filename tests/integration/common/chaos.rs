@@ -851,14 +851,7 @@ async fn undo(net: &Net, replicas: &mut [Replica], links: &[Vec<Link>], fault: &
     let replica = &mut replicas[fault.replica];
     match fault.kind {
         "kill" | "stop" => {
-            let (command, config) = (
-                net.host(replica.host).command(bin()),
-                replica.config.clone(),
-            );
-            let server = tokio::task::spawn_blocking(move || Server::start(command, &config))
-                .await
-                .unwrap();
-            replica.server = Some(server);
+            start(net, replica).await;
         }
         _ => {
             for &i in &fault.routers {
@@ -870,6 +863,18 @@ async fn undo(net: &Net, replicas: &mut [Replica], links: &[Vec<Link>], fault: &
     }
 }
 
+/// Starts `replica` (again) in its host, with its config and data.
+async fn start(net: &Net, replica: &mut Replica) {
+    let (command, config) = (
+        net.host(replica.host).command(bin()),
+        replica.config.clone(),
+    );
+    let server = tokio::task::spawn_blocking(move || Server::start(command, &config))
+        .await
+        .unwrap();
+    replica.server = Some(server);
+}
+
 /// Every link whole and every replica up; then waits for both routers to see every shard.
 async fn heal(net: &Net, replicas: &mut [Replica], links: &[Vec<Link>]) {
     for router_links in links {
@@ -879,14 +884,7 @@ async fn heal(net: &Net, replicas: &mut [Replica], links: &[Vec<Link>]) {
         }
     }
     for replica in replicas.iter_mut().filter(|r| r.server.is_none()) {
-        let (command, config) = (
-            net.host(replica.host).command(bin()),
-            replica.config.clone(),
-        );
-        let server = tokio::task::spawn_blocking(move || Server::start(command, &config))
-            .await
-            .unwrap();
-        replica.server = Some(server);
+        start(net, replica).await;
     }
     // Two refreshes: every replica described again.
     tokio::time::sleep(Duration::from_secs(3)).await;
