@@ -3,8 +3,10 @@
 //! shards; 2 routers and 3 shards × 2 replicas, each in a network namespace of its own, under a
 //! mixed workload for `CHAOS_SECONDS` (default 600) while replicas are killed, stopped,
 //! partitioned, slowed and made lossy at random (`tests/integration/common/chaos.rs` says how, and
-//! how every answer is checked). `CHAOS_SEED` picks the schedule (default 52). Writes
-//! `eval/results/chaos.json`; eval/CLUSTER.md discusses it.
+//! how every answer is checked). `CHAOS_SEED` picks the schedule (default 52); with
+//! `SIDECAR_TEST_LOGS` naming a folder, every server's log is kept there (one file each), and a
+//! call left unanswered is reported on stderr as it happens. Writes `eval/results/chaos.json`;
+//! eval/CLUSTER.md discusses it.
 
 mod common;
 // The bench uses part of the tests' harness.

@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use tokio_util::sync::CancellationToken;
+
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 /// Installs the Ctrl-C / SIGTERM handler. A second signal exits at once.
@@ -114,7 +116,11 @@ pub enum StopReason {
 
 #[derive(Debug)]
 struct StopState {
+    /// Raised when the caller leaves: what the work's loops check (a load, where the token's
+    /// own check takes a lock).
     cancelled: AtomicBool,
+    /// Raised with it, for work that waits on the network to await.
+    token: CancellationToken,
     deadline: Option<Instant>,
 }
 
@@ -127,13 +133,20 @@ impl StopSignal {
     pub fn new(deadline: Option<Instant>) -> Self {
         Self(Arc::new(StopState {
             cancelled: AtomicBool::new(false),
+            token: CancellationToken::new(),
             deadline,
         }))
     }
 
-    /// Asks the work to stop at its next check.
+    /// Asks the work to stop at its next check, and ends its waits on [`StopSignal::cancelled`].
     pub fn cancel(&self) {
         self.0.cancelled.store(true, Ordering::Relaxed);
+        self.0.token.cancel();
+    }
+
+    /// Resolves once the work is asked to stop (not at its deadline: a wait bounds itself by it).
+    pub async fn cancelled(&self) {
+        self.0.token.cancelled().await
     }
 
     /// Why the work should stop, if it should.
@@ -180,6 +193,22 @@ mod tests {
         assert!(!interrupted());
         let seen = std::thread::spawn(interrupted).join().unwrap();
         assert!(!seen);
+    }
+
+    #[tokio::test]
+    async fn a_cancel_ends_a_wait_on_it_and_only_then() {
+        let signal = StopSignal::new(None);
+        let waiting = tokio::spawn({
+            let signal = signal.clone();
+            async move { signal.cancelled().await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished());
+        signal.cancel();
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the wait ended")
+            .unwrap();
     }
 
     #[test]

@@ -82,7 +82,7 @@ async fn step<R>(
             .into_iter()
             .map(|(id, _)| pb::SequenceResult {
                 id,
-                state: open.get(&id).map(|o| lock(&o.shared).state(o.id)),
+                state: open.get(&id).and_then(OpenSession::state_if_idle),
                 error: Some(step_error(&status)),
                 ..Default::default()
             })

@@ -377,11 +377,14 @@ impl Sidecar for RouterService {
         &self,
         request: Request<pb::TokenizeRequest>,
     ) -> Result<Response<pb::TokenizeResponse>, Status> {
+        let deadline = deadline_of(&request);
+        let text = request.into_inner().text;
         let (m, _permit) = self.begin()?;
-        let ids = m
-            .tokenizer
-            .encode(&request.into_inner().text)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        // Megabytes of text take the tokenizer a while: not on the runtime's threads.
+        let ids = on_pool_alone(deadline, move || {
+            (m.tokenizer.encode(&text)).map_err(|e| Status::invalid_argument(e.to_string()))
+        })
+        .await?;
         Ok(Response::new(pb::TokenizeResponse { ids }))
     }
 
@@ -389,14 +392,15 @@ impl Sidecar for RouterService {
         &self,
         request: Request<pb::DetokenizeRequest>,
     ) -> Result<Response<pb::DetokenizeResponse>, Status> {
-        let (m, _permit) = self.begin()?;
+        let deadline = deadline_of(&request);
         let ids = request.into_inner().ids;
+        let (m, _permit) = self.begin()?;
         let vocab = m.layout.first().vocab_size;
         crate::index::query::check_vocabulary(&ids, vocab).map_err(super::index_status)?;
-        let text = m
-            .tokenizer
-            .decode(&ids)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let text = on_pool_alone(deadline, move || {
+            (m.tokenizer.decode(&ids)).map_err(|e| Status::invalid_argument(e.to_string()))
+        })
+        .await?;
         Ok(Response::new(pb::DetokenizeResponse { text }))
     }
 

@@ -5,7 +5,7 @@
 //! file adds to the library's sequence is the requests' side: their checks and their answers.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Instant;
 
 use tokio::sync::mpsc;
@@ -135,6 +135,20 @@ impl OpenSession {
     }
 }
 
+impl OpenSession {
+    /// The session's state when no step holds it, without waiting. The stream's task runs on the
+    /// runtime, and a step it gave up on (its client gone, the server draining) may still hold the
+    /// session on the blocking pool while it waits on the runtime (a router's fan-out): waiting
+    /// for that step there stalled the runtime for good (issue 52's chaos run).
+    pub(super) fn state_if_idle(&self) -> Option<pb::SessionState> {
+        match self.shared.try_lock() {
+            Ok(session) => Some(session.state(self.id)),
+            Err(TryLockError::Poisoned(e)) => Some(e.into_inner().state(self.id)),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+}
+
 impl Drop for OpenSession {
     fn drop(&mut self) {
         self.state.sessions.unregister(self.id);
@@ -251,6 +265,8 @@ async fn step<R>(
         Some(Step::Draft(_)) => "Session.draft",
         None => "Session.none",
     };
+    // The state after a step that ran is described by the step, under its lock.
+    let mut described = None;
     let outcome = match (request.step, session.as_ref()) {
         (Some(Step::Start(start)), None) => {
             match on_pool_for_stream(state, deadline, answers, move |st| Session::new(st, start))
@@ -271,21 +287,26 @@ async fn step<R>(
         )),
         (None, Some(_)) => Err(Status::invalid_argument("an empty step")),
         (Some(step), Some(open)) => {
-            let shared = Arc::clone(&open.shared);
-            on_pool_for_stream(state, deadline, answers, move |st| {
+            let (shared, id) = (Arc::clone(&open.shared), open.id);
+            let ran = on_pool_for_stream(state, deadline, answers, move |st| {
                 let mut s = lock(&shared);
-                match step {
+                let answer = match step {
                     Step::Append(a) => s.append(st, &a.tokens).map(|_| None),
                     Step::Truncate(t) => s.truncate(t.length).map(|_| None),
                     Step::Mix(m) => s.mix(st, m).map(|m| Some(Answer::Mix(m))),
                     Step::Draft(o) => s.draft(o).map(|d| Some(Answer::Draft(d))),
                     Step::Start(_) => Ok(None),
-                }
+                };
+                Ok((answer, s.state(id)))
             })
-            .await
+            .await;
+            ran.and_then(|(answer, after)| {
+                described = Some(after);
+                answer
+            })
         }
     };
-    let described = session.as_ref().map(|o| lock(&o.shared).state(o.id));
+    let described = described.or_else(|| session.as_ref().and_then(OpenSession::state_if_idle));
     let result = match outcome {
         Ok(Some(Answer::Mix(mix))) => Some(pb::session_response::Result::Mix(mix)),
         Ok(Some(Answer::Draft(draft))) => Some(pb::session_response::Result::Draft(draft)),

@@ -35,7 +35,7 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
 use crate::common::server::{
-    connect, open_session, own_mix, save_mixing, scores, spawn_serve, step,
+    connect, open_session, own_mix, save_mixing, scores, spawn_serve_with, step,
 };
 use crate::common::{assets, smollm2_gguf};
 
@@ -131,6 +131,16 @@ pub(super) fn build_with(input: &Path, out: &Path, shard: Option<usize>, extra: 
 /// Starts `infini-sidecar serve` on a config written from `toml` (bind is added, and `[live]` off
 /// unless `toml` has it).
 pub(super) async fn serve(dir: &Path, name: &str, toml: &str) -> (Process, std::net::SocketAddr) {
+    serve_with(dir, name, toml, &[]).await
+}
+
+/// [`serve`] with more environment variables.
+pub(super) async fn serve_with(
+    dir: &Path,
+    name: &str,
+    toml: &str,
+    envs: &[(&str, &str)],
+) -> (Process, std::net::SocketAddr) {
     let path = dir.join(format!("{name}.toml"));
     let live = match toml.contains("[live]") {
         true => "",
@@ -138,7 +148,7 @@ pub(super) async fn serve(dir: &Path, name: &str, toml: &str) -> (Process, std::
     };
     let config = format!("bind = \"127.0.0.1:0\"\n{toml}{live}");
     std::fs::write(&path, config).unwrap();
-    let (child, addr) = spawn_serve(&path).await;
+    let (child, addr, _) = spawn_serve_with(&path, envs).await;
     (Process(child), addr)
 }
 

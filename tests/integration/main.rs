@@ -14,6 +14,7 @@ mod cluster_identity;
 mod cluster_malformed;
 mod cluster_netns;
 mod cluster_restart;
+mod cluster_streams;
 mod compressed;
 mod contamination;
 mod deploy;

@@ -78,12 +78,8 @@ impl RemoteEvidence {
         Ok(members)
     }
 
-    /// Runs a fan-out to completion from a worker thread.
     fn wait<T>(&self, work: impl Future<Output = Result<T, Status>>) -> Result<T, IndexError> {
-        if crate::interrupt::interrupted() {
-            return Err(IndexError::Interrupted);
-        }
-        self.runtime.block_on(work).map_err(remote)
+        super::wait_on_shards(&self.runtime, work)
     }
 
     /// Every shard's answer to `ask` through `call`, in shard order (each validated against it),

@@ -16,6 +16,7 @@ use tokio::runtime::Handle;
 use tonic::Status;
 use xxhash_rust::xxh3::xxh3_64;
 
+use super::wait_on_shards;
 use crate::cluster::fan_out::{Members, ShardSet};
 use crate::live::{Appended, Durability, LiveError, LiveStore, Piece, Result};
 use crate::server::shard_pb as spb;
@@ -82,18 +83,18 @@ impl LiveStore for RemoteLive {
             request_id: request_id.to_string(),
             sync: durability == Durability::Synced,
         };
-        let answers = self
-            .owner(namespace)
-            .and_then(|(members, owner)| {
-                self.runtime.block_on(self.shards.call_every_replica(
-                    &members,
-                    owner,
-                    crate::interrupt::deadline(),
-                    &ask,
-                    |mut c, r| async move { c.live_append(r).await },
-                ))
-            })
-            .map_err(remote)?;
+        let (members, owner) = self.owner(namespace).map_err(remote)?;
+        let answers = wait_on_shards(
+            &self.runtime,
+            self.shards.call_every_replica(
+                &members,
+                owner,
+                crate::interrupt::deadline(),
+                &ask,
+                |mut c, r| async move { c.live_append(r).await },
+            ),
+        )
+        .map_err(LiveError::Index)?;
         Ok(match answers.iter().all(|a| a.repeated) {
             true => Appended::Repeated,
             false => Appended::Added,
@@ -116,22 +117,28 @@ impl LiveStore for RemoteLive {
             samples: samples as u32,
             depth: depth as u32,
         };
-        let answer = self.owner(namespace).and_then(|(members, owner)| {
-            self.runtime.block_on(self.shards.call_one(
-                &members,
-                owner,
-                crate::interrupt::deadline(),
-                &ask,
-                |mut c, r| async move { c.live_continuations(r).await },
-            ))
-        });
+        let answer = self
+            .owner(namespace)
+            .map_err(super::remote)
+            .and_then(|(members, owner)| {
+                wait_on_shards(
+                    &self.runtime,
+                    self.shards.call_one(
+                        &members,
+                        owner,
+                        crate::interrupt::deadline(),
+                        &ask,
+                        |mut c, r| async move { c.live_continuations(r).await },
+                    ),
+                )
+            });
         match answer {
             Ok(a) => (
                 a.continuations.into_iter().map(|c| c.tokens).collect(),
                 a.match_len as usize,
             ),
-            Err(status) => {
-                tracing::warn!(namespace, error = %status, "no live draft: the namespace's owner did not answer");
+            Err(e) => {
+                tracing::warn!(namespace, error = %e, "no live draft: the namespace's owner did not answer");
                 (Vec::new(), 0)
             }
         }

@@ -633,7 +633,15 @@ async fn call_one(
     partial: bool,
 ) -> (&'static str, Outcome) {
     let outcome = tokio::time::timeout(HUNG, judged_call(client, pool, which, i, partial)).await;
-    (KINDS[which], outcome.unwrap_or(Outcome::Hung))
+    let outcome = outcome.unwrap_or_else(|_| {
+        eprintln!(
+            "chaos: a {} call hung ({} s without an answer)",
+            KINDS[which],
+            HUNG.as_secs()
+        );
+        Outcome::Hung
+    });
+    (KINDS[which], outcome)
 }
 
 /// Call `i` of kind `which` (partial answers allowed with `partial`, where a call takes them),

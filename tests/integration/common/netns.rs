@@ -367,7 +367,25 @@ impl Server {
                 break at.trim().parse().unwrap();
             }
         };
-        std::thread::spawn(move || for _ in log.lines() {});
+        // Kept where `SIDECAR_TEST_LOGS` says (a folder), one file per config (a restart appends);
+        // else dropped.
+        let kept = std::env::var_os("SIDECAR_TEST_LOGS").and_then(|dir| {
+            let name = config.file_stem()?.to_os_string();
+            let path = Path::new(&dir).join(name).with_extension("log");
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path);
+            file.ok()
+        });
+        std::thread::spawn(move || {
+            let mut kept = kept;
+            for line in log.lines().map_while(Result::ok) {
+                if let Some(file) = kept.as_mut() {
+                    let _ = writeln!(file, "{line}");
+                }
+            }
+        });
         Server { child, addr }
     }
 
