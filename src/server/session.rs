@@ -133,9 +133,7 @@ impl OpenSession {
             state: Arc::clone(state),
         })
     }
-}
 
-impl OpenSession {
     /// The session's state when no step holds it, without waiting. The stream's task runs on the
     /// runtime, and a step it gave up on (its client gone, the server draining) may still hold the
     /// session on the blocking pool while it waits on the runtime (a router's fan-out): waiting
