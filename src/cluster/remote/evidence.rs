@@ -78,10 +78,6 @@ impl RemoteEvidence {
         Ok(members)
     }
 
-    fn wait<T>(&self, work: impl Future<Output = Result<T, Status>>) -> Result<T, IndexError> {
-        super::wait_on_shards(&self.runtime, work)
-    }
-
     /// Every shard's answer to `ask` through `call`, in shard order (each validated against it),
     /// under the deadline of the request this thread works for.
     fn every_shard<Q, T, F, Fut>(&self, ask: Q, call: F) -> Result<Vec<T>, IndexError>
@@ -93,7 +89,7 @@ impl RemoteEvidence {
     {
         let members = self.members()?;
         let deadline: Option<Instant> = crate::interrupt::deadline();
-        self.wait(async {
+        super::wait_on_shards(&self.runtime, async {
             let fanned = self.shards.fan_out(&members, deadline, &ask, call).await?;
             let Answered { answers, .. } = fanned.complete(false)?;
             Ok(answers.into_iter().map(|(_, a)| a).collect())
