@@ -123,6 +123,17 @@ impl NeuralDistribution {
         })
     }
 
+    /// From a caller's logits, which must cover the vocabulary of `vocab_size` ids exactly.
+    pub fn from_vocab_logits(logits: &[f32], vocab_size: usize) -> Result<Self, MixError> {
+        if logits.len() != vocab_size {
+            return Err(MixError::Invalid(format!(
+                "{} logits for a vocabulary of {vocab_size}",
+                logits.len()
+            )));
+        }
+        Self::from_logits(logits)
+    }
+
     /// From top-k log-probs and the remaining mass, checked for consistency.
     pub fn from_top_k(
         mut entries: Vec<(u32, f32)>,

@@ -13,11 +13,18 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
 use super::session::{lock, step_error, OpenSession, Session, Shared};
+use super::valid::{ValidBatchPart, ValidSequenceStart, Validate};
 use super::{on_pool_for_stream, pb, State};
 use crate::interrupt::{current, run_under};
 
-/// The sequence a part of a step works on: an open one, one to start, or why there is none.
-type Target = Result<Option<Shared>, Status>;
+/// The sequence a part of a step works on.
+enum Target {
+    Open(Shared),
+    New(ValidSequenceStart),
+}
+
+/// A part of a step as it runs: checked, with its sequence, or why it cannot run.
+type Part = Result<(Target, ValidBatchPart), Status>;
 
 /// What running one part gave: the session it made (a `start`), the answers or the refusal, and
 /// the sequence's state afterwards (without the sidecar's id, which the caller's side knows).
@@ -60,15 +67,23 @@ async fn step<R>(
     answers: &mpsc::Sender<R>,
 ) -> pb::BatchStepResult {
     let mut seen = HashSet::with_capacity(request.sequences.len());
-    let parts: Vec<(pb::SequenceStep, Target)> = request
+    let ids: Vec<(u64, bool)> = (request.sequences.iter())
+        .map(|p| (p.id, p.finish))
+        .collect();
+    let parts: Vec<Part> = request
         .sequences
         .into_iter()
         .map(|part| {
-            let target = target(open, &mut seen, &part);
-            (part, target)
+            let id = part.id;
+            if !seen.insert(id) {
+                return Err(Status::invalid_argument(format!(
+                    "sequence {id} appears twice in the step"
+                )));
+            }
+            let mut part = part.validate(&state.limits)?;
+            Ok((target(open, id, part.start.take())?, part))
         })
         .collect();
-    let ids: Vec<(u64, bool)> = parts.iter().map(|(p, _)| (p.id, p.finish)).collect();
     let outcomes =
         on_pool_for_stream(state, deadline, answers, move |st| Ok(run_parts(st, parts))).await;
     let sequences = match outcomes {
@@ -98,17 +113,17 @@ const WAITING_THREADS: usize = 16;
 /// threads of their own when it comes from shard servers (a router), so the parts' network waits
 /// overlap and hold none of the workers the model's kernels run on.
 /// Every part runs under the step's stop signal, whichever thread takes it.
-fn run_parts(st: &State, parts: Vec<(pb::SequenceStep, Target)>) -> Vec<PartOutcome> {
+fn run_parts(st: &State, parts: Vec<Part>) -> Vec<PartOutcome> {
     let signal = current();
     let signal = signal.as_ref();
     if !st.evidence.waits_on_network() {
         return parts
             .into_par_iter()
-            .map(|(part, target)| run_under(signal, || run_part(st, part, target)))
+            .map(|part| run_under(signal, || run_part(st, part)))
             .collect();
     }
     let per_thread = parts.len().div_ceil(WAITING_THREADS).max(1);
-    let mut groups: Vec<Vec<(pb::SequenceStep, Target)>> = Vec::new();
+    let mut groups: Vec<Vec<Part>> = Vec::new();
     for (i, part) in parts.into_iter().enumerate() {
         if i % per_thread == 0 {
             groups.push(Vec::with_capacity(per_thread));
@@ -125,7 +140,7 @@ fn run_parts(st: &State, parts: Vec<(pb::SequenceStep, Target)>) -> Vec<PartOutc
                 let thread = scope.spawn(move || {
                     group
                         .into_iter()
-                        .map(|(part, target)| run_under(signal, || run_part(st, part, target)))
+                        .map(|part| run_under(signal, || run_part(st, part)))
                         .collect::<Vec<_>>()
                 });
                 (parts, thread)
@@ -144,25 +159,18 @@ fn run_parts(st: &State, parts: Vec<(pb::SequenceStep, Target)>) -> Vec<PartOutc
     })
 }
 
-/// The sequence `part` names: open, to be started, or refused (twice in a step, started twice,
-/// never started).
+/// The sequence part `id` names: open, or to be started; refused when started twice or never.
 fn target(
     open: &HashMap<u64, OpenSession>,
-    seen: &mut HashSet<u64>,
-    part: &pb::SequenceStep,
-) -> Target {
-    let id = part.id;
-    if !seen.insert(id) {
-        return Err(Status::invalid_argument(format!(
-            "sequence {id} appears twice in the step"
-        )));
-    }
-    match (&part.start, open.get(&id)) {
+    id: u64,
+    start: Option<ValidSequenceStart>,
+) -> Result<Target, Status> {
+    match (start, open.get(&id)) {
         (Some(_), Some(_)) => Err(Status::failed_precondition(format!(
             "sequence {id} has started already"
         ))),
-        (Some(_), None) => Ok(None),
-        (None, Some(o)) => Ok(Some(Arc::clone(&o.shared))),
+        (Some(start), None) => Ok(Target::New(start)),
+        (None, Some(o)) => Ok(Target::Open(Arc::clone(&o.shared))),
         (None, None) => Err(Status::not_found(format!(
             "no open sequence {id}: the first step of a sequence must `start` it"
         ))),
@@ -170,11 +178,11 @@ fn target(
 }
 
 /// Runs one sequence's part of a step, in the documented order, stopping at the first refusal.
-fn run_part(st: &State, mut part: pb::SequenceStep, target: Target) -> PartOutcome {
-    let (shared, new) = match target {
-        Ok(Some(shared)) => (shared, false),
-        Ok(None) => match Session::new(st, part.start.take().unwrap_or_default()) {
-            Ok(session) => (Arc::new(Mutex::new(session)), true),
+fn run_part(st: &State, part: Part) -> PartOutcome {
+    let (shared, new, part) = match part {
+        Ok((Target::Open(shared), part)) => (shared, false, part),
+        Ok((Target::New(start), part)) => match Session::new(st, start) {
+            Ok(session) => (Arc::new(Mutex::new(session)), true, part),
             Err(status) => return PartOutcome::refused(status),
         },
         Err(status) => return PartOutcome::refused(status),
@@ -204,7 +212,7 @@ impl PartOutcome {
 fn apply(
     st: &State,
     session: &mut Session,
-    part: pb::SequenceStep,
+    part: ValidBatchPart,
 ) -> Result<(Option<pb::MixResponse>, Option<pb::DraftResponse>), Status> {
     if let Some(keep) = part.keep {
         session.truncate(keep)?;
@@ -213,7 +221,7 @@ fn apply(
         session.append(st, &part.append)?;
     }
     let mix = part.mix.map(|m| session.mix(st, m)).transpose()?;
-    let draft = part.draft.map(|d| session.draft(d)).transpose()?;
+    let draft = part.draft.map(|d| session.draft(&d)).transpose()?;
     Ok((mix, draft))
 }
 
@@ -231,7 +239,11 @@ fn settle(
         state: mut described,
     } = outcome;
     let session_id = match (open.get(&id), created) {
-        (Some(o), _) => Some(o.id),
+        (Some(o), _) => {
+            // A part refused before it ran (at the edge) still says where its sequence is.
+            described = described.or_else(|| o.state_if_idle());
+            Some(o.id)
+        }
         (None, Some(shared)) => match OpenSession::register(state, shared) {
             Ok(registered) => {
                 let session_id = registered.id;

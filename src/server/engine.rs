@@ -6,13 +6,10 @@ use std::collections::BTreeMap;
 use rayon::prelude::*;
 use tonic::Status;
 
-use super::checks::check_text;
-use super::config::Limits;
-use super::{check_len, check_max_support, index_status, pb, State};
-use crate::index::backoff::{Backoff, BackoffGeneration, Draw, Weighting};
-use crate::index::docs::{Cnf, Document, SearchOptions, SearchResult};
-use crate::index::hints::HintOptions;
-use crate::index::trace::{self, TraceOptions};
+use super::valid::{ValidCount, ValidGenerate, ValidHints, ValidNtd, ValidSearch, ValidTrace};
+use super::{index_status, pb, tokenizer_status, State};
+use crate::index::backoff::BackoffGeneration;
+use crate::index::docs::{Document, SearchResult};
 use crate::mix::MixingParams;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
@@ -77,10 +74,7 @@ pub(super) fn neural_info(
 
 pub(super) fn tokenize(s: &State, r: pb::TokenizeRequest) -> Result<pb::TokenizeResponse, Status> {
     let text = r.text;
-    let ids = s
-        .tokenizer
-        .encode(&text)
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let ids = s.tokenizer.encode(&text).map_err(tokenizer_status)?;
     Ok(pb::TokenizeResponse { ids })
 }
 
@@ -90,17 +84,12 @@ pub(super) fn detokenize(
 ) -> Result<pb::DetokenizeResponse, Status> {
     let ids = r.ids;
     s.corpus()?.check_ids(&ids).map_err(index_status)?;
-    let text = s
-        .tokenizer
-        .decode(&ids)
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let text = s.tokenizer.decode(&ids).map_err(tokenizer_status)?;
     Ok(pb::DetokenizeResponse { text })
 }
 
-pub(super) fn count(s: &State, r: pb::CountRequest) -> Result<pb::CountResponse, Status> {
-    let ids = r.ids;
-    s.check_len("the n-gram", ids.len())?;
-    let count = s.corpus()?.count(&ids).map_err(index_status)?;
+pub(super) fn count(s: &State, r: ValidCount) -> Result<pb::CountResponse, Status> {
+    let count = s.corpus()?.count(&r.ids).map_err(index_status)?;
     Ok(pb::CountResponse {
         count,
         partial: None,
@@ -109,23 +98,20 @@ pub(super) fn count(s: &State, r: pb::CountRequest) -> Result<pb::CountResponse,
 
 pub(super) fn next_token_distribution(
     s: &State,
-    r: pb::NextTokenDistributionRequest,
+    r: ValidNtd,
 ) -> Result<pb::NextTokenDistributionResponse, Status> {
-    s.check_len("the prompt", r.prompt.len())?;
-    check_max_support(&s.limits, r.max_support)?;
-    let max_support = (r.max_support > 0).then_some(r.max_support);
     let (ntd, suffix_len, sparse) = match r.infinite {
         true => {
             let a = s
                 .corpus()?
-                .infgram_ntd(&r.prompt, max_support)
+                .infgram_ntd(&r.prompt, r.max_support)
                 .map_err(index_status)?;
             (a.ntd, a.suffix_len, a.sparse)
         }
         false => {
             let a = s
                 .corpus()?
-                .ntd(&r.prompt, max_support)
+                .ntd(&r.prompt, r.max_support)
                 .map_err(index_status)?;
             let sparse = a.dist.len() == 1;
             (a, r.prompt.len(), sparse)
@@ -141,78 +127,15 @@ pub(super) fn next_token_distribution(
     })
 }
 
-/// Bytes a shown document token may take in a `SearchDocuments` answer: its id (a varint of up to
-/// 5 bytes) and its text (a token of the supported tokenizers decodes to at most a few dozen bytes;
-/// 16 covers all but rare long tokens, and the codec still refuses an answer over the limit).
-const BYTES_PER_SHOWN_TOKEN: u64 = 21;
-
 pub(super) fn search_documents(
     s: &State,
-    r: pb::SearchDocumentsRequest,
+    r: ValidSearch,
 ) -> Result<pb::SearchDocumentsResponse, Status> {
-    let (cnf, opts) = search_request(&s.limits, r)?;
     let found = s
         .corpus()?
-        .search_docs_cnf(&cnf, opts)
+        .search_docs_cnf(&r.cnf, r.opts)
         .map_err(index_status)?;
     Ok(search_response(found, None))
-}
-
-/// A search's CNF and options, checked against the limits before any work: an answer that could
-/// not be sent is refused up front.
-pub(super) fn search_request(
-    limits: &Limits,
-    r: pb::SearchDocumentsRequest,
-) -> Result<(Cnf, SearchOptions), Status> {
-    let cnf: Cnf = r
-        .cnf
-        .into_iter()
-        .map(|c| c.ngrams.into_iter().map(|g| g.ids).collect())
-        .collect();
-    let tokens: usize = cnf.iter().flatten().map(Vec::len).sum();
-    check_len(limits, "the CNF", tokens)?;
-    let defaults = SearchOptions::default();
-    let or_default = |v: u64, d: u64| if v == 0 { d } else { v };
-    let maxnum = or_default(r.maxnum.into(), defaults.maxnum as u64) as usize;
-    if maxnum > limits.max_top_k {
-        return Err(Status::invalid_argument(format!(
-            "maxnum must be at most {}",
-            limits.max_top_k
-        )));
-    }
-    let opts = SearchOptions {
-        maxnum,
-        max_disp_len: or_default(r.max_disp_len.into(), defaults.max_disp_len as u64) as usize,
-        max_clause_freq: or_default(r.max_clause_freq, defaults.max_clause_freq),
-        max_clauses: limits.max_cnf_clauses,
-        max_places: limits.max_search_places,
-    };
-    if opts.max_clause_freq > limits.max_clause_freq {
-        return Err(Status::invalid_argument(format!(
-            "max_clause_freq must be at most {}",
-            limits.max_clause_freq
-        )));
-    }
-    check_answer_size(limits, opts.maxnum, opts.max_disp_len)?;
-    Ok((cnf, opts))
-}
-
-/// Refuses a search whose documents could not be sent within the message limit.
-pub(super) fn check_answer_size(
-    limits: &Limits,
-    maxnum: usize,
-    max_disp_len: usize,
-) -> Result<(), Status> {
-    let worst_case = (maxnum as u64)
-        .saturating_mul(max_disp_len as u64)
-        .saturating_mul(BYTES_PER_SHOWN_TOKEN);
-    if worst_case > limits.max_message_bytes as u64 {
-        return Err(Status::resource_exhausted(format!(
-            "maxnum × max_disp_len = {maxnum} × {max_disp_len} tokens could take {worst_case} bytes, more than the message limit of {}: ask for fewer or shorter documents",
-            limits.max_message_bytes
-        )));
-    }
-    Ok(())
 }
 
 pub(super) fn search_response(
@@ -256,51 +179,6 @@ pub(super) fn token_probs(dist: &BTreeMap<u32, u64>) -> Vec<pb::TokenProb> {
         .collect()
 }
 
-/// Tokens a `Generate` request may ask for. Each costs a search or two per level and a distribution
-/// per level; the request's deadline stops a long one.
-const MAX_GENERATED_TOKENS: u32 = 8192;
-
-/// A `Generate` request's prompt, back-off settings and draw, checked.
-pub(super) fn generate_request(
-    limits: &Limits,
-    r: pb::GenerateRequest,
-) -> Result<(Vec<u32>, Backoff, Draw), Status> {
-    check_len(limits, "the prompt", r.prompt.len())?;
-    if r.max_new_tokens > MAX_GENERATED_TOKENS {
-        return Err(Status::invalid_argument(format!(
-            "max_new_tokens must be at most {MAX_GENERATED_TOKENS}"
-        )));
-    }
-    let defaults = Backoff::default();
-    let spec = Backoff {
-        levels: match r.levels {
-            None => defaults.levels,
-            Some(0) => None,
-            Some(k) => Some(k as usize),
-        },
-        decay: if r.decay == 0.0 {
-            defaults.decay
-        } else {
-            r.decay
-        },
-        weighting: if r.weigh_distributions {
-            Weighting::Distributions
-        } else {
-            Weighting::Counts
-        },
-        ..defaults
-    };
-    let draw = Draw {
-        max_new: r.max_new_tokens as usize,
-        temperature: r.temperature,
-        seed: r.seed,
-    };
-    spec.check()
-        .and_then(|_| draw.check())
-        .map_err(index_status)?;
-    Ok((r.prompt, spec, draw))
-}
-
 /// What back-off generation made, as `Generate` answers it.
 pub(super) fn generate_response(
     tokenizer: &Tokenizer,
@@ -325,16 +203,16 @@ pub(super) fn generate_response(
     }
 }
 
-pub(super) fn generate(s: &State, r: pb::GenerateRequest) -> Result<pb::GenerateResponse, Status> {
-    let (prompt, spec, draw) = generate_request(&s.limits, r)?;
+pub(super) fn generate(s: &State, r: ValidGenerate) -> Result<pb::GenerateResponse, Status> {
     let made = (s.corpus()?)
-        .backoff_generate(&prompt, &spec, draw)
+        .backoff_generate(&r.prompt, &r.spec, r.draw)
         .map_err(index_status)?;
     Ok(generate_response(&s.tokenizer, made))
 }
 
-pub(super) fn trace(s: &State, r: pb::TraceRequest) -> Result<pb::TraceResponse, Status> {
-    let (ids, opts) = trace_request(&s.limits, &s.tokenizer, r)?;
+pub(super) fn trace(s: &State, r: ValidTrace) -> Result<pb::TraceResponse, Status> {
+    let opts = r.opts;
+    let ids = r.ids(&s.tokenizer)?;
     let spans = s.corpus()?.trace(&ids, opts).map_err(index_status)?;
     let spans = spans
         .into_iter()
@@ -349,47 +227,6 @@ pub(super) fn trace(s: &State, r: pb::TraceRequest) -> Result<pb::TraceResponse,
         })
         .collect();
     Ok(pb::TraceResponse { spans, ids })
-}
-
-/// A `Trace` request's ids (its text in `tokenizer`'s tokens) and options, checked against the
-/// limits before any work.
-pub(super) fn trace_request(
-    limits: &Limits,
-    tokenizer: &Tokenizer,
-    r: pb::TraceRequest,
-) -> Result<(Vec<u32>, TraceOptions), Status> {
-    let ids = match (r.ids.is_empty(), r.text.is_empty()) {
-        (false, false) => {
-            return Err(Status::invalid_argument(
-                "give the ids or the text to trace, not both",
-            ))
-        }
-        (true, false) => {
-            check_text(limits, "the traced text", &r.text)?;
-            tokenizer
-                .encode(&r.text)
-                .map_err(|e| Status::invalid_argument(format!("tokenizing the text: {e}")))?
-        }
-        _ => r.ids,
-    };
-    check_len(limits, "the traced sequence", ids.len())?;
-    trace::check_len(ids.len()).map_err(index_status)?;
-    let defaults = TraceOptions::default();
-    let or_default = |v: u32, d: usize| if v == 0 { d } else { v as usize };
-    let opts = TraceOptions {
-        min_len: or_default(r.min_len, defaults.min_len),
-        max_documents: or_default(r.maxnum, defaults.max_documents),
-        max_disp_len: or_default(r.max_disp_len, defaults.max_disp_len),
-        max_shown_tokens: limits.max_message_bytes as u64 / BYTES_PER_SHOWN_TOKEN,
-    };
-    if opts.max_documents > limits.max_top_k {
-        return Err(Status::invalid_argument(format!(
-            "maxnum must be at most {}",
-            limits.max_top_k
-        )));
-    }
-    check_answer_size(limits, opts.max_documents, opts.max_disp_len)?;
-    Ok((ids, opts))
 }
 
 /// One span `(start, end, count)` of `ids` in an answer, with its text and documents.
@@ -408,35 +245,9 @@ pub(super) fn trace_span(
     }
 }
 
-/// Most bytes an answer spends on a hinted position beyond its tokens: its suffix length, count
-/// and excluded count (varints), the packed lists' tags and lengths, the message's own framing.
-const BYTES_PER_HINT: usize = 48;
-/// Most bytes a hinted token takes: a varint id, and with `exact` its varint count.
-const BYTES_PER_HINT_TOKEN: usize = 5;
-const BYTES_PER_HINT_COUNT: usize = 10;
-
-/// `Hints`: every sequence hinted in parallel, after checking the batch and its answer fit.
-pub(super) fn hints(s: &State, r: pb::HintsRequest) -> Result<pb::HintsResponse, Status> {
-    let defaults = HintOptions::default();
-    let or_default = |v: u32, d: usize| if v == 0 { d } else { v as usize };
-    let opts = HintOptions {
-        samples: or_default(r.samples, defaults.samples),
-        exact: r.exact,
-        regularise: !r.keep_own_copies,
-        min_plateau: or_default(r.min_plateau, defaults.min_plateau),
-        seed: r.seed,
-    };
-    let positions: usize = r.sequences.iter().map(|seq| seq.ids.len()).sum();
-    check_len(&s.limits, "the sequences", positions)?;
-    let per_token = BYTES_PER_HINT_TOKEN + if opts.exact { BYTES_PER_HINT_COUNT } else { 0 };
-    let answer = positions.saturating_mul(opts.samples.saturating_mul(per_token) + BYTES_PER_HINT);
-    if answer > s.limits.max_message_bytes {
-        return Err(Status::invalid_argument(format!(
-            "{positions} positions with {} samples each would answer about {answer} bytes, more than \
-             the message limit of {}: send fewer sequences or ask for fewer samples",
-            opts.samples, s.limits.max_message_bytes
-        )));
-    }
+/// `Hints`: every sequence hinted in parallel.
+pub(super) fn hints(s: &State, r: ValidHints) -> Result<pb::HintsResponse, Status> {
+    let opts = r.opts;
     let index = s
         .corpus()?
         .suffix_array("training hints")
@@ -445,7 +256,7 @@ pub(super) fn hints(s: &State, r: pb::HintsRequest) -> Result<pb::HintsResponse,
     let hinted = r
         .sequences
         .par_iter()
-        .map(|seq| crate::interrupt::run_under(signal.as_ref(), || index.hints(&seq.ids, &opts)))
+        .map(|seq| crate::interrupt::run_under(signal.as_ref(), || index.hints(seq, &opts)))
         .collect::<Result<Vec<_>, _>>()
         .map_err(index_status)?;
     Ok(pb::HintsResponse {

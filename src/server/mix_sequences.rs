@@ -22,19 +22,6 @@ const MAX_SEQUENCES: usize = 256;
 /// Bytes kept over all sequences ([`Sequence::heap_bytes`]: contexts, their matches and position
 /// lookups, pending distributions, posterior history).
 const MAX_BYTES: usize = 256 << 20;
-const MAX_ID_BYTES: usize = 256;
-
-/// Refuses an id too long to keep, before any work is done for the call.
-pub(super) fn check_sequence_id(id: &str) -> Result<(), Status> {
-    if id.len() > MAX_ID_BYTES {
-        return Err(Status::invalid_argument(format!(
-            "sequence_id has {} bytes, over {MAX_ID_BYTES}",
-            id.len()
-        )));
-    }
-    Ok(())
-}
-
 struct MixSequence {
     seq: Sequence,
     /// What keeping it costs, in bytes: measured once when it is put (a kept sequence does not

@@ -4,58 +4,12 @@
 
 use tonic::Status;
 
-use super::mix_sequences::check_sequence_id;
+use super::valid::{NeuralInput, ValidMix};
 use super::{decode_status, evidence_status, mix_status, model_status, pb, State};
 use crate::decoding::{mix_step, MixRule, MixedStep};
 use crate::mix::features::feature_names;
 use crate::mix::{self, LambdaRule, MixedDistribution, NeuralDistribution, SparseDistribution};
 use crate::model::budget::KvReservation;
-
-/// Where the neural distribution comes from.
-pub(super) enum NeuralInput {
-    Logits(Vec<f32>),
-    TopK(pb::NeuralTopK),
-    OwnModel,
-}
-
-/// The requests' oneofs, one generated type per message, mapped onto the shared choices.
-macro_rules! neural_from {
-    ($neural:ty) => {
-        impl From<$neural> for NeuralInput {
-            fn from(n: $neural) -> Self {
-                use $neural as N;
-                match n {
-                    N::Logits(l) => Self::Logits(l.logits),
-                    N::TopKLogprobs(t) => Self::TopK(t),
-                    N::OwnModel(_) => Self::OwnModel,
-                }
-            }
-        }
-    };
-}
-neural_from!(pb::mix_request::Neural);
-neural_from!(pb::session_mix::Neural);
-
-/// The requests' oneofs, one generated type per message, mapped onto the library's rules ("split"
-/// is the domain's λ1/λ2).
-macro_rules! lambda_from {
-    ($lambda:ty) => {
-        impl From<$lambda> for LambdaRule {
-            fn from(l: $lambda) -> Self {
-                use $lambda as L;
-                match l {
-                    L::FixedLambda(v) => Self::Fixed(v),
-                    L::Split(_) => Self::DomainSplit,
-                    L::Gate(_) => Self::Gate,
-                    L::Adaptive(_) => Self::Adaptive,
-                }
-            }
-        }
-    };
-}
-lambda_from!(pb::mix_request::Lambda);
-lambda_from!(pb::session_mix::Lambda);
-lambda_from!(pb::score_request::Lambda);
 
 /// How a mixing request's λ is chosen: the rule ([`LambdaRule::resolve`]) and the copy guard, the
 /// request's `max_match` or else the mixing file's.
@@ -81,35 +35,25 @@ pub(super) fn mix_rule(
 /// The neural distribution of a request; `own_logits` runs the sidecar's model when asked to.
 pub(super) fn neural_distribution(
     s: &State,
-    input: Option<NeuralInput>,
+    input: NeuralInput,
     own_logits: impl FnOnce() -> Result<Vec<f32>, Status>,
 ) -> Result<NeuralDistribution, Status> {
     let vocab = s.mix_vocab_size()? as usize;
     match input {
-        Some(NeuralInput::Logits(l)) if l.len() != vocab => Err(Status::invalid_argument(format!(
-            "{} logits for a vocabulary of {vocab}",
-            l.len()
-        ))),
-        Some(NeuralInput::Logits(l)) => NeuralDistribution::from_logits(&l).map_err(mix_status),
-        Some(NeuralInput::OwnModel) => {
+        NeuralInput::Logits(l) => {
+            NeuralDistribution::from_vocab_logits(&l, vocab).map_err(mix_status)
+        }
+        NeuralInput::OwnModel => {
             // The model's and the tokenizer's vocabularies may differ by padding: ids the model
             // lacks get no mass, ids the tokenizer lacks are never produced.
             let mut logits = own_logits()?;
             logits.resize(vocab, f32::MIN);
             NeuralDistribution::from_logits(&logits).map_err(mix_status)
         }
-        Some(NeuralInput::TopK(t)) => {
-            if t.tokens.len() != t.logprobs.len() {
-                return Err(Status::invalid_argument(
-                    "top-k tokens and log-probs differ in length",
-                ));
-            }
+        NeuralInput::TopK(t) => {
             let entries = t.tokens.into_iter().zip(t.logprobs).collect();
             NeuralDistribution::from_top_k(entries, t.rest_mass, vocab).map_err(mix_status)
         }
-        None => Err(Status::invalid_argument(
-            "the request needs logits, top-k log-probs or own_model",
-        )),
     }
 }
 
@@ -151,37 +95,35 @@ pub(super) fn response(step: MixedStep<MixedDistribution>) -> pb::MixResponse {
 /// the sequence's last call), the own model run over the whole context. Over a byte-level index
 /// the context is in the model's tokens, and the ∞-gram's view reads the model's distribution
 /// (`evidence::bytes`).
-pub(super) fn mix(s: &State, r: pb::MixRequest) -> Result<pb::MixResponse, Status> {
-    s.check_len("the context", r.context.len())?;
-    let top_k = s.check_top_k(r.top_k)?;
-    check_sequence_id(&r.sequence_id)?;
-    let follows_sequence = !r.sequence_id.is_empty();
-    let how = mix_rule(s, r.lambda.map(Into::into), follows_sequence, r.max_match)?;
-    s.check_model_ids(&r.context)?;
-    let neural = neural_distribution(s, r.neural.map(Into::into), || {
-        if r.context.is_empty() {
-            return Err(Status::invalid_argument(
-                "the own model needs a non-empty context",
-            ));
-        }
+pub(super) fn mix(s: &State, r: ValidMix) -> Result<pb::MixResponse, Status> {
+    let ValidMix {
+        context,
+        sequence_id,
+        ask,
+    } = r;
+    let follows_sequence = !sequence_id.is_empty();
+    let how = mix_rule(s, ask.lambda, follows_sequence, ask.max_match)?;
+    s.check_model_ids(&context)?;
+    let neural = neural_distribution(s, ask.neural, || {
         let model = s.model()?.transformer();
-        let _kv = KvReservation::new(&s.kv_budget, r.context.len()).map_err(model_status)?;
+        let _kv = KvReservation::new(&s.kv_budget, context.len()).map_err(model_status)?;
         let logits = model
-            .forward_last(&r.context, &mut model.new_cache())
+            .forward_last(&context, &mut model.new_cache())
             .map_err(model_status)?;
         logits
             .to_vec1::<f32>()
             .map_err(|e| Status::internal(e.to_string()))
     })?;
+    let top_k = ask.top_k;
     if !follows_sequence || how.rule != LambdaRule::Adaptive {
         let infgram = s
             .evidence
-            .step(&r.context, &neural)
+            .step(&context, &neural)
             .map_err(evidence_status)?;
         let step = mix_step(
             &*s.evidence,
             how,
-            &r.context,
+            &context,
             infgram,
             neural,
             None,
@@ -190,8 +132,8 @@ pub(super) fn mix(s: &State, r: pb::MixRequest) -> Result<pb::MixResponse, Statu
         .map_err(mix_status)?;
         return Ok(response(step));
     }
-    let mut sequence = s.mix_sequences.take(&r.sequence_id, &r.context, s)?;
+    let mut sequence = s.mix_sequences.take(&sequence_id, &context, s)?;
     let step = sequence.mix(how, neural, top(top_k));
-    s.mix_sequences.put(r.sequence_id, sequence);
+    s.mix_sequences.put(sequence_id, sequence);
     step.map(response).map_err(decode_status)
 }

@@ -4,7 +4,6 @@
 //! answers RESOURCE_EXHAUSTED instead of queueing without bound.
 
 mod batch;
-mod checks;
 pub mod config;
 mod drafting;
 mod engine;
@@ -23,6 +22,7 @@ mod session;
 mod shard;
 mod state;
 mod status;
+mod valid;
 
 pub use serve::serve;
 
@@ -32,7 +32,6 @@ use crate::index::IndexError;
 use crate::live::LiveError;
 use crate::mix::MixError;
 use crate::model::ModelError;
-use checks::{check_len, check_max_support, deadline_of};
 use config::ConfigError;
 use open::{Evidence, Neural};
 use pool::{next_message, on_pool_for_stream};
@@ -40,7 +39,7 @@ use service::ResponseStream;
 use state::{State, WorkPermit};
 use status::{
     decode_status, evidence_status, index_status, live_status, mix_status, model_status,
-    stop_status, stopped,
+    stop_status, stopped, tokenizer_status,
 };
 
 /// Why the service could not start or stopped serving.

@@ -12,16 +12,14 @@ use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::config::{Limits, ServeConfig};
-use super::engine::{
-    generate_request, generate_response, neural_info, search_request, search_response, token_probs,
-    trace_request, trace_span,
-};
+use super::engine::{generate_response, neural_info, search_response, token_probs, trace_span};
 use super::metrics::Metrics;
 use super::pb::sidecar_server::Sidecar;
 use super::pool::on_pool_alone;
+use super::valid::{accept, deadline_of, ValidSearch, ValidTrace, Validate};
 use super::{
-    check_len, check_max_support, deadline_of, pb, shard_pb as spb, Evidence, Neural,
-    ResponseStream, ServeError, SidecarService,
+    pb, shard_pb as spb, tokenizer_status, Evidence, Neural, ResponseStream, ServeError,
+    SidecarService,
 };
 use crate::cluster::fan_out::{unmergeable, Answered, Members, ShardSet};
 use crate::cluster::merge;
@@ -195,16 +193,13 @@ impl RouterService {
         &self,
         members: &Members,
         deadline: Option<Instant>,
-        r: pb::SearchDocumentsRequest,
+        r: ValidSearch,
     ) -> Result<pb::SearchDocumentsResponse, Status> {
-        let allow_partial = r.allow_partial;
-        let (cnf, opts) = search_request(&self.limits, r)?;
-        docs::check_cnf_shape(&cnf, opts.max_clauses).map_err(super::index_status)?;
-        if opts.max_clause_freq == 0 {
-            return Err(Status::invalid_argument(
-                "max_clause_freq must be a positive integer",
-            ));
-        }
+        let ValidSearch {
+            cnf,
+            opts,
+            allow_partial,
+        } = r;
         // First the counts of every n-gram: they decide the strides, as in a single index.
         let ngrams: Vec<Vec<u32>> = cnf.iter().flatten().cloned().collect();
         let n_grams = ngrams.len();
@@ -278,9 +273,10 @@ impl RouterService {
         &self,
         members: &Members,
         deadline: Option<Instant>,
-        r: pb::TraceRequest,
+        r: ValidTrace,
     ) -> Result<pb::TraceResponse, Status> {
-        let (ids, opts) = trace_request(&self.limits, &members.tokenizer, r)?;
+        let opts = r.opts;
+        let ids = r.ids(&members.tokenizer)?;
         let ask = spb::SpanLengthsRequest { ids: ids.clone() };
         let fanned = self
             .shards
@@ -299,7 +295,7 @@ impl RouterService {
         let counted = self.counts(members, deadline, grams.clone(), false).await?;
         let counts = sum_counts(&counted.answers, grams.len(), |_| true).map_err(unmergeable)?;
         trace::check_shown(counts.iter().copied(), opts).map_err(super::index_status)?;
-        // `trace_request` made a `max_documents` of 0 the default: every span gets its documents.
+        // The edge made a `max_documents` of 0 the default: every span gets its documents.
         let searches = grams.into_iter().map(|gram| async move {
             let search = pb::SearchDocumentsRequest {
                 cnf: vec![pb::Clause {
@@ -308,7 +304,8 @@ impl RouterService {
                 maxnum: opts.max_documents as u32,
                 max_disp_len: opts.max_disp_len as u32,
                 ..Default::default()
-            };
+            }
+            .validate(&self.limits)?;
             Ok::<_, Status>(self.search(members, deadline, search).await?.documents)
         });
         let documents = futures_util::future::try_join_all(searches).await?;
@@ -382,7 +379,7 @@ impl Sidecar for RouterService {
         let (m, _permit) = self.begin()?;
         // Megabytes of text take the tokenizer a while: not on the runtime's threads.
         let ids = on_pool_alone(deadline, move || {
-            (m.tokenizer.encode(&text)).map_err(|e| Status::invalid_argument(e.to_string()))
+            (m.tokenizer.encode(&text)).map_err(tokenizer_status)
         })
         .await?;
         Ok(Response::new(pb::TokenizeResponse { ids }))
@@ -398,7 +395,7 @@ impl Sidecar for RouterService {
         let vocab = m.layout.first().vocab_size;
         crate::index::query::check_vocabulary(&ids, vocab).map_err(super::index_status)?;
         let text = on_pool_alone(deadline, move || {
-            (m.tokenizer.decode(&ids)).map_err(|e| Status::invalid_argument(e.to_string()))
+            (m.tokenizer.decode(&ids)).map_err(tokenizer_status)
         })
         .await?;
         Ok(Response::new(pb::DetokenizeResponse { text }))
@@ -408,9 +405,7 @@ impl Sidecar for RouterService {
         &self,
         request: Request<pb::CountRequest>,
     ) -> Result<Response<pb::CountResponse>, Status> {
-        let deadline = deadline_of(&request);
-        let r = request.into_inner();
-        check_len(&self.limits, "the n-gram", r.ids.len())?;
+        let (deadline, r) = accept(request, &self.limits)?;
         let (m, _permit) = self.begin()?;
         let counted = self
             .counts(&m, deadline, vec![r.ids], r.allow_partial)
@@ -426,22 +421,18 @@ impl Sidecar for RouterService {
         &self,
         request: Request<pb::NextTokenDistributionRequest>,
     ) -> Result<Response<pb::NextTokenDistributionResponse>, Status> {
-        let deadline = deadline_of(&request);
-        let r = request.into_inner();
-        check_len(&self.limits, "the prompt", r.prompt.len())?;
-        check_max_support(&self.limits, r.max_support)?;
+        let (deadline, r) = accept(request, &self.limits)?;
         let (m, _permit) = self.begin()?;
-        let max_support = (r.max_support > 0).then_some(r.max_support);
         let ask = spb::ContinuationsRequest {
             prompt: r.prompt,
             infinite: r.infinite,
-            max_support: r.max_support,
+            max_support: r.max_support.unwrap_or(0),
             ..Default::default()
         };
         let (parts, missing) = self
             .continuations(&m, deadline, ask, r.allow_partial)
             .await?;
-        let merged = merge::continuations(&parts, max_support).map_err(unmergeable)?;
+        let merged = merge::continuations(&parts, r.max_support).map_err(unmergeable)?;
         // As a single sidecar: the n-gram's sparse flag is read off its distribution.
         let sparse = match r.infinite {
             true => merged.sparse,
@@ -461,11 +452,9 @@ impl Sidecar for RouterService {
         &self,
         request: Request<pb::SearchDocumentsRequest>,
     ) -> Result<Response<pb::SearchDocumentsResponse>, Status> {
-        let deadline = deadline_of(&request);
+        let (deadline, r) = accept(request, &self.limits)?;
         let (m, _permit) = self.begin()?;
-        self.search(&m, deadline, request.into_inner())
-            .await
-            .map(Response::new)
+        self.search(&m, deadline, r).await.map(Response::new)
     }
 
     async fn mix(
@@ -479,8 +468,8 @@ impl Sidecar for RouterService {
         &self,
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<pb::GenerateResponse>, Status> {
-        let deadline = deadline_of(&request);
-        let (prompt, spec, draw) = generate_request(&self.limits, request.into_inner())?;
+        let (deadline, r) = accept(request, &self.limits)?;
+        let (prompt, spec, draw) = (r.prompt, r.spec, r.draw);
         let (m, _permit) = self.begin()?;
         let first = m.layout.first();
         check_vocabulary(&prompt, first.vocab_size).map_err(super::index_status)?;
@@ -499,11 +488,9 @@ impl Sidecar for RouterService {
         &self,
         request: Request<pb::TraceRequest>,
     ) -> Result<Response<pb::TraceResponse>, Status> {
-        let deadline = deadline_of(&request);
+        let (deadline, r) = accept(request, &self.limits)?;
         let (m, _permit) = self.begin()?;
-        self.trace(&m, deadline, request.into_inner())
-            .await
-            .map(Response::new)
+        self.trace(&m, deadline, r).await.map(Response::new)
     }
 
     async fn hints(

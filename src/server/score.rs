@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
+use super::valid::{ScoredDocument, ValidScore};
 use super::{index_status, mix_status, model_status, pb, stop_status, stopped, State, WorkPermit};
 use crate::evidence::{bits_per_byte, document_records, mix_tokens, EvidenceError};
 use crate::index::IndexError;
@@ -21,21 +22,18 @@ use crate::model::WindowOptions;
 /// Documents scored ahead of a slow reader.
 const STREAM_BUFFER: usize = 2;
 
-/// Checks the request and starts scoring on the blocking pool.
+/// Checks what the edge could not (a model to score with, the documents' ids) and starts scoring
+/// on the blocking pool.
 pub(super) fn start(
     state: Arc<State>,
-    request: pb::ScoreRequest,
+    request: ValidScore,
     deadline: Option<Instant>,
 ) -> Result<ReceiverStream<Result<pb::ScoreResponse, Status>>, Status> {
     state.model()?;
-    let asked = request.lambda.map(Into::into);
-    let rule = LambdaRule::resolve(asked, state.mixing.as_ref(), true).map_err(mix_status)?;
-    for (i, d) in request.documents.iter().enumerate() {
-        if d.token_ids.is_empty() {
-            return Err(Status::invalid_argument(format!("document {i} is empty")));
-        }
-        state.check_len(&format!("document {i}"), d.token_ids.len())?;
-        state.check_model_ids(&d.token_ids)?;
+    let rule =
+        LambdaRule::resolve(request.lambda, state.mixing.as_ref(), true).map_err(mix_status)?;
+    for d in &request.documents {
+        state.check_model_ids(&d.tokens)?;
     }
     let kv = KvReservation::new(&state.kv_budget, WindowOptions::default().window)
         .map_err(model_status)?;
@@ -70,7 +68,7 @@ type Sender = mpsc::Sender<Result<pb::ScoreResponse, Status>>;
 
 fn score_all(
     s: &State,
-    request: pb::ScoreRequest,
+    request: ValidScore,
     rule: LambdaRule,
     tx: &Sender,
     _permit: WorkPermit,
@@ -110,7 +108,7 @@ fn score_document(
     s: &State,
     model: &crate::model::Model,
     index: usize,
-    doc: pb::ScoreDocument,
+    doc: ScoredDocument,
     rule: LambdaRule,
     per_token: bool,
 ) -> Result<pb::DocumentScore, Status> {
@@ -119,7 +117,7 @@ fn score_document(
         &*s.evidence,
         WindowOptions::default(),
         index,
-        &doc.token_ids,
+        &doc.tokens,
         |_| {},
     )
     .map_err(|e| match e {

@@ -1,5 +1,5 @@
-//! `sidecar.v1`'s handlers: each runs one library call on the pool ([`SidecarService::run`]) or
-//! serves a stream.
+//! `sidecar.v1`'s handlers: each takes its request as the edge checked it (`valid`) and runs one
+//! library call on the pool ([`SidecarService::run`]) or serves a stream.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -7,8 +7,8 @@ use std::sync::Arc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::checks::deadline_of;
 use super::pb::{self, sidecar_server::Sidecar};
+use super::valid::{accept, deadline_of, DraftTarget};
 use super::{batch, drafting, engine, mixing, score, session, SidecarService};
 
 pub(super) type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -44,8 +44,7 @@ impl Sidecar for SidecarService {
         &self,
         request: Request<pb::CountRequest>,
     ) -> Result<Response<pb::CountResponse>, Status> {
-        let deadline = deadline_of(&request);
-        let r = request.into_inner();
+        let (deadline, r) = accept(request, &self.state.limits)?;
         self.run(deadline, move |s| engine::count(s, r)).await
     }
 
@@ -53,8 +52,7 @@ impl Sidecar for SidecarService {
         &self,
         request: Request<pb::NextTokenDistributionRequest>,
     ) -> Result<Response<pb::NextTokenDistributionResponse>, Status> {
-        let deadline = deadline_of(&request);
-        let r = request.into_inner();
+        let (deadline, r) = accept(request, &self.state.limits)?;
         self.run(deadline, move |s| engine::next_token_distribution(s, r))
             .await
     }
@@ -63,8 +61,7 @@ impl Sidecar for SidecarService {
         &self,
         request: Request<pb::SearchDocumentsRequest>,
     ) -> Result<Response<pb::SearchDocumentsResponse>, Status> {
-        let deadline = deadline_of(&request);
-        let r = request.into_inner();
+        let (deadline, r) = accept(request, &self.state.limits)?;
         self.run(deadline, move |s| engine::search_documents(s, r))
             .await
     }
@@ -73,8 +70,7 @@ impl Sidecar for SidecarService {
         &self,
         request: Request<pb::MixRequest>,
     ) -> Result<Response<pb::MixResponse>, Status> {
-        let deadline = deadline_of(&request);
-        let r = request.into_inner();
+        let (deadline, r) = accept(request, &self.state.limits)?;
         self.run(deadline, move |s| mixing::mix(s, r)).await
     }
 
@@ -82,8 +78,7 @@ impl Sidecar for SidecarService {
         &self,
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<pb::GenerateResponse>, Status> {
-        let deadline = deadline_of(&request);
-        let r = request.into_inner();
+        let (deadline, r) = accept(request, &self.state.limits)?;
         self.run(deadline, move |s| engine::generate(s, r)).await
     }
 
@@ -91,8 +86,7 @@ impl Sidecar for SidecarService {
         &self,
         request: Request<pb::TraceRequest>,
     ) -> Result<Response<pb::TraceResponse>, Status> {
-        let deadline = deadline_of(&request);
-        let r = request.into_inner();
+        let (deadline, r) = accept(request, &self.state.limits)?;
         self.run(deadline, move |s| engine::trace(s, r)).await
     }
 
@@ -100,8 +94,7 @@ impl Sidecar for SidecarService {
         &self,
         request: Request<pb::HintsRequest>,
     ) -> Result<Response<pb::HintsResponse>, Status> {
-        let deadline = deadline_of(&request);
-        let r = request.into_inner();
+        let (deadline, r) = accept(request, &self.state.limits)?;
         self.run(deadline, move |s| engine::hints(s, r)).await
     }
 
@@ -109,28 +102,13 @@ impl Sidecar for SidecarService {
         &self,
         request: Request<pb::DraftRequest>,
     ) -> Result<Response<pb::DraftResponse>, Status> {
-        let deadline = deadline_of(&request);
-        let r = request.into_inner();
+        let (deadline, r) = accept(request, &self.state.limits)?;
         self.run(deadline, move |s| {
-            let opts = drafting::options(r.options)?;
             let tree = match r.target {
-                Some(pb::draft_request::Target::SessionId(_))
-                    if !r.namespace.is_empty() || !r.reference.is_empty() =>
-                {
-                    return Err(Status::invalid_argument(
-                        "a session drafts from the namespace and reference text it was started with",
-                    ))
+                DraftTarget::Session(id) => session::draft(s, id, &r.options)?,
+                DraftTarget::Context { ids, extras } => {
+                    drafting::draft_context(s, ids, extras, &r.options)?
                 }
-                Some(pb::draft_request::Target::SessionId(id)) => session::draft(s, id, &opts)?,
-                Some(pb::draft_request::Target::Context(c)) => {
-                    let extras = crate::decoding::Extras {
-                        namespace: r.namespace,
-                        reference: r.reference,
-                        ..Default::default()
-                    };
-                    drafting::draft_context(s, c.ids, extras, &opts)?
-                }
-                None => return Err(Status::invalid_argument("name a session_id or a context")),
             };
             Ok(drafting::response(tree))
         })
@@ -141,8 +119,7 @@ impl Sidecar for SidecarService {
         &self,
         request: Request<pb::AddDocumentsRequest>,
     ) -> Result<Response<pb::AddDocumentsResponse>, Status> {
-        let deadline = deadline_of(&request);
-        let r = request.into_inner();
+        let (deadline, r) = accept(request, &self.state.limits)?;
         self.run(deadline, move |s| drafting::add_documents(s, r))
             .await
     }
@@ -153,8 +130,8 @@ impl Sidecar for SidecarService {
         &self,
         request: Request<pb::ScoreRequest>,
     ) -> Result<Response<Self::ScoreStream>, Status> {
-        let deadline = deadline_of(&request);
-        let stream = score::start(Arc::clone(&self.state), request.into_inner(), deadline)?;
+        let (deadline, r) = accept(request, &self.state.limits)?;
+        let stream = score::start(Arc::clone(&self.state), r, deadline)?;
         Ok(Response::new(Box::pin(stream)))
     }
 

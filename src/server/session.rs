@@ -14,6 +14,9 @@ use tonic::{Status, Streaming};
 
 use super::metrics::Metrics;
 use super::mixing::{mix_rule, neural_distribution, response, top};
+use super::valid::{
+    tokens as tokens_within, ValidMixAsk, ValidSequenceStart, ValidSessionStep, Validate,
+};
 use super::{decode_status, drafting, index_status, model_status, on_pool_for_stream, pb, State};
 use crate::decoding::Sequence;
 use crate::draft::{DraftOptions, DraftTree};
@@ -25,8 +28,7 @@ pub(super) struct Session {
 }
 
 impl Session {
-    pub(super) fn new(s: &State, start: pb::SessionStart) -> Result<Self, Status> {
-        s.check_len("the context", start.context.len())?;
+    pub(super) fn new(s: &State, start: ValidSequenceStart) -> Result<Self, Status> {
         let model = match start.use_model {
             true => {
                 let model = s.model()?.transformer();
@@ -36,13 +38,7 @@ impl Session {
             }
             false => None,
         };
-        let extras = crate::decoding::Extras {
-            namespace: start.namespace,
-            learn: start.learn,
-            reference: start.reference,
-            live: None,
-        };
-        let seq = drafting::sequence(s, start.context, extras)?;
+        let seq = drafting::sequence(s, start.context, start.extras)?;
         let seq = match model {
             Some((model, kv)) => seq.with_model(model, Some(kv)),
             None => seq,
@@ -51,7 +47,11 @@ impl Session {
     }
 
     pub(super) fn append(&mut self, s: &State, tokens: &[u32]) -> Result<(), Status> {
-        s.check_len("the session", self.seq.tokens().len() + tokens.len())?;
+        tokens_within(
+            &s.limits,
+            "the session",
+            self.seq.tokens().len() + tokens.len(),
+        )?;
         self.seq.append(tokens).map_err(decode_status)
     }
 
@@ -68,10 +68,9 @@ impl Session {
         self.seq.truncate(len).map_err(decode_status)
     }
 
-    pub(super) fn mix(&mut self, s: &State, m: pb::SessionMix) -> Result<pb::MixResponse, Status> {
-        let top_k = s.check_top_k(m.top_k)?;
-        let how = mix_rule(s, m.lambda.map(Into::into), true, m.max_match)?;
-        let neural = neural_distribution(s, m.neural.map(Into::into), || {
+    pub(super) fn mix(&mut self, s: &State, m: ValidMixAsk) -> Result<pb::MixResponse, Status> {
+        let how = mix_rule(s, m.lambda, true, m.max_match)?;
+        let neural = neural_distribution(s, m.neural, || {
             let model = s.model()?.transformer();
             if !self.seq.has_model() {
                 return Err(Status::failed_precondition(
@@ -84,14 +83,13 @@ impl Session {
             self.seq.logits(model).map_err(decode_status)
         })?;
         self.seq
-            .mix(how, neural, top(top_k))
+            .mix(how, neural, top(m.top_k))
             .map(response)
             .map_err(decode_status)
     }
 
-    pub(super) fn draft(&mut self, options: pb::DraftOptions) -> Result<pb::DraftResponse, Status> {
-        let opts = drafting::options(Some(options))?;
-        let tree = self.seq.draft(&opts).map_err(index_status)?;
+    pub(super) fn draft(&mut self, opts: &DraftOptions) -> Result<pb::DraftResponse, Status> {
+        let tree = self.seq.draft(opts).map_err(index_status)?;
         Ok(drafting::response(tree))
     }
 
@@ -267,15 +265,14 @@ async fn step<R>(
     let mut described = None;
     let outcome = match (request.step, session.as_ref()) {
         (Some(Step::Start(start)), None) => {
-            match on_pool_for_stream(state, deadline, answers, move |st| Session::new(st, start))
-                .await
-            {
-                Ok(new) => OpenSession::register(state, Arc::new(Mutex::new(new))).map(|open| {
-                    *session = Some(open);
-                    None
-                }),
-                Err(e) => Err(e),
-            }
+            let opened = match start.validate(&state.limits) {
+                Ok(start) => open(state, start, deadline, answers).await,
+                Err(invalid) => Err(invalid.into()),
+            };
+            opened.map(|opened| {
+                *session = Some(opened);
+                None
+            })
         }
         (Some(Step::Start(_)), Some(_)) => Err(Status::failed_precondition(
             "the session has started already",
@@ -285,19 +282,10 @@ async fn step<R>(
         )),
         (None, Some(_)) => Err(Status::invalid_argument("an empty step")),
         (Some(step), Some(open)) => {
-            let (shared, id) = (Arc::clone(&open.shared), open.id);
-            let ran = on_pool_for_stream(state, deadline, answers, move |st| {
-                let mut s = lock(&shared);
-                let answer = match step {
-                    Step::Append(a) => s.append(st, &a.tokens).map(|_| None),
-                    Step::Truncate(t) => s.truncate(t.length).map(|_| None),
-                    Step::Mix(m) => s.mix(st, m).map(|m| Some(Answer::Mix(m))),
-                    Step::Draft(o) => s.draft(o).map(|d| Some(Answer::Draft(d))),
-                    Step::Start(_) => Ok(None),
-                };
-                Ok((answer, s.state(id)))
-            })
-            .await;
+            let ran = match step.validate(&state.limits) {
+                Ok(step) => run_step(state, open, step, deadline, answers).await,
+                Err(invalid) => Err(invalid.into()),
+            };
             ran.and_then(|(answer, after)| {
                 described = Some(after);
                 answer
@@ -318,6 +306,40 @@ async fn step<R>(
             result,
         },
     )
+}
+
+/// A new session, open and listed.
+async fn open<R>(
+    state: &Arc<State>,
+    start: ValidSequenceStart,
+    deadline: Option<Instant>,
+    answers: &mpsc::Sender<R>,
+) -> Result<OpenSession, Status> {
+    let new =
+        on_pool_for_stream(state, deadline, answers, move |st| Session::new(st, start)).await?;
+    OpenSession::register(state, Arc::new(Mutex::new(new)))
+}
+
+/// Runs a step of an open session: its answer (or refusal), and the session's state after it.
+async fn run_step<R>(
+    state: &Arc<State>,
+    open: &OpenSession,
+    step: ValidSessionStep,
+    deadline: Option<Instant>,
+    answers: &mpsc::Sender<R>,
+) -> Result<(Result<Option<Answer>, Status>, pb::SessionState), Status> {
+    let (shared, id) = (Arc::clone(&open.shared), open.id);
+    on_pool_for_stream(state, deadline, answers, move |st| {
+        let mut s = lock(&shared);
+        let answer = match step {
+            ValidSessionStep::Append(tokens) => s.append(st, &tokens).map(|_| None),
+            ValidSessionStep::Truncate(length) => s.truncate(length).map(|_| None),
+            ValidSessionStep::Mix(m) => s.mix(st, m).map(|m| Some(Answer::Mix(m))),
+            ValidSessionStep::Draft(o) => s.draft(&o).map(|d| Some(Answer::Draft(d))),
+        };
+        Ok((answer, s.state(id)))
+    })
+    .await
 }
 
 /// A refused step's status, as a stream's answer carries it.

@@ -4,17 +4,21 @@
 //! (`cluster::merge`). A shard server is an ordinary sidecar besides: its `sidecar.v1` API serves
 //! its own shard.
 
-use super::drafting::MAX_DRAFT_TOKENS;
-use super::engine::{check_answer_size, document};
+use std::time::Instant;
+
+use tonic::{Request, Response, Status};
+
+use super::engine::document;
 use super::shard_pb as spb;
-use super::{check_max_support, deadline_of, index_status, live_status, SidecarService, State};
+use super::valid::{
+    accept, ValidContinuations, ValidLiveAppend, ValidLiveContinuations, ValidScoreTokens,
+    ValidShardSearch, Validate,
+};
+use super::{index_status, live_status, SidecarService, State};
 use crate::cluster::identity::{self, Expected};
 use crate::cluster::partial::LocalSample;
-use crate::index::docs::SearchOptions;
 use crate::index::query::Spread;
-use crate::live::namespace::check_name;
-use crate::live::{Appended, Durability, LiveStore, Piece};
-use tonic::{Request, Response, Status};
+use crate::live::{Appended, LiveStore, Piece};
 
 /// Which shard this server is, as routers name it in their calls ([`identity`]).
 fn own_identity(s: &State) -> Result<&Expected, Status> {
@@ -23,9 +27,16 @@ fn own_identity(s: &State) -> Result<&Expected, Status> {
         .ok_or_else(|| Status::internal("this service holds no index"))
 }
 
-/// Refuses a call a router meant for another shard.
-fn accept<T>(s: &State, request: &Request<T>) -> Result<(), Status> {
-    identity::check(request.metadata(), || own_identity(s).cloned())
+impl SidecarService {
+    /// A router's call, refused when it was meant for another shard, else its deadline and its
+    /// message checked at the edge.
+    fn accept_call<R: Validate>(
+        &self,
+        request: Request<R>,
+    ) -> Result<(Option<Instant>, R::Valid), Status> {
+        identity::check(request.metadata(), || own_identity(&self.state).cloned())?;
+        Ok(accept(request, &self.state.limits)?)
+    }
 }
 
 fn describe(s: &State, r: spb::DescribeRequest) -> Result<spb::ShardDescription, Status> {
@@ -69,26 +80,6 @@ fn runs(pairs: impl IntoIterator<Item = (u32, u64)>) -> Vec<spb::TokenRun> {
         .collect()
 }
 
-/// Most lengths a request may ask counts of (the gate asks 10).
-const MAX_COUNT_LENGTHS: usize = 64;
-
-/// Most samples one `ScoreTokens` call may read for the gate's support, per suffix array
-/// (positions × `support_samples`): a document of 65,536 tokens at the gate's 256.
-const MAX_SUPPORT_READS: u64 = 1 << 24;
-
-/// The lengths of a request's `count_lengths`, checked.
-fn count_lengths(lengths: &[u32]) -> Result<Vec<usize>, Status> {
-    if lengths.len() > MAX_COUNT_LENGTHS {
-        return Err(Status::invalid_argument(format!(
-            "at most {MAX_COUNT_LENGTHS} count_lengths"
-        )));
-    }
-    if lengths.windows(2).any(|w| w[0] >= w[1]) {
-        return Err(Status::invalid_argument("count_lengths must ascend"));
-    }
-    Ok(lengths.iter().map(|&k| k as usize).collect())
-}
-
 fn samples(samples: Vec<LocalSample>) -> Vec<spb::LocalSample> {
     samples
         .into_iter()
@@ -99,23 +90,26 @@ fn samples(samples: Vec<LocalSample>) -> Vec<spb::LocalSample> {
         .collect()
 }
 
-fn continuations(
-    s: &State,
-    r: spb::ContinuationsRequest,
-) -> Result<spb::ContinuationsAnswer, Status> {
-    s.check_len("the prompt", r.prompt.len())?;
-    check_max_support(&s.limits, r.max_support)?;
-    if r.depth > 0 {
-        return drafts(s, r);
-    }
-    let lengths = count_lengths(&r.count_lengths)?;
+fn continuations(s: &State, r: ValidContinuations) -> Result<spb::ContinuationsAnswer, Status> {
+    let (prompt, infinite, cap, lengths) = match r {
+        ValidContinuations::Drafts {
+            prompt,
+            max_support,
+            depth,
+        } => return drafts(s, &prompt, max_support, depth),
+        ValidContinuations::Distribution {
+            prompt,
+            infinite,
+            max_support,
+            count_lengths,
+        } => (prompt, infinite, max_support, count_lengths),
+    };
     let index = s.corpus()?;
-    let cap = (r.max_support > 0).then_some(r.max_support);
     let part = index
-        .partial_continuations(&r.prompt, r.infinite, cap)
+        .partial_continuations(&prompt, infinite, cap)
         .map_err(index_status)?;
     let suffix_counts = index
-        .suffix_counts(&r.prompt, part.suffix_len, &lengths)
+        .suffix_counts(&prompt, part.suffix_len, &lengths)
         .map_err(index_status)?;
     let (spread, single) = spread_to_wire(part.spread);
     Ok(spb::ContinuationsAnswer {
@@ -132,15 +126,15 @@ fn continuations(
 }
 
 /// A `Continuations` call for drafts: the longest suffix's samples with their following tokens.
-fn drafts(s: &State, r: spb::ContinuationsRequest) -> Result<spb::ContinuationsAnswer, Status> {
-    if !r.infinite || r.max_support == 0 || r.depth as usize > MAX_DRAFT_TOKENS as usize {
-        return Err(Status::invalid_argument(format!(
-            "drafts (depth > 0) need infinite, max_support > 0 and depth at most {MAX_DRAFT_TOKENS}"
-        )));
-    }
+fn drafts(
+    s: &State,
+    prompt: &[u32],
+    max_support: u64,
+    depth: usize,
+) -> Result<spb::ContinuationsAnswer, Status> {
     let part = s
         .corpus()?
-        .partial_drafts(&r.prompt, r.max_support, r.depth as usize)
+        .partial_drafts(prompt, max_support, depth)
         .map_err(index_status)?;
     Ok(spb::ContinuationsAnswer {
         suffix_len: part.suffix_len as u32,
@@ -160,17 +154,7 @@ fn drafts(s: &State, r: spb::ContinuationsRequest) -> Result<spb::ContinuationsA
     })
 }
 
-fn score_tokens(s: &State, r: spb::ScoreTokensRequest) -> Result<spb::ScoreTokensAnswer, Status> {
-    s.check_len("the sequence", r.ids.len())?;
-    check_max_support(&s.limits, r.support_samples)?;
-    if r.ids.len() as u64 * r.support_samples > MAX_SUPPORT_READS {
-        return Err(Status::invalid_argument(format!(
-            "{} positions × {} support samples is more than {MAX_SUPPORT_READS} reads",
-            r.ids.len(),
-            r.support_samples
-        )));
-    }
-    let lengths = count_lengths(&r.count_lengths)?;
+fn score_tokens(s: &State, r: ValidScoreTokens) -> Result<spb::ScoreTokensAnswer, Status> {
     let index = s.corpus()?;
     let evidence = index.evidence(&r.ids).map_err(index_status)?;
     let tokens = evidence
@@ -188,7 +172,7 @@ fn score_tokens(s: &State, r: spb::ScoreTokensRequest) -> Result<spb::ScoreToken
                     .map_err(index_status)?,
             };
             let suffix_counts = index
-                .suffix_counts(prefix, e.suffix_len, &lengths)
+                .suffix_counts(prefix, e.suffix_len, &r.count_lengths)
                 .map_err(index_status)?;
             let (spread, single) = spread_to_wire(e.spread);
             Ok(spb::TokenEvidence {
@@ -205,30 +189,10 @@ fn score_tokens(s: &State, r: spb::ScoreTokensRequest) -> Result<spb::ScoreToken
     Ok(spb::ScoreTokensAnswer { tokens })
 }
 
-fn search(s: &State, r: spb::SearchRequest) -> Result<spb::SearchAnswer, Status> {
-    let cnf: Vec<Vec<Vec<u32>>> = r
-        .cnf
-        .into_iter()
-        .map(|c| c.ngrams.into_iter().map(|g| g.ids).collect())
-        .collect();
-    s.check_len("the CNF", cnf.iter().flatten().map(Vec::len).sum())?;
-    if r.maxnum as usize > s.limits.max_top_k {
-        return Err(Status::invalid_argument(format!(
-            "maxnum must be at most {}",
-            s.limits.max_top_k
-        )));
-    }
-    check_answer_size(&s.limits, r.maxnum as usize, r.max_disp_len as usize)?;
-    let opts = SearchOptions {
-        maxnum: r.maxnum as usize,
-        max_disp_len: r.max_disp_len as usize,
-        max_clauses: s.limits.max_cnf_clauses,
-        max_places: s.limits.max_search_places,
-        ..SearchOptions::default()
-    };
+fn search(s: &State, r: ValidShardSearch) -> Result<spb::SearchAnswer, Status> {
     let found = s
         .corpus()?
-        .search_strided(&cnf, &r.strides, opts)
+        .search_strided(&r.cnf, &r.strides, r.opts)
         .map_err(index_status)?;
     Ok(spb::SearchAnswer {
         doc_cnt: found.doc_cnt,
@@ -244,22 +208,16 @@ fn live(s: &State) -> Result<&dyn LiveStore, Status> {
     })
 }
 
-fn live_append(s: &State, r: spb::LiveAppendRequest) -> Result<spb::LiveAppendAnswer, Status> {
+fn live_append(s: &State, r: ValidLiveAppend) -> Result<spb::LiveAppendAnswer, Status> {
     let live = live(s)?;
-    check_name(&r.namespace).map_err(live_status)?;
-    s.check_len("the pieces", r.pieces.iter().map(|p| p.tokens.len()).sum())?;
     let pieces: Vec<Piece> = (r.pieces.iter())
         .map(|p| Piece {
             doc: p.doc,
             tokens: &p.tokens,
         })
         .collect();
-    let durability = match r.sync {
-        true => Durability::Synced,
-        false => Durability::Written,
-    };
     let appended = live
-        .append_pieces(&r.namespace, &pieces, &r.request_id, durability)
+        .append_pieces(&r.namespace, &pieces, &r.request_id, r.durability)
         .map_err(live_status)?;
     Ok(spb::LiveAppendAnswer {
         repeated: appended == Appended::Repeated,
@@ -268,24 +226,12 @@ fn live_append(s: &State, r: spb::LiveAppendRequest) -> Result<spb::LiveAppendAn
 
 fn live_continuations(
     s: &State,
-    r: spb::LiveContinuationsRequest,
+    r: ValidLiveContinuations,
 ) -> Result<spb::LiveContinuationsAnswer, Status> {
     let live = live(s)?;
-    check_name(&r.namespace).map_err(live_status)?;
-    s.check_len("the pattern", r.pattern.len())?;
     s.evidence.check_ids(&r.pattern).map_err(index_status)?;
-    check_max_support(&s.limits, r.samples as u64)?;
-    if r.depth > MAX_DRAFT_TOKENS {
-        return Err(Status::invalid_argument(format!(
-            "depth must be at most {MAX_DRAFT_TOKENS}"
-        )));
-    }
-    let (continuations, match_len) = live.continuations(
-        &r.namespace,
-        &r.pattern,
-        r.samples as usize,
-        r.depth as usize,
-    );
+    let (continuations, match_len) =
+        live.continuations(&r.namespace, &r.pattern, r.samples, r.depth);
     Ok(spb::LiveContinuationsAnswer {
         match_len: match_len as u32,
         continuations: continuations
@@ -309,15 +255,12 @@ impl spb::shard_server::Shard for SidecarService {
         &self,
         request: Request<spb::CountRequest>,
     ) -> Result<Response<spb::CountAnswer>, Status> {
-        accept(&self.state, &request)?;
-        let deadline = deadline_of(&request);
-        let r = request.into_inner();
+        let (deadline, r) = self.accept_call(request)?;
         self.run(deadline, move |s| {
-            s.check_len("the n-grams", r.ngrams.iter().map(|g| g.ids.len()).sum())?;
             let counts = r
                 .ngrams
                 .iter()
-                .map(|g| s.corpus()?.count(&g.ids).map_err(index_status))
+                .map(|ids| s.corpus()?.count(ids).map_err(index_status))
                 .collect::<Result<_, Status>>()?;
             Ok(spb::CountAnswer { counts })
         })
@@ -328,9 +271,7 @@ impl spb::shard_server::Shard for SidecarService {
         &self,
         request: Request<spb::ContinuationsRequest>,
     ) -> Result<Response<spb::ContinuationsAnswer>, Status> {
-        accept(&self.state, &request)?;
-        let deadline = deadline_of(&request);
-        let r = request.into_inner();
+        let (deadline, r) = self.accept_call(request)?;
         self.run(deadline, move |s| continuations(s, r)).await
     }
 
@@ -338,9 +279,7 @@ impl spb::shard_server::Shard for SidecarService {
         &self,
         request: Request<spb::ScoreTokensRequest>,
     ) -> Result<Response<spb::ScoreTokensAnswer>, Status> {
-        accept(&self.state, &request)?;
-        let deadline = deadline_of(&request);
-        let r = request.into_inner();
+        let (deadline, r) = self.accept_call(request)?;
         self.run(deadline, move |s| score_tokens(s, r)).await
     }
 
@@ -348,9 +287,7 @@ impl spb::shard_server::Shard for SidecarService {
         &self,
         request: Request<spb::SearchRequest>,
     ) -> Result<Response<spb::SearchAnswer>, Status> {
-        accept(&self.state, &request)?;
-        let deadline = deadline_of(&request);
-        let r = request.into_inner();
+        let (deadline, r) = self.accept_call(request)?;
         self.run(deadline, move |s| search(s, r)).await
     }
 
@@ -358,11 +295,8 @@ impl spb::shard_server::Shard for SidecarService {
         &self,
         request: Request<spb::SpanLengthsRequest>,
     ) -> Result<Response<spb::SpanLengthsAnswer>, Status> {
-        accept(&self.state, &request)?;
-        let deadline = deadline_of(&request);
-        let r = request.into_inner();
+        let (deadline, r) = self.accept_call(request)?;
         self.run(deadline, move |s| {
-            s.check_len("the traced sequence", r.ids.len())?;
             let lengths = s.corpus()?.span_lengths(&r.ids).map_err(index_status)?;
             Ok(spb::SpanLengthsAnswer {
                 lengths: lengths.into_iter().map(|(len, _)| len as u32).collect(),
@@ -375,9 +309,7 @@ impl spb::shard_server::Shard for SidecarService {
         &self,
         request: Request<spb::LiveAppendRequest>,
     ) -> Result<Response<spb::LiveAppendAnswer>, Status> {
-        accept(&self.state, &request)?;
-        let deadline = deadline_of(&request);
-        let r = request.into_inner();
+        let (deadline, r) = self.accept_call(request)?;
         self.run(deadline, move |s| live_append(s, r)).await
     }
 
@@ -385,9 +317,7 @@ impl spb::shard_server::Shard for SidecarService {
         &self,
         request: Request<spb::LiveContinuationsRequest>,
     ) -> Result<Response<spb::LiveContinuationsAnswer>, Status> {
-        accept(&self.state, &request)?;
-        let deadline = deadline_of(&request);
-        let r = request.into_inner();
+        let (deadline, r) = self.accept_call(request)?;
         self.run(deadline, move |s| live_continuations(s, r)).await
     }
 }

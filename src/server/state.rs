@@ -1,11 +1,10 @@
-//! What every request reads ([`State`]), and its checks of a request's sizes against the limits.
+//! What every request reads ([`State`]).
 
 use std::sync::Arc;
 
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
-use super::checks::{check_len, check_text};
 use super::config::Limits;
 use super::metrics::Metrics;
 use super::mix_sequences::MixSequences;
@@ -75,14 +74,6 @@ impl State {
         })
     }
 
-    pub(super) fn check_len(&self, what: &str, len: usize) -> Result<(), Status> {
-        check_len(&self.limits, what, len)
-    }
-
-    pub(super) fn check_text(&self, what: &str, text: &str) -> Result<(), Status> {
-        check_text(&self.limits, what, text)
-    }
-
     /// Refuses ids outside the vocabulary of mixing requests: the reference data's, or the
     /// model's where the index is byte-level (any model's text goes into it).
     pub(super) fn check_model_ids(&self, ids: &[u32]) -> Result<(), Status> {
@@ -111,16 +102,6 @@ impl State {
             true => Ok(self.model()?.tokenizer().vocab_size()),
             false => Ok(self.evidence.vocab_size()),
         }
-    }
-
-    pub(super) fn check_top_k(&self, top_k: u32) -> Result<usize, Status> {
-        if top_k == 0 || top_k as usize > self.limits.max_top_k {
-            return Err(Status::invalid_argument(format!(
-                "top_k must be in 1..={}",
-                self.limits.max_top_k
-            )));
-        }
-        Ok(top_k as usize)
     }
 
     /// Resolves once the drain deadline of a shutdown has passed (never before).

@@ -9,11 +9,25 @@ use crate::interrupt::{StopReason, StopSignal};
 use crate::live::LiveError;
 use crate::mix::MixError;
 use crate::model::ModelError;
+use crate::tokenizer::TokenizerError;
+
+use super::valid::Invalid;
 
 /// What a request gets when its work was stopped by its [`StopSignal`]; [`on_pool`] turns it into
 /// the status that says why.
 pub(super) fn stopped() -> Status {
     Status::cancelled("the work was stopped")
+}
+
+impl From<Invalid> for Status {
+    fn from(e: Invalid) -> Self {
+        match e {
+            Invalid::Argument(m) => Status::invalid_argument(m),
+            Invalid::AnswerTooLarge(m) => Status::resource_exhausted(m),
+            Invalid::Index(e) => index_status(e),
+            Invalid::Live(e) => live_status(e),
+        }
+    }
 }
 
 pub(super) fn index_status(e: IndexError) -> Status {
@@ -72,6 +86,11 @@ pub(super) fn model_status(e: ModelError) -> Status {
         ModelError::Exhausted(m) => Status::resource_exhausted(m),
         other => Status::internal(other.to_string()),
     }
+}
+
+/// Text the tokenizer could not encode, or ids it could not decode, are the caller's.
+pub(super) fn tokenizer_status(e: TokenizerError) -> Status {
+    Status::invalid_argument(e.to_string())
 }
 
 /// The status of work that `signal` stopped (a deadline, the client leaving, or the drain deadline

@@ -281,5 +281,20 @@ async fn bad_parts_are_refused_alone() {
         Code::InvalidArgument as i32
     );
     assert_eq!(again[0].state.as_ref().unwrap().length, 3);
+    // A part whose mix is refused is refused whole: its append is not applied either.
+    let bad_mix = pb::SequenceStep {
+        mix: Some(pb::SessionMix {
+            top_k: 0,
+            ..mix(0, 256)
+        }),
+        ..append(1, vec![13])
+    };
+    let refused = batch.step(vec![bad_mix]).await;
+    assert_eq!(
+        refused[0].error.as_ref().map(|e| e.code),
+        Some(Code::InvalidArgument as i32),
+        "{refused:?}"
+    );
+    assert_eq!(refused[0].state.as_ref().unwrap().length, 4, "{refused:?}");
     let _ = stop.send(());
 }
