@@ -2,17 +2,18 @@
 //! A suffix array and a compressed FM-index, over tokens or bytes, answer the same questions
 //! through it, so the query protocol, the server's engine calls and the command line are written
 //! once. What a kind cannot answer is refused by a provided method with the reason and the kind
-//! that can ([`IndexError::Unsupported`]).
+//! that can ([`IndexError::Unsupported`]). A kind supplies only its shape and its matching
+//! primitives ([`IndexKind`]); every answer is written once over them.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::index::backoff::{self, Backoff, BackoffGeneration, Draw};
 use crate::index::dense::{self, TokenScore};
-use crate::index::docs::{Document, SearchOptions, SearchResult};
+use crate::index::docs::{self, Document, DocumentIndex, SearchOptions, SearchResult};
 use crate::index::fm::CompressedIndex;
 use crate::index::query::{FindResult, InfgramNtdResult, InfgramProbResult, NtdResult, ProbResult};
-use crate::index::suffix;
+use crate::index::suffix::{self, Counted, Occurrences};
 use crate::index::trace::{self, TraceOptions, TraceSpan};
 use crate::index::{Index, IndexError, OpenOptions, Result, TokenWidth};
 use crate::tokenizer::Tokenizer;
@@ -26,7 +27,8 @@ pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Arc<dyn Corpus>> {
     })
 }
 
-/// What every index kind answers, and the shape it reports.
+/// What every index kind answers, and the shape it reports: the one face of an index, implemented
+/// once for every kind ([`IndexKind`]).
 pub trait Corpus: Send + Sync {
     fn dir(&self) -> &Path;
     fn width(&self) -> TokenWidth;
@@ -69,9 +71,7 @@ pub trait Corpus: Send + Sync {
     }
 
     /// The suffix-array index itself, when this is one.
-    fn as_suffix_array(&self) -> Option<&Index> {
-        None
-    }
+    fn as_suffix_array(&self) -> Option<&Index>;
 
     /// The suffix-array index, for what only it answers: training hints
     /// ([`crate::index::hints`]) sample occurrences in its rank order. Another kind refuses,
@@ -87,74 +87,138 @@ pub trait Corpus: Send + Sync {
     }
 
     /// Touches every page, so the first queries are not slower than the rest; the bytes read.
+    fn warm_up(&self) -> u64;
+}
+
+/// What a kind of index supplies itself: its shape, the matching primitives ([`Occurrences`]) and
+/// where its n-grams' occurrences lie for document search ([`DocumentIndex`]). Every answer of
+/// [`Corpus`] is written once over these, for every kind; a kind may answer `count` its own
+/// faster way.
+pub(crate) trait IndexKind: Occurrences + DocumentIndex + Send + Sync {
+    fn dir(&self) -> &Path;
+    fn width(&self) -> TokenWidth;
+    fn num_parts(&self) -> usize;
+    fn total_tokens(&self) -> u64;
+    fn total_documents(&self) -> u64;
+
+    fn count(&self, ids: &[u32]) -> Result<u64> {
+        self.check_query(ids)?;
+        Ok(self.matches_of(ids).count())
+    }
+    fn as_suffix_array(&self) -> Option<&Index> {
+        None
+    }
     fn warm_up(&self) -> u64 {
         0
     }
 }
 
-/// Forwards each listed method to the kind's own method of that name.
-macro_rules! forward {
-    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
-        $(fn $name(&self $(, $arg: $ty)*) -> $ret {
-            Self::$name(self $(, $arg)*)
-        })*
-    };
+impl<K: IndexKind> Corpus for K {
+    fn dir(&self) -> &Path {
+        IndexKind::dir(self)
+    }
+    fn width(&self) -> TokenWidth {
+        IndexKind::width(self)
+    }
+    fn num_parts(&self) -> usize {
+        IndexKind::num_parts(self)
+    }
+    fn total_tokens(&self) -> u64 {
+        IndexKind::total_tokens(self)
+    }
+    fn total_documents(&self) -> u64 {
+        IndexKind::total_documents(self)
+    }
+    fn vocab_size(&self) -> u64 {
+        Occurrences::vocab_size(self)
+    }
+    fn eos_token_id(&self) -> u32 {
+        Occurrences::eos_token_id(self)
+    }
+    fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.doc_tokenizer()
+    }
+    fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        self.check_query(ids)
+    }
+    fn count(&self, ids: &[u32]) -> Result<u64> {
+        IndexKind::count(self, ids)
+    }
+    fn find(&self, ids: &[u32]) -> Result<FindResult> {
+        self.check_query(ids)?;
+        let m = self.matches_of(ids);
+        Ok(FindResult {
+            cnt: m.count(),
+            segment_by_shard: m.rank_ranges().iter().map(|r| (r.lo, r.hi)).collect(),
+        })
+    }
+    fn prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
+        self.check_query(prompt)?;
+        self.check_query(&[cont])?;
+        let m = self.matches_of(prompt);
+        Ok(ProbResult::of_counts(m.count(), self.cont_count(&m, cont)))
+    }
+    fn ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult> {
+        self.check_query(prompt)?;
+        self.ntd_given(&self.matches_of(prompt), max_support)
+    }
+    fn infgram_prob(&self, prompt: &[u32], cont: u32) -> Result<InfgramProbResult> {
+        suffix::infgram_prob(self, prompt, cont)
+    }
+    fn infgram_ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<InfgramNtdResult> {
+        suffix::infgram_ntd(self, prompt, max_support)
+    }
+    fn score(&self, ids: &[u32]) -> Result<Vec<TokenScore>> {
+        dense::score(self, ids)
+    }
+    fn search_docs_cnf(&self, cnf: &[Vec<Vec<u32>>], opts: SearchOptions) -> Result<SearchResult> {
+        docs::search_docs_cnf(self, cnf, opts)
+    }
+    fn get_document(&self, doc_ix: u64) -> Result<Document> {
+        docs::get_document(self, doc_ix)
+    }
+    fn trace(&self, ids: &[u32], opts: TraceOptions) -> Result<Vec<TraceSpan>> {
+        trace::trace(self, ids, opts)
+    }
+    fn backoff_score(&self, seq: &[u32], spec: &Backoff) -> Result<Vec<f64>> {
+        backoff::score(self, seq, spec)
+    }
+    fn backoff_generate(
+        &self,
+        prompt: &[u32],
+        spec: &Backoff,
+        draw: Draw,
+    ) -> Result<BackoffGeneration> {
+        backoff::generate(self, prompt, spec, draw)
+    }
+    fn as_suffix_array(&self) -> Option<&Index> {
+        IndexKind::as_suffix_array(self)
+    }
+    fn warm_up(&self) -> u64 {
+        IndexKind::warm_up(self)
+    }
 }
 
-/// The answers every kind gives: natively by the kind's own methods, or by what is written once
-/// over what following a match asks of it ([`suffix::Occurrences`]).
-macro_rules! native_answers {
-    () => {
-        forward! {
-            dir() -> &Path;
-            width() -> TokenWidth;
-            num_parts() -> usize;
-            total_tokens() -> u64;
-            total_documents() -> u64;
-            vocab_size() -> u64;
-            eos_token_id() -> u32;
-            tokenizer() -> Option<&Tokenizer>;
-            check_ids(ids: &[u32]) -> Result<()>;
-            count(ids: &[u32]) -> Result<u64>;
-            find(ids: &[u32]) -> Result<FindResult>;
-            prob(prompt: &[u32], cont: u32) -> Result<ProbResult>;
-            ntd(prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult>;
-            search_docs_cnf(cnf: &[Vec<Vec<u32>>], opts: SearchOptions) -> Result<SearchResult>;
-            get_document(doc_ix: u64) -> Result<Document>;
-        }
-        fn infgram_prob(&self, prompt: &[u32], cont: u32) -> Result<InfgramProbResult> {
-            suffix::infgram_prob(self, prompt, cont)
-        }
-        fn infgram_ntd(
-            &self,
-            prompt: &[u32],
-            max_support: Option<u64>,
-        ) -> Result<InfgramNtdResult> {
-            suffix::infgram_ntd(self, prompt, max_support)
-        }
-        fn score(&self, ids: &[u32]) -> Result<Vec<TokenScore>> {
-            dense::score(self, ids)
-        }
-        fn trace(&self, ids: &[u32], opts: TraceOptions) -> Result<Vec<TraceSpan>> {
-            trace::trace(self, ids, opts)
-        }
-        fn backoff_score(&self, seq: &[u32], spec: &Backoff) -> Result<Vec<f64>> {
-            backoff::score(self, seq, spec)
-        }
-        fn backoff_generate(
-            &self,
-            prompt: &[u32],
-            spec: &Backoff,
-            draw: Draw,
-        ) -> Result<BackoffGeneration> {
-            backoff::generate(self, prompt, spec, draw)
-        }
-    };
-}
-
-impl Corpus for Index {
-    native_answers!();
-
+impl IndexKind for Index {
+    fn dir(&self) -> &Path {
+        Index::dir(self)
+    }
+    fn width(&self) -> TokenWidth {
+        Index::width(self)
+    }
+    fn num_parts(&self) -> usize {
+        Index::num_parts(self)
+    }
+    fn total_tokens(&self) -> u64 {
+        Index::total_tokens(self)
+    }
+    fn total_documents(&self) -> u64 {
+        Index::total_documents(self)
+    }
+    /// Short n-grams' counts are kept ([`Index::count`]).
+    fn count(&self, ids: &[u32]) -> Result<u64> {
+        Index::count(self, ids)
+    }
     fn as_suffix_array(&self) -> Option<&Index> {
         Some(self)
     }
@@ -163,6 +227,20 @@ impl Corpus for Index {
     }
 }
 
-impl Corpus for CompressedIndex {
-    native_answers!();
+impl IndexKind for CompressedIndex {
+    fn dir(&self) -> &Path {
+        CompressedIndex::dir(self)
+    }
+    fn width(&self) -> TokenWidth {
+        CompressedIndex::width(self)
+    }
+    fn num_parts(&self) -> usize {
+        CompressedIndex::num_parts(self)
+    }
+    fn total_tokens(&self) -> u64 {
+        CompressedIndex::total_tokens(self)
+    }
+    fn total_documents(&self) -> u64 {
+        CompressedIndex::total_documents(self)
+    }
 }

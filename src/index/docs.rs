@@ -513,15 +513,7 @@ impl DocumentIndex for Index {
 impl Index {
     /// Documents containing `ids` anywhere.
     pub fn search_docs(&self, ids: &[u32], opts: SearchOptions) -> Result<SearchResult> {
-        self.search_docs_cnf(&[vec![ids.to_vec()]], opts)
-    }
-
-    pub fn search_docs_cnf(
-        &self,
-        cnf: &[Vec<Vec<u32>>],
-        opts: SearchOptions,
-    ) -> Result<SearchResult> {
-        search_docs_cnf(self, cnf, opts)
+        search_docs_cnf(self, &[vec![ids.to_vec()]], opts)
     }
 
     /// Every document's tokens, in order (what compaction reads back to merge live runs).
@@ -531,10 +523,5 @@ impl Index {
             (0..part.doc_cnt())
                 .map(move |doc| part.tokens_between(part.doc_start(doc) + w, part.doc_end(doc)))
         })
-    }
-
-    /// Document `doc_ix` (over all parts) in full, with metadata and text.
-    pub fn get_document(&self, doc_ix: u64) -> Result<Document> {
-        get_document(self, doc_ix)
     }
 }

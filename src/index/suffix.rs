@@ -8,19 +8,25 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use crate::index::query::{InfgramNtdResult, InfgramProbResult, NtdResult, ProbResult, Spread};
+use crate::index::ranks::RankRange;
 use crate::index::read::part::{NextKey, Part, END};
 use crate::index::read::query::Matches;
 use crate::index::sampling;
 use crate::index::{Index, Result};
 
-/// How many occurrences a set of matches holds.
+/// How many occurrences a set of matches holds, and where: a rank range of its index's rows in
+/// each part.
 pub trait Counted {
     fn count(&self) -> u64;
+    fn rank_ranges(&self) -> &[RankRange];
 }
 
 impl Counted for Matches {
     fn count(&self) -> u64 {
         Matches::count(self)
+    }
+    fn rank_ranges(&self) -> &[RankRange] {
+        &self.ranges
     }
 }
 

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use infini_sidecar::corpus::{Content, InputDoc};
 use infini_sidecar::index::build::{build, BuildOptions};
+use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::format::NextTableSpec;
 use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
 

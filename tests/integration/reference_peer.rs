@@ -15,6 +15,7 @@ use std::process::{Command, Stdio};
 
 use infini_sidecar::index::build::token_file;
 use infini_sidecar::index::build::{build, BuildOptions};
+use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::format::NextTableSpec;
 use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
 use infini_sidecar::protocol::answer_line;

@@ -5,6 +5,7 @@
 use crate::common;
 
 use common::server::{authed, build_index, config, open_session, start, step, Running};
+use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::server::pb::{self, draft_request, session_request};
 use tokio::sync::mpsc;

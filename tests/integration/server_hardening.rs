@@ -12,6 +12,7 @@ use common::server::{
     authed, build_index, config, connect, free_port, open_session, permit_comes_back, sample,
     scrape, spawn_serve, start, step, with_model, Running,
 };
+use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::{Index, OpenOptions};
 use infini_sidecar::server::config::{Limits, ServeConfig};
 use infini_sidecar::server::pb::sidecar_client::SidecarClient;

@@ -4,6 +4,7 @@
 //! compressed index's drafts do ([`crate::index::fm::suffix`]).
 
 use super::{run_length, LocalContinuations, LocalParts, LocalSample};
+use crate::index::corpus::Corpus;
 use crate::index::fm::query::FmMatches;
 use crate::index::fm::CompressedIndex;
 use crate::index::format::ShardSetRecord;
@@ -50,7 +51,7 @@ impl LocalParts for CompressedIndex {
     }
 
     fn checked_count(&self, ids: &[u32]) -> Result<u64> {
-        self.count(ids)
+        Corpus::count(self, ids)
     }
 
     fn shard_set(&self) -> Option<ShardSetRecord> {

@@ -21,9 +21,7 @@ use std::path::{Path, PathBuf};
 
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::index::docs::{
-    self, Document, DocumentIndex, DocumentPart, SearchOptions, SearchResult,
-};
+use crate::index::docs::{DocumentIndex, DocumentPart};
 use crate::index::format::{ShardSetRecord, TokenWidth, TOKENIZER_FILE};
 use crate::index::query::check_vocabulary;
 use crate::index::ranks::RankRange;
@@ -310,22 +308,6 @@ impl CompressedIndex {
         let part = &self.parts[s];
         let doc = part.doc_of(at);
         (base + doc, part.doc_len_and_offset(doc, at).1)
-    }
-
-    /// Document `doc_ix` (over all parts) in full, as [`Index::get_document`] gives it.
-    pub fn get_document(&self, doc_ix: u64) -> Result<Document> {
-        docs::get_document(self, doc_ix)
-    }
-
-    /// Documents satisfying a CNF, as [`Index::search_docs_cnf`] finds them. A clause with more
-    /// than `max_clause_freq` matches is refused: the suffix-array index subsamples it in an
-    /// order this index does not keep.
-    pub fn search_docs_cnf(
-        &self,
-        cnf: &[Vec<Vec<u32>>],
-        opts: SearchOptions,
-    ) -> Result<SearchResult> {
-        docs::search_docs_cnf(self, cnf, opts)
     }
 }
 

@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use crate::index::fm::CompressedIndex;
-use crate::index::query::{FindResult, NtdResult, ProbResult, Spread};
+use crate::index::query::{NtdResult, Spread};
 use crate::index::ranks::RankRange;
 use crate::index::read::next_tokens::token_of_key;
 use crate::index::read::part::NextKey;
@@ -33,6 +33,9 @@ impl Counted for FmMatches {
             0
         };
         self.ranges.iter().map(|r| r.len()).sum::<u64>() - ends as u64
+    }
+    fn rank_ranges(&self) -> &[RankRange] {
+        &self.ranges
     }
 }
 
@@ -123,27 +126,6 @@ impl CompressedIndex {
         }
     }
 
-    /// Rank ranges are this index's rows, not the suffix array's (their lengths agree).
-    pub fn find(&self, ids: &[u32]) -> Result<FindResult> {
-        self.check_ids(ids)?;
-        let m = self.locate(ids);
-        Ok(FindResult {
-            cnt: m.count(),
-            segment_by_shard: m.ranges.iter().map(|r| (r.lo, r.hi)).collect(),
-        })
-    }
-
-    pub fn count(&self, ids: &[u32]) -> Result<u64> {
-        self.check_ids(ids)?;
-        Ok(self.locate(ids).count())
-    }
-
-    pub fn prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
-        self.check_ids(prompt)?;
-        self.check_ids(&[cont])?;
-        Ok(self.prob_given(&self.locate(prompt), cont))
-    }
-
     /// How often the matches are followed by `cont`, separators and part ends counting as eos.
     pub(crate) fn cont_count(&self, m: &FmMatches, cont: u32) -> u64 {
         let separator = self.width.separator();
@@ -158,10 +140,6 @@ impl CompressedIndex {
             }
         }
         total
-    }
-
-    pub(crate) fn prob_given(&self, m: &FmMatches, cont: u32) -> ProbResult {
-        ProbResult::of_counts(m.count(), self.cont_count(m, cont))
     }
 
     /// One part's next-token counts of its rows `range` (the part's end left out for the
@@ -195,11 +173,6 @@ impl CompressedIndex {
             run: 0,
             run_start: 0,
         }
-    }
-
-    pub fn ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult> {
-        self.check_ids(prompt)?;
-        Ok(self.ntd_given(&self.locate(prompt), max_support))
     }
 
     pub(crate) fn ntd_given(&self, m: &FmMatches, max_support: Option<u64>) -> NtdResult {

@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use crate::index::query::{check_vocabulary, FindResult, NtdResult, ProbResult, Spread};
+use crate::index::query::{check_vocabulary, NtdResult, Spread};
 use crate::index::ranks::RankRange;
 use crate::index::read::next_tokens;
 use crate::index::read::part::{NextKey, Part};
@@ -58,15 +58,6 @@ impl Index {
         }
     }
 
-    pub fn find(&self, ids: &[u32]) -> Result<FindResult> {
-        self.check_ids(ids)?;
-        let m = self.locate(self.encode(ids));
-        Ok(FindResult {
-            cnt: m.count(),
-            segment_by_shard: m.ranges.iter().map(|r| (r.lo, r.hi)).collect(),
-        })
-    }
-
     pub fn count(&self, ids: &[u32]) -> Result<u64> {
         self.check_ids(ids)?;
         if let Some(count) = self.short_counts.get(ids) {
@@ -75,17 +66,6 @@ impl Index {
         let count = self.locate(self.encode(ids)).count();
         self.short_counts.put(ids, count);
         Ok(count)
-    }
-
-    pub fn prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
-        self.check_ids(prompt)?;
-        self.check_ids(&[cont])?;
-        let m = self.locate(self.encode(prompt));
-        Ok(self.prob_given(&m, cont))
-    }
-
-    pub(crate) fn prob_given(&self, prompt: &Matches, cont: u32) -> ProbResult {
-        ProbResult::of_counts(prompt.count(), self.cont_count(prompt, cont))
     }
 
     /// Matches of the prompt followed by `cont`, searched inside the prompt's ranges. For eos this is only
@@ -127,12 +107,6 @@ impl Index {
 
     pub(crate) fn token_of(&self, key: NextKey) -> u32 {
         next_tokens::token_of_key(key, self.width().separator(), self.eos_token_id())
-    }
-
-    pub fn ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult> {
-        self.check_ids(prompt)?;
-        let m = self.locate(self.encode(prompt));
-        self.ntd_given(&m, max_support)
     }
 
     pub(crate) fn ntd_given(
