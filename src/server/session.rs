@@ -15,7 +15,7 @@ use tonic::{Status, Streaming};
 use super::metrics::Metrics;
 use super::mixing::{mix_rule, neural_distribution, response, top};
 use super::valid::{
-    tokens as tokens_within, ValidMixAsk, ValidSequenceStart, ValidSessionStep, Validate,
+    within_token_limit, ValidMixAsk, ValidSequenceStart, ValidSessionStep, Validate,
 };
 use super::{decode_status, drafting, index_status, model_status, on_pool_for_stream, pb, State};
 use crate::decoding::Sequence;
@@ -47,7 +47,7 @@ impl Session {
     }
 
     pub(super) fn append(&mut self, s: &State, tokens: &[u32]) -> Result<(), Status> {
-        tokens_within(
+        within_token_limit(
             &s.limits,
             "the session",
             self.seq.tokens().len() + tokens.len(),

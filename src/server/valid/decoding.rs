@@ -1,7 +1,7 @@
 //! The decoding requests (`Mix`, `Draft`, `Score`, `AddDocuments`, and every step of `Session` and
 //! `Batch` streams), checked: a step refused here has changed nothing.
 
-use super::{text, tokens, top_k, Invalid, Validate};
+use super::{text, top_k, within_token_limit, Invalid, Validate};
 use crate::decoding::Extras;
 use crate::draft::{DraftOptions, DraftSource};
 use crate::live::namespace::check_name;
@@ -118,7 +118,7 @@ pub(in crate::server) struct ValidMix {
 impl Validate for pb::MixRequest {
     type Valid = ValidMix;
     fn validate(self, limits: &Limits) -> Result<ValidMix, Invalid> {
-        tokens(limits, "the context", self.context.len())?;
+        within_token_limit(limits, "the context", self.context.len())?;
         if self.sequence_id.len() > MAX_SEQUENCE_ID_BYTES {
             return Err(Invalid::Argument(format!(
                 "sequence_id has {} bytes, over {MAX_SEQUENCE_ID_BYTES}",
@@ -195,7 +195,7 @@ fn extras(
     learn: bool,
     reference: Vec<u32>,
 ) -> Result<Extras, Invalid> {
-    tokens(limits, "the reference", reference.len())?;
+    within_token_limit(limits, "the reference", reference.len())?;
     if learn && namespace.is_empty() {
         return Err(Invalid::Argument("learn needs a namespace".into()));
     }
@@ -210,7 +210,7 @@ fn extras(
 impl Validate for pb::SessionStart {
     type Valid = ValidSequenceStart;
     fn validate(self, limits: &Limits) -> Result<ValidSequenceStart, Invalid> {
-        tokens(limits, "the context", self.context.len())?;
+        within_token_limit(limits, "the context", self.context.len())?;
         Ok(ValidSequenceStart {
             context: self.context,
             use_model: self.use_model,
@@ -247,7 +247,7 @@ impl Validate for pb::DraftRequest {
             }
             Some(pb::draft_request::Target::SessionId(id)) => DraftTarget::Session(id),
             Some(pb::draft_request::Target::Context(c)) => {
-                tokens(limits, "the context", c.ids.len())?;
+                within_token_limit(limits, "the context", c.ids.len())?;
                 DraftTarget::Context {
                     ids: c.ids,
                     extras: extras(limits, self.namespace, false, self.reference)?,
@@ -327,7 +327,7 @@ impl Validate for pb::ScoreRequest {
                 if d.token_ids.is_empty() {
                     return Err(Invalid::Argument(format!("document {i} is empty")));
                 }
-                tokens(limits, &format!("document {i}"), d.token_ids.len())?;
+                within_token_limit(limits, &format!("document {i}"), d.token_ids.len())?;
                 Ok(ScoredDocument {
                     tokens: d.token_ids,
                     domain: d.domain,
@@ -364,7 +364,7 @@ impl Validate for pb::AddDocumentsRequest {
         let documents = (self.documents.into_iter())
             .map(|doc| match doc.content {
                 Some(pb::live_document::Content::Tokens(t)) => {
-                    tokens(limits, "a document", t.ids.len())?;
+                    within_token_limit(limits, "a document", t.ids.len())?;
                     Ok(LiveContent::Tokens(t.ids))
                 }
                 Some(pb::live_document::Content::Text(t)) => {
@@ -396,13 +396,13 @@ impl ValidAddDocuments {
                     let ids = tokenizer
                         .encode(&text)
                         .map_err(|e| Invalid::Argument(e.to_string()))?;
-                    tokens(&self.limits, "a document", ids.len())?;
+                    within_token_limit(&self.limits, "a document", ids.len())?;
                     Ok(ids)
                 }
             })
             .collect::<Result<Vec<_>, Invalid>>()?;
         let together = docs.iter().map(Vec::len).sum();
-        tokens(&self.limits, "the request's documents together", together)?;
+        within_token_limit(&self.limits, "the request's documents together", together)?;
         Ok(docs)
     }
 }

@@ -1,7 +1,9 @@
 //! The engine's requests (`Count`, `NextTokenDistribution`, `SearchDocuments`, `Generate`, `Trace`,
 //! `Hints`), checked: a sidecar and a router take the same values.
 
-use super::{answer_size, max_support, maxnum, or_default, text, tokens, Invalid, Validate};
+use super::{
+    answer_size, max_support, maxnum, or_default, text, within_token_limit, Invalid, Validate,
+};
 use crate::index::backoff::{Backoff, Draw, Weighting};
 use crate::index::docs::{self, Cnf, SearchOptions};
 use crate::index::hints::HintOptions;
@@ -23,7 +25,7 @@ pub(in crate::server) struct ValidCount {
 impl Validate for pb::CountRequest {
     type Valid = ValidCount;
     fn validate(self, limits: &Limits) -> Result<ValidCount, Invalid> {
-        tokens(limits, "the n-gram", self.ids.len())?;
+        within_token_limit(limits, "the n-gram", self.ids.len())?;
         Ok(ValidCount {
             ids: self.ids,
             allow_partial: self.allow_partial,
@@ -42,7 +44,7 @@ pub(in crate::server) struct ValidNtd {
 impl Validate for pb::NextTokenDistributionRequest {
     type Valid = ValidNtd;
     fn validate(self, limits: &Limits) -> Result<ValidNtd, Invalid> {
-        tokens(limits, "the prompt", self.prompt.len())?;
+        within_token_limit(limits, "the prompt", self.prompt.len())?;
         Ok(ValidNtd {
             max_support: max_support(limits, self.max_support)?,
             prompt: self.prompt,
@@ -65,7 +67,7 @@ impl Validate for pb::SearchDocumentsRequest {
         let cnf: Cnf = (self.cnf.into_iter())
             .map(|c| c.ngrams.into_iter().map(|g| g.ids).collect())
             .collect();
-        tokens(limits, "the CNF", cnf.iter().flatten().map(Vec::len).sum())?;
+        within_token_limit(limits, "the CNF", cnf.iter().flatten().map(Vec::len).sum())?;
         docs::check_cnf_shape(&cnf, limits.max_cnf_clauses)?;
         let defaults = SearchOptions::default();
         let opts = SearchOptions {
@@ -104,7 +106,7 @@ pub(in crate::server) struct ValidGenerate {
 impl Validate for pb::GenerateRequest {
     type Valid = ValidGenerate;
     fn validate(self, limits: &Limits) -> Result<ValidGenerate, Invalid> {
-        tokens(limits, "the prompt", self.prompt.len())?;
+        within_token_limit(limits, "the prompt", self.prompt.len())?;
         if self.max_new_tokens > MAX_GENERATED_TOKENS {
             return Err(Invalid::Argument(format!(
                 "max_new_tokens must be at most {MAX_GENERATED_TOKENS}"
@@ -240,7 +242,7 @@ impl Validate for pb::HintsRequest {
             seed: self.seed,
         };
         let positions: usize = self.sequences.iter().map(|seq| seq.ids.len()).sum();
-        tokens(limits, "the sequences", positions)?;
+        within_token_limit(limits, "the sequences", positions)?;
         let per_token = BYTES_PER_HINT_TOKEN + if opts.exact { BYTES_PER_HINT_COUNT } else { 0 };
         let answer =
             positions.saturating_mul(opts.samples.saturating_mul(per_token) + BYTES_PER_HINT);

@@ -87,7 +87,7 @@ fn max_support(limits: &Limits, max_support: u64) -> Result<Option<u64>, Invalid
 }
 
 /// Refuses a request part longer than `max_context_tokens`.
-pub(super) fn tokens(limits: &Limits, what: &str, len: usize) -> Result<(), Invalid> {
+pub(super) fn within_token_limit(limits: &Limits, what: &str, len: usize) -> Result<(), Invalid> {
     if len > limits.max_context_tokens {
         return Err(Invalid::Argument(format!(
             "{what} has {len} tokens, more than the limit of {}",

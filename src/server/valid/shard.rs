@@ -1,6 +1,6 @@
 //! `sidecar.shard.v1`'s requests, as a shard server checks a router's calls.
 
-use super::{answer_size, max_support, maxnum, tokens, Invalid, Validate};
+use super::{answer_size, max_support, maxnum, within_token_limit, Invalid, Validate};
 use crate::index::docs::{Cnf, SearchOptions};
 use crate::live::namespace::check_name;
 use crate::live::Durability;
@@ -37,7 +37,7 @@ impl Validate for spb::CountRequest {
     type Valid = ValidShardCount;
     fn validate(self, limits: &Limits) -> Result<ValidShardCount, Invalid> {
         let ngrams: Vec<Vec<u32>> = self.ngrams.into_iter().map(|g| g.ids).collect();
-        tokens(limits, "the n-grams", ngrams.iter().map(Vec::len).sum())?;
+        within_token_limit(limits, "the n-grams", ngrams.iter().map(Vec::len).sum())?;
         Ok(ValidShardCount { ngrams })
     }
 }
@@ -61,7 +61,7 @@ pub(in crate::server) enum ValidContinuations {
 impl Validate for spb::ContinuationsRequest {
     type Valid = ValidContinuations;
     fn validate(self, limits: &Limits) -> Result<ValidContinuations, Invalid> {
-        tokens(limits, "the prompt", self.prompt.len())?;
+        within_token_limit(limits, "the prompt", self.prompt.len())?;
         let cap = max_support(limits, self.max_support)?;
         if self.depth == 0 {
             return Ok(ValidContinuations::Distribution {
@@ -96,7 +96,7 @@ pub(in crate::server) struct ValidScoreTokens {
 impl Validate for spb::ScoreTokensRequest {
     type Valid = ValidScoreTokens;
     fn validate(self, limits: &Limits) -> Result<ValidScoreTokens, Invalid> {
-        tokens(limits, "the sequence", self.ids.len())?;
+        within_token_limit(limits, "the sequence", self.ids.len())?;
         max_support(limits, self.support_samples)?;
         if self.ids.len() as u64 * self.support_samples > MAX_SUPPORT_READS {
             return Err(Invalid::Argument(format!(
@@ -126,7 +126,7 @@ impl Validate for spb::SearchRequest {
         let cnf: Cnf = (self.cnf.into_iter())
             .map(|c| c.ngrams.into_iter().map(|g| g.ids).collect())
             .collect();
-        tokens(limits, "the CNF", cnf.iter().flatten().map(Vec::len).sum())?;
+        within_token_limit(limits, "the CNF", cnf.iter().flatten().map(Vec::len).sum())?;
         let maxnum = maxnum(limits, self.maxnum as usize)?;
         answer_size(limits, maxnum, self.max_disp_len as usize)?;
         Ok(ValidShardSearch {
@@ -150,7 +150,7 @@ pub(in crate::server) struct ValidSpanLengths {
 impl Validate for spb::SpanLengthsRequest {
     type Valid = ValidSpanLengths;
     fn validate(self, limits: &Limits) -> Result<ValidSpanLengths, Invalid> {
-        tokens(limits, "the traced sequence", self.ids.len())?;
+        within_token_limit(limits, "the traced sequence", self.ids.len())?;
         Ok(ValidSpanLengths { ids: self.ids })
     }
 }
@@ -167,7 +167,7 @@ impl Validate for spb::LiveAppendRequest {
     fn validate(self, limits: &Limits) -> Result<ValidLiveAppend, Invalid> {
         check_name(&self.namespace)?;
         let together = self.pieces.iter().map(|p| p.tokens.len()).sum();
-        tokens(limits, "the pieces", together)?;
+        within_token_limit(limits, "the pieces", together)?;
         Ok(ValidLiveAppend {
             namespace: self.namespace,
             pieces: self.pieces,
@@ -191,7 +191,7 @@ impl Validate for spb::LiveContinuationsRequest {
     type Valid = ValidLiveContinuations;
     fn validate(self, limits: &Limits) -> Result<ValidLiveContinuations, Invalid> {
         check_name(&self.namespace)?;
-        tokens(limits, "the pattern", self.pattern.len())?;
+        within_token_limit(limits, "the pattern", self.pattern.len())?;
         max_support(limits, self.samples as u64)?;
         if self.depth > MAX_DRAFT_TOKENS {
             return Err(Invalid::Argument(format!(
