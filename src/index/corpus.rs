@@ -3,7 +3,7 @@
 //! through it, so the query protocol, the server's engine calls and the command line are written
 //! once. What a kind cannot answer is refused by a provided method with the reason and the kind
 //! that can ([`IndexError::Unsupported`]). A kind supplies only its shape and its matching
-//! primitives ([`IndexKind`]); every answer is written once over them.
+//! primitives (`IndexKind`); every answer is written once over them.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -28,7 +28,7 @@ pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Arc<dyn Corpus>> {
 }
 
 /// What every index kind answers, and the shape it reports: the one face of an index, implemented
-/// once for every kind ([`IndexKind`]).
+/// once for every kind (over `IndexKind`).
 pub trait Corpus: Send + Sync {
     fn dir(&self) -> &Path;
     fn width(&self) -> TokenWidth;
@@ -43,7 +43,8 @@ pub trait Corpus: Send + Sync {
     fn check_ids(&self, ids: &[u32]) -> Result<()>;
     fn count(&self, ids: &[u32]) -> Result<u64>;
     /// Rank ranges are the index's own rows (a compressed index's differ from the suffix
-    /// array's; their lengths agree).
+    /// array's; their lengths agree, but for the empty query, whose ranges in a compressed index
+    /// also hold each part's end).
     fn find(&self, ids: &[u32]) -> Result<FindResult>;
     fn prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult>;
     fn ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<NtdResult>;
@@ -51,6 +52,9 @@ pub trait Corpus: Send + Sync {
     fn infgram_ntd(&self, prompt: &[u32], max_support: Option<u64>) -> Result<InfgramNtdResult>;
     /// The dense score of every token of `ids` given all before it.
     fn score(&self, ids: &[u32]) -> Result<Vec<TokenScore>>;
+    /// Documents satisfying a CNF. A clause with more than `max_clause_freq` matches is
+    /// subsampled in the suffix array's order, which a compressed index does not keep: it refuses
+    /// such a search instead.
     fn search_docs_cnf(&self, cnf: &[Vec<Vec<u32>>], opts: SearchOptions) -> Result<SearchResult>;
     fn get_document(&self, doc_ix: u64) -> Result<Document>;
     /// The maximal spans of `ids` that occur ([`crate::index::trace`]).

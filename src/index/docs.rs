@@ -221,7 +221,7 @@ type Located = Vec<(usize, Vec<RankRange>)>;
 /// Places visited between two checks for an interrupt.
 const CHECK_EVERY: u64 = 1024;
 
-/// Documents satisfying a CNF (see [`Index::search_docs_cnf`]).
+/// Documents satisfying a CNF (see [`Corpus::search_docs_cnf`](crate::index::corpus::Corpus::search_docs_cnf)).
 pub(crate) fn search_docs_cnf<I: DocumentIndex>(
     index: &I,
     cnf: &[Vec<Vec<u32>>],

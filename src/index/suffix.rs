@@ -14,8 +14,9 @@ use crate::index::read::query::Matches;
 use crate::index::sampling;
 use crate::index::{Index, Result};
 
-/// How many occurrences a set of matches holds, and where: a rank range of its index's rows in
-/// each part.
+/// How many occurrences a set of matches holds, and the rank range of its index's rows in each
+/// part that hold them (for the empty query a compressed index's ranges also hold each part's
+/// end, which the count leaves out).
 pub trait Counted {
     fn count(&self) -> u64;
     fn rank_ranges(&self) -> &[RankRange];

@@ -60,12 +60,13 @@ pub(super) fn draft_context(
 /// index then adds them all or none.
 pub(super) fn add_documents(
     s: &State,
-    mut r: ValidAddDocuments,
+    r: ValidAddDocuments,
 ) -> Result<pb::AddDocumentsResponse, Status> {
     let live = s.live.as_ref().ok_or_else(|| {
         Status::failed_precondition("the live index is off in this sidecar's config ([live])")
     })?;
-    let docs = r.documents(s.sequence_tokenizer())?;
+    let r = r.tokenized(s.sequence_tokenizer())?;
+    let docs = r.documents;
     for doc in &docs {
         s.evidence.check_ids(doc).map_err(index_status)?;
     }

@@ -16,7 +16,7 @@ use super::engine::{generate_response, neural_info, search_response, token_probs
 use super::metrics::Metrics;
 use super::pb::sidecar_server::Sidecar;
 use super::pool::on_pool_alone;
-use super::valid::{accept, deadline_of, ValidSearch, ValidTrace, Validate};
+use super::valid::{accept, deadline_of, ValidSearch, Validate};
 use super::{
     pb, shard_pb as spb, tokenizer_status, Evidence, Neural, ResponseStream, ServeError,
     SidecarService,
@@ -30,7 +30,7 @@ use crate::cpu::CpuInfo;
 use crate::index::backoff::generate_from;
 use crate::index::docs::{self, PartialSearch};
 use crate::index::query::check_vocabulary;
-use crate::index::trace;
+use crate::index::trace::{self, TraceOptions};
 
 /// The public API of a router.
 #[derive(Clone)]
@@ -273,10 +273,9 @@ impl RouterService {
         &self,
         members: &Members,
         deadline: Option<Instant>,
-        r: ValidTrace,
+        ids: Vec<u32>,
+        opts: TraceOptions,
     ) -> Result<pb::TraceResponse, Status> {
-        let opts = r.opts;
-        let ids = r.ids(&members.tokenizer)?;
         let ask = spb::SpanLengthsRequest { ids: ids.clone() };
         let fanned = self
             .shards
@@ -490,7 +489,11 @@ impl Sidecar for RouterService {
     ) -> Result<Response<pb::TraceResponse>, Status> {
         let (deadline, r) = accept(request, &self.limits)?;
         let (m, _permit) = self.begin()?;
-        self.trace(&m, deadline, r).await.map(Response::new)
+        let opts = r.opts;
+        // A text to trace takes the tokenizer a while: not on the runtime's threads.
+        let members = Arc::clone(&m);
+        let ids = on_pool_alone(deadline, move || Ok(r.ids(&members.tokenizer)?)).await?;
+        self.trace(&m, deadline, ids, opts).await.map(Response::new)
     }
 
     async fn hints(

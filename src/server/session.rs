@@ -15,7 +15,8 @@ use tonic::{Status, Streaming};
 use super::metrics::Metrics;
 use super::mixing::{mix_rule, neural_distribution, response, top};
 use super::valid::{
-    within_token_limit, ValidMixAsk, ValidSequenceStart, ValidSessionStep, Validate,
+    within_token_limit, ValidMixAsk, ValidSequenceStart, ValidSessionRequest, ValidSessionStep,
+    Validate,
 };
 use super::{decode_status, drafting, index_status, model_status, on_pool_for_stream, pb, State};
 use crate::decoding::Sequence;
@@ -263,29 +264,24 @@ async fn step<R>(
     };
     // The state after a step that ran is described by the step, under its lock.
     let mut described = None;
-    let outcome = match (request.step, session.as_ref()) {
-        (Some(Step::Start(start)), None) => {
-            let opened = match start.validate(&state.limits) {
-                Ok(start) => open(state, start, deadline, answers).await,
-                Err(invalid) => Err(invalid.into()),
-            };
-            opened.map(|opened| {
+    let step = request.step.map(|step| step.validate(&state.limits));
+    let outcome = match (step, session.as_ref()) {
+        (Some(Err(invalid)), _) => Err(invalid.into()),
+        (Some(Ok(ValidSessionRequest::Start(start))), None) => {
+            open(state, start, deadline, answers).await.map(|opened| {
                 *session = Some(opened);
                 None
             })
         }
-        (Some(Step::Start(_)), Some(_)) => Err(Status::failed_precondition(
+        (Some(Ok(ValidSessionRequest::Start(_))), Some(_)) => Err(Status::failed_precondition(
             "the session has started already",
         )),
         (_, None) => Err(Status::failed_precondition(
             "the first message of a session must be `start`",
         )),
         (None, Some(_)) => Err(Status::invalid_argument("an empty step")),
-        (Some(step), Some(open)) => {
-            let ran = match step.validate(&state.limits) {
-                Ok(step) => run_step(state, open, step, deadline, answers).await,
-                Err(invalid) => Err(invalid.into()),
-            };
+        (Some(Ok(ValidSessionRequest::Step(step))), Some(open)) => {
+            let ran = run_step(state, open, step, deadline, answers).await;
             ran.and_then(|(answer, after)| {
                 described = Some(after);
                 answer

@@ -282,7 +282,8 @@ async fn bad_parts_are_refused_alone() {
         Code::InvalidArgument as i32
     );
     assert_eq!(again[0].state.as_ref().unwrap().length, 3);
-    // A part whose mix is refused is refused whole: its append is not applied either.
+    // A part whose mix breaks the API's limits is refused before any of it is done: its append
+    // is not applied either.
     let bad_mix = pb::SequenceStep {
         mix: Some(pb::SessionMix {
             top_k: 0,

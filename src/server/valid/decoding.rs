@@ -1,7 +1,7 @@
 //! The decoding requests (`Mix`, `Draft`, `Score`, `AddDocuments`, and every step of `Session` and
 //! `Batch` streams), checked: a step refused here has changed nothing.
 
-use super::{text, top_k, within_token_limit, Invalid, Validate};
+use super::{top_k_within, within_text_limit, within_token_limit, Invalid, Validate};
 use crate::decoding::Extras;
 use crate::draft::{DraftOptions, DraftSource};
 use crate::live::namespace::check_name;
@@ -89,7 +89,7 @@ impl ValidMixAsk {
         neural_input: Option<NeuralInput>,
     ) -> Result<Self, Invalid> {
         Ok(ValidMixAsk {
-            top_k: top_k(limits, "top_k", asked_top_k)?,
+            top_k: top_k_within(limits, "top_k", asked_top_k)?,
             lambda,
             max_match,
             neural: neural(neural_input)?,
@@ -259,6 +259,12 @@ impl Validate for pb::DraftRequest {
     }
 }
 
+/// A message of a `Session` stream: the session's start, or a step after it.
+pub(in crate::server) enum ValidSessionRequest {
+    Start(ValidSequenceStart),
+    Step(ValidSessionStep),
+}
+
 /// A step of a session after its start.
 pub(in crate::server) enum ValidSessionStep {
     Append(Vec<u32>),
@@ -269,19 +275,17 @@ pub(in crate::server) enum ValidSessionStep {
 }
 
 impl Validate for pb::session_request::Step {
-    type Valid = ValidSessionStep;
-    fn validate(self, limits: &Limits) -> Result<ValidSessionStep, Invalid> {
+    type Valid = ValidSessionRequest;
+    fn validate(self, limits: &Limits) -> Result<ValidSessionRequest, Invalid> {
         use pb::session_request::Step;
-        Ok(match self {
+        Ok(ValidSessionRequest::Step(match self {
+            Step::Start(s) => return Ok(ValidSessionRequest::Start(s.validate(limits)?)),
             // Its length with the session's is checked where the session is.
             Step::Append(a) => ValidSessionStep::Append(a.tokens),
             Step::Truncate(t) => ValidSessionStep::Truncate(t.length),
             Step::Mix(m) => ValidSessionStep::Mix(m.validate(limits)?),
             Step::Draft(o) => ValidSessionStep::Draft(o.validate(limits)?),
-            Step::Start(_) => {
-                return Err(Invalid::Argument("the session has started already".into()))
-            }
-        })
+        }))
     }
 }
 
@@ -349,12 +353,19 @@ enum LiveContent {
 }
 
 /// An `AddDocuments` call, checked but for its texts' tokens, which
-/// [`ValidAddDocuments::documents`] checks once the sequences' tokenizer has made them.
+/// [`ValidAddDocuments::tokenized`] checks once the sequences' tokenizer has made them.
 pub(in crate::server) struct ValidAddDocuments {
-    pub namespace: String,
-    pub request_id: String,
+    namespace: String,
+    request_id: String,
     documents: Vec<LiveContent>,
     limits: Limits,
+}
+
+/// An `AddDocuments` call with every document in tokens, each and all within the limits.
+pub(in crate::server) struct LiveDocuments {
+    pub namespace: String,
+    pub request_id: String,
+    pub documents: Vec<Vec<u32>>,
 }
 
 impl Validate for pb::AddDocumentsRequest {
@@ -368,7 +379,7 @@ impl Validate for pb::AddDocumentsRequest {
                     Ok(LiveContent::Tokens(t.ids))
                 }
                 Some(pb::live_document::Content::Text(t)) => {
-                    text(limits, "a document", &t)?;
+                    within_text_limit(limits, "a document", &t)?;
                     Ok(LiveContent::Text(t))
                 }
                 None => Err(Invalid::Argument("a document with no content".into())),
@@ -385,11 +396,11 @@ impl Validate for pb::AddDocumentsRequest {
 
 impl ValidAddDocuments {
     /// Every document's tokens (texts in `tokenizer`'s), within the limits each and together.
-    pub(in crate::server) fn documents(
-        &mut self,
+    pub(in crate::server) fn tokenized(
+        self,
         tokenizer: &Tokenizer,
-    ) -> Result<Vec<Vec<u32>>, Invalid> {
-        let docs = (std::mem::take(&mut self.documents).into_iter())
+    ) -> Result<LiveDocuments, Invalid> {
+        let docs = (self.documents.into_iter())
             .map(|doc| match doc {
                 LiveContent::Tokens(ids) => Ok(ids),
                 LiveContent::Text(text) => {
@@ -403,6 +414,10 @@ impl ValidAddDocuments {
             .collect::<Result<Vec<_>, Invalid>>()?;
         let together = docs.iter().map(Vec::len).sum();
         within_token_limit(&self.limits, "the request's documents together", together)?;
-        Ok(docs)
+        Ok(LiveDocuments {
+            namespace: self.namespace,
+            request_id: self.request_id,
+            documents: docs,
+        })
     }
 }

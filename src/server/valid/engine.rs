@@ -2,7 +2,8 @@
 //! `Hints`), checked: a sidecar and a router take the same values.
 
 use super::{
-    answer_size, max_support, maxnum, or_default, text, within_token_limit, Invalid, Validate,
+    answer_size, max_support_within, maxnum_within, or_default, within_text_limit,
+    within_token_limit, Invalid, Validate,
 };
 use crate::index::backoff::{Backoff, Draw, Weighting};
 use crate::index::docs::{self, Cnf, SearchOptions};
@@ -46,7 +47,7 @@ impl Validate for pb::NextTokenDistributionRequest {
     fn validate(self, limits: &Limits) -> Result<ValidNtd, Invalid> {
         within_token_limit(limits, "the prompt", self.prompt.len())?;
         Ok(ValidNtd {
-            max_support: max_support(limits, self.max_support)?,
+            max_support: max_support_within(limits, self.max_support)?,
             prompt: self.prompt,
             infinite: self.infinite,
             allow_partial: self.allow_partial,
@@ -71,7 +72,7 @@ impl Validate for pb::SearchDocumentsRequest {
         docs::check_cnf_shape(&cnf, limits.max_cnf_clauses)?;
         let defaults = SearchOptions::default();
         let opts = SearchOptions {
-            maxnum: maxnum(limits, or_default(self.maxnum as usize, defaults.maxnum))?,
+            maxnum: maxnum_within(limits, or_default(self.maxnum as usize, defaults.maxnum))?,
             max_disp_len: or_default(self.max_disp_len as usize, defaults.max_disp_len),
             max_clause_freq: or_default(self.max_clause_freq, defaults.max_clause_freq),
             max_clauses: limits.max_cnf_clauses,
@@ -165,7 +166,7 @@ impl Validate for pb::TraceRequest {
                 ))
             }
             (true, false) => {
-                text(limits, "the traced text", &self.text)?;
+                within_text_limit(limits, "the traced text", &self.text)?;
                 Traced::Text(self.text)
             }
             _ => {
@@ -176,7 +177,7 @@ impl Validate for pb::TraceRequest {
         let defaults = TraceOptions::default();
         let opts = TraceOptions {
             min_len: or_default(self.min_len as usize, defaults.min_len),
-            max_documents: maxnum(
+            max_documents: maxnum_within(
                 limits,
                 or_default(self.maxnum as usize, defaults.max_documents),
             )?,

@@ -9,7 +9,7 @@ mod shard;
 
 pub(super) use decoding::{
     DraftTarget, NeuralInput, ScoredDocument, ValidAddDocuments, ValidBatchPart, ValidMix,
-    ValidMixAsk, ValidScore, ValidSequenceStart, ValidSessionStep,
+    ValidMixAsk, ValidScore, ValidSequenceStart, ValidSessionRequest, ValidSessionStep,
 };
 pub(super) use engine::{
     ValidCount, ValidGenerate, ValidHints, ValidNtd, ValidSearch, ValidTrace, BYTES_PER_SHOWN_TOKEN,
@@ -32,10 +32,11 @@ pub(super) enum Invalid {
     /// A part the API does not allow, or one past a limit.
     #[error("{0}")]
     Argument(String),
-    /// An answer that could not be sent within the message limit.
+    /// A search's or trace's documents that could not be sent within the message limit.
     #[error("{0}")]
     AnswerTooLarge(String),
-    /// A rule of the library's own (back-off settings, a traced sequence's length).
+    /// A rule of the library's own (back-off settings, a traced sequence's length, a CNF's
+    /// shape).
     #[error(transparent)]
     Index(#[from] IndexError),
     /// A live namespace's name.
@@ -76,7 +77,7 @@ pub(super) fn deadline_of<T>(request: &Request<T>) -> Option<Instant> {
 }
 
 /// Refuses a `max_support` above the limit (0, exact, is always allowed).
-fn max_support(limits: &Limits, max_support: u64) -> Result<Option<u64>, Invalid> {
+fn max_support_within(limits: &Limits, max_support: u64) -> Result<Option<u64>, Invalid> {
     if max_support > limits.max_support {
         return Err(Invalid::Argument(format!(
             "max_support must be at most {}",
@@ -102,7 +103,7 @@ pub(super) fn within_token_limit(limits: &Limits, what: &str, len: usize) -> Res
 /// refuse the ids on their count would be the work the limit is there to stop).
 const MAX_TEXT_BYTES_PER_TOKEN: usize = 16;
 
-fn text(limits: &Limits, what: &str, text: &str) -> Result<(), Invalid> {
+fn within_text_limit(limits: &Limits, what: &str, text: &str) -> Result<(), Invalid> {
     let most = limits
         .max_context_tokens
         .saturating_mul(MAX_TEXT_BYTES_PER_TOKEN);
@@ -116,8 +117,8 @@ fn text(limits: &Limits, what: &str, text: &str) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// A `top_k` (or `maxnum`) within 1..=`max_top_k`.
-fn top_k(limits: &Limits, name: &str, top_k: u32) -> Result<usize, Invalid> {
+/// A `top_k` within 1..=`max_top_k`.
+fn top_k_within(limits: &Limits, name: &str, top_k: u32) -> Result<usize, Invalid> {
     if top_k == 0 || top_k as usize > limits.max_top_k {
         return Err(Invalid::Argument(format!(
             "{name} must be in 1..={}",
@@ -128,7 +129,7 @@ fn top_k(limits: &Limits, name: &str, top_k: u32) -> Result<usize, Invalid> {
 }
 
 /// A `maxnum` of documents: at most `max_top_k`.
-fn maxnum(limits: &Limits, maxnum: usize) -> Result<usize, Invalid> {
+fn maxnum_within(limits: &Limits, maxnum: usize) -> Result<usize, Invalid> {
     if maxnum > limits.max_top_k {
         return Err(Invalid::Argument(format!(
             "maxnum must be at most {}",
@@ -331,12 +332,15 @@ mod tests {
         assert_eq!(kind(add("docs", vec![empty]).validate(&l)), "argument");
         assert_eq!(kind(add("docs", vec![tokens(9)]).validate(&l)), "argument");
         // Each document within the limit, together past it: refused once the tokens are known.
-        let mut two = add("docs", vec![tokens(5), tokens(5)])
+        let two = add("docs", vec![tokens(5), tokens(5)])
             .validate(&l)
             .unwrap();
         let tokenizer = crate::tokenizer::Tokenizer::utf8_bytes();
-        assert_eq!(kind(two.documents(&tokenizer)), "argument");
-        let mut one = add("docs", vec![tokens(8)]).validate(&l).unwrap();
-        assert_eq!(one.documents(&tokenizer).unwrap(), vec![vec![1; 8]]);
+        assert_eq!(kind(two.tokenized(&tokenizer)), "argument");
+        let one = add("docs", vec![tokens(8)]).validate(&l).unwrap();
+        assert_eq!(
+            one.tokenized(&tokenizer).unwrap().documents,
+            vec![vec![1; 8]]
+        );
     }
 }

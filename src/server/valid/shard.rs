@@ -1,6 +1,8 @@
 //! `sidecar.shard.v1`'s requests, as a shard server checks a router's calls.
 
-use super::{answer_size, max_support, maxnum, within_token_limit, Invalid, Validate};
+use super::{
+    answer_size, max_support_within, maxnum_within, within_token_limit, Invalid, Validate,
+};
 use crate::index::docs::{Cnf, SearchOptions};
 use crate::live::namespace::check_name;
 use crate::live::Durability;
@@ -62,7 +64,7 @@ impl Validate for spb::ContinuationsRequest {
     type Valid = ValidContinuations;
     fn validate(self, limits: &Limits) -> Result<ValidContinuations, Invalid> {
         within_token_limit(limits, "the prompt", self.prompt.len())?;
-        let cap = max_support(limits, self.max_support)?;
+        let cap = max_support_within(limits, self.max_support)?;
         if self.depth == 0 {
             return Ok(ValidContinuations::Distribution {
                 count_lengths: count_lengths(&self.count_lengths)?,
@@ -97,8 +99,8 @@ impl Validate for spb::ScoreTokensRequest {
     type Valid = ValidScoreTokens;
     fn validate(self, limits: &Limits) -> Result<ValidScoreTokens, Invalid> {
         within_token_limit(limits, "the sequence", self.ids.len())?;
-        max_support(limits, self.support_samples)?;
-        if self.ids.len() as u64 * self.support_samples > MAX_SUPPORT_READS {
+        max_support_within(limits, self.support_samples)?;
+        if (self.ids.len() as u64).saturating_mul(self.support_samples) > MAX_SUPPORT_READS {
             return Err(Invalid::Argument(format!(
                 "{} positions × {} support samples is more than {MAX_SUPPORT_READS} reads",
                 self.ids.len(),
@@ -127,7 +129,7 @@ impl Validate for spb::SearchRequest {
             .map(|c| c.ngrams.into_iter().map(|g| g.ids).collect())
             .collect();
         within_token_limit(limits, "the CNF", cnf.iter().flatten().map(Vec::len).sum())?;
-        let maxnum = maxnum(limits, self.maxnum as usize)?;
+        let maxnum = maxnum_within(limits, self.maxnum as usize)?;
         answer_size(limits, maxnum, self.max_disp_len as usize)?;
         Ok(ValidShardSearch {
             cnf,
@@ -192,7 +194,7 @@ impl Validate for spb::LiveContinuationsRequest {
     fn validate(self, limits: &Limits) -> Result<ValidLiveContinuations, Invalid> {
         check_name(&self.namespace)?;
         within_token_limit(limits, "the pattern", self.pattern.len())?;
-        max_support(limits, self.samples as u64)?;
+        max_support_within(limits, self.samples as u64)?;
         if self.depth > MAX_DRAFT_TOKENS {
             return Err(Invalid::Argument(format!(
                 "depth must be at most {MAX_DRAFT_TOKENS}"
