@@ -2,7 +2,8 @@
 //! own model's KV cache), so appending a token, taking tokens back and asking for the mixed
 //! distribution cost O(new tokens) whatever the context's length. Each `Session` stream owns one
 //! session, listed by id while the stream lives so other RPCs (drafting) can reach it. What this
-//! file adds to the library's sequence is the requests' side: their checks and their answers.
+//! file adds to the library's sequence is the streams' side: their steps, as the edge checked them
+//! (`valid`), and their answers.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};

@@ -13,11 +13,11 @@
 use std::sync::Arc;
 
 use tokio::runtime::Handle;
-use tonic::Status;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::wait_on_shards;
+use super::{remote, wait_on_shards};
 use crate::cluster::fan_out::{Members, ShardSet};
+use crate::index::IndexError;
 use crate::live::{Appended, Durability, LiveError, LiveStore, Piece, Result};
 use crate::server::shard_pb as spb;
 
@@ -26,10 +26,6 @@ pub(crate) struct RemoteLive {
     shards: Arc<ShardSet>,
     /// The runtime the calls run on (the service calls from its worker threads).
     runtime: Handle,
-}
-
-fn remote(status: Status) -> LiveError {
-    LiveError::Index(super::remote(status))
 }
 
 impl RemoteLive {
@@ -42,8 +38,8 @@ impl RemoteLive {
     }
 
     /// The set now, and the shard in it that owns `namespace` (a stable hash of its name).
-    fn owner(&self, namespace: &str) -> std::result::Result<(Arc<Members>, usize), Status> {
-        let members = self.shards.members()?;
+    fn owner(&self, namespace: &str) -> std::result::Result<(Arc<Members>, usize), IndexError> {
+        let members = self.shards.members().map_err(remote)?;
         let owner = (xxh3_64(namespace.as_bytes()) % members.shards() as u64) as usize;
         Ok((members, owner))
     }
@@ -83,7 +79,7 @@ impl LiveStore for RemoteLive {
             request_id: request_id.to_string(),
             sync: durability == Durability::Synced,
         };
-        let (members, owner) = self.owner(namespace).map_err(remote)?;
+        let (members, owner) = self.owner(namespace).map_err(LiveError::Index)?;
         let answers = wait_on_shards(
             &self.runtime,
             self.shards.call_every_replica(
@@ -117,21 +113,18 @@ impl LiveStore for RemoteLive {
             samples: samples as u32,
             depth: depth as u32,
         };
-        let answer = self
-            .owner(namespace)
-            .map_err(super::remote)
-            .and_then(|(members, owner)| {
-                wait_on_shards(
-                    &self.runtime,
-                    self.shards.call_one(
-                        &members,
-                        owner,
-                        crate::interrupt::deadline(),
-                        &ask,
-                        |mut c, r| async move { c.live_continuations(r).await },
-                    ),
-                )
-            });
+        let answer = self.owner(namespace).and_then(|(members, owner)| {
+            wait_on_shards(
+                &self.runtime,
+                self.shards.call_one(
+                    &members,
+                    owner,
+                    crate::interrupt::deadline(),
+                    &ask,
+                    |mut c, r| async move { c.live_continuations(r).await },
+                ),
+            )
+        });
         match answer {
             Ok(a) => (
                 a.continuations.into_iter().map(|c| c.tokens).collect(),

@@ -153,7 +153,7 @@ enum Traced {
 pub(in crate::server) struct ValidTrace {
     traced: Traced,
     pub opts: TraceOptions,
-    max_context_tokens: usize,
+    limits: Limits,
 }
 
 impl Validate for pb::TraceRequest {
@@ -170,7 +170,7 @@ impl Validate for pb::TraceRequest {
                 Traced::Text(self.text)
             }
             _ => {
-                check_traced_len(limits.max_context_tokens, self.ids.len())?;
+                check_traced_len(limits, self.ids.len())?;
                 Traced::Ids(self.ids)
             }
         };
@@ -188,7 +188,7 @@ impl Validate for pb::TraceRequest {
         Ok(ValidTrace {
             traced,
             opts,
-            max_context_tokens: limits.max_context_tokens,
+            limits: *limits,
         })
     }
 }
@@ -202,19 +202,16 @@ impl ValidTrace {
                 let ids = tokenizer
                     .encode(&text)
                     .map_err(|e| Invalid::Argument(format!("tokenizing the text: {e}")))?;
-                check_traced_len(self.max_context_tokens, ids.len())?;
+                check_traced_len(&self.limits, ids.len())?;
                 Ok(ids)
             }
         }
     }
 }
 
-fn check_traced_len(max_context_tokens: usize, len: usize) -> Result<(), Invalid> {
-    if len > max_context_tokens {
-        return Err(Invalid::Argument(format!(
-            "the traced sequence has {len} tokens, more than the limit of {max_context_tokens}"
-        )));
-    }
+/// The traced sequence within the service's limit and the engine's.
+fn check_traced_len(limits: &Limits, len: usize) -> Result<(), Invalid> {
+    within_token_limit(limits, "the traced sequence", len)?;
     Ok(trace::check_len(len)?)
 }
 
