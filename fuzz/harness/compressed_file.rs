@@ -101,7 +101,13 @@ pub fn seeds(dir: &Path) -> Vec<(&'static str, Vec<u8>)> {
         let path = tiny::build_index(dir, name, &spec);
         let index = Index::open(&path, &Default::default()).unwrap();
         let out = dir.join(format!("{name}-compressed"));
-        CompressedIndex::build(&index, &out, 1, |_| {}).unwrap();
+        CompressedIndex::build(
+            &index,
+            &out,
+            (infini_sidecar::index::fm::DEFAULT_SAMPLE_EVERY, 1),
+            |_| {},
+        )
+        .unwrap();
         let mut bytes = std::fs::read(part_file(&out, 0)).unwrap();
         bytes.truncate(bytes.len() - 8);
         (name, bytes)

@@ -183,7 +183,7 @@ impl PartPaths {
 /// part file (`tokenized.N`, `table.N`, `offset.N`, `metadata.N`, `metaoff.N`, `nexttok.N`). `--force` replaces
 /// only folders that hold nothing else.
 pub fn is_index_file(name: &str) -> bool {
-    if name == MANIFEST_FILE || name == TOKENIZER_FILE {
+    if name == MANIFEST_FILE || name == TOKENIZER_FILE || name == crate::index::fm::SHARD_SET_FILE {
         return true;
     }
     name.split_once('.').is_some_and(|(stem, n)| {
@@ -194,6 +194,7 @@ pub fn is_index_file(name: &str) -> bool {
             "metadata",
             "metaoff",
             "nexttok",
+            "fm",
         ]
         .contains(&stem)
             && !n.is_empty()

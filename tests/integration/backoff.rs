@@ -95,7 +95,7 @@ proptest! {
         let oracle = Oracle { docs: docs.clone(), eos: 0 };
         // The compressed form answers as the suffix array does.
         let fm_dir = tempfile::tempdir().unwrap();
-        let fm = CompressedIndex::build(&index, &fm_dir.path().join("fm"), 1, |_| {}).unwrap();
+        let fm = CompressedIndex::build(&index, &fm_dir.path().join("fm"), (infini_sidecar::index::fm::DEFAULT_SAMPLE_EVERY, 1), |_| {}).unwrap();
         for spec in specs() {
             for text in &texts {
                 let got = index.backoff_score(text, &spec).unwrap();

@@ -108,21 +108,29 @@ fn compressed_minipile_answers_as_the_suffix_array_does() {
     let err = CompressedIndex::open(&out).err().unwrap().to_string();
     assert!(err.contains("checksum") && err.contains("fm.0"), "{err}");
     // So is a file whose pieces disagree though its checksum is right: the part's token count
-    // (the header's seventh word) one more than its transform holds.
+    // (the header's eighth word) one more than its transform holds.
     let mut bytes = whole.clone();
-    let n = u64::from_le_bytes(bytes[48..56].try_into().unwrap());
+    let n = u64::from_le_bytes(bytes[56..64].try_into().unwrap());
     assert_eq!(n, index.total_tokens());
-    bytes[48..56].copy_from_slice(&(n + 1).to_le_bytes());
+    bytes[56..64].copy_from_slice(&(n + 1).to_le_bytes());
     bytes.truncate(bytes.len() - 8);
     std::fs::write(&path, with_checksum(bytes)).unwrap();
     let err = CompressedIndex::open(&out).err().unwrap().to_string();
     assert!(err.contains("corrupt") && err.contains("size"), "{err}");
-    // A part file missing is a folder that is not whole.
+    // A part file missing is a folder that is not whole: a last part followed by another, or
+    // a part that is not the last with none after it.
     std::fs::write(&path, &whole).unwrap();
     std::fs::copy(&path, part_file(&out, 1)).unwrap();
     let err = CompressedIndex::open(&out).err().unwrap().to_string();
-    assert!(err.contains("number of parts"), "{err}");
+    assert!(err.contains("one is missing"), "{err}");
+    let mut not_last = whole.clone();
+    not_last[24..32].copy_from_slice(&0u64.to_le_bytes());
+    not_last.truncate(not_last.len() - 8);
+    std::fs::write(&path, with_checksum(not_last)).unwrap();
     std::fs::remove_file(part_file(&out, 1)).unwrap();
+    let err = CompressedIndex::open(&out).err().unwrap().to_string();
+    assert!(err.contains("one is missing"), "{err}");
+    std::fs::write(&path, &whole).unwrap();
     assert!(CompressedIndex::open(&out).is_ok());
     // And the command refuses to write over a folder that exists.
     let again = bin()
@@ -160,7 +168,13 @@ async fn a_sidecar_over_a_compressed_index_answers_as_over_the_suffix_array() {
     let sa_config = with_model(tmp.path());
     let sa_index = Index::open(&sa_config.index, &Default::default()).unwrap();
     let fm_dir = tmp.path().join("fm");
-    CompressedIndex::build(&sa_index, &fm_dir, 1, |_| {}).unwrap();
+    CompressedIndex::build(
+        &sa_index,
+        &fm_dir,
+        (infini_sidecar::index::fm::DEFAULT_SAMPLE_EVERY, 1),
+        |_| {},
+    )
+    .unwrap();
     let fm_config = ServeConfig {
         index: fm_dir,
         ..sa_config.clone()

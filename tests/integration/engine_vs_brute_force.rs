@@ -157,7 +157,13 @@ fn check_compressed(b: &Built, queries: &[Vec<u32>]) {
     let (index, oracle) = (&b.index, &b.oracle);
     let out = b._dir.path().join(format!("fm-{}", index.num_parts()));
     let _ = std::fs::remove_dir_all(&out);
-    let fm = CompressedIndex::build(index, &out, 1, |_| {}).unwrap();
+    let fm = CompressedIndex::build(
+        index,
+        &out,
+        (infini_sidecar::index::fm::DEFAULT_SAMPLE_EVERY, 1),
+        |_| {},
+    )
+    .unwrap();
     let fm_opened = CompressedIndex::open(&out).unwrap();
     let probe = oracle
         .docs

@@ -38,8 +38,8 @@ fn succeeds(args: &[&str]) -> String {
 }
 
 /// `index build` of `input` into `out` in SmolLM2's tokens or in bytes; with `shard`, shard K of
-/// three.
-fn build(input: &Path, out: &Path, bytes: bool, shard: Option<usize>) {
+/// three; `extra` arguments after those.
+fn build_with(input: &Path, out: &Path, bytes: bool, shard: Option<usize>, extra: &[&str]) {
     let (input, out) = (input.display().to_string(), out.display().to_string());
     let tokenizer = smollm2_gguf().display().to_string();
     let mut args = vec![
@@ -60,7 +60,28 @@ fn build(input: &Path, out: &Path, bytes: bool, shard: Option<usize>) {
     if let Some(part) = &part {
         args.extend(["--shard", part]);
     }
+    args.extend(extra);
     succeeds(&args);
+}
+
+fn build(input: &Path, out: &Path, bytes: bool, shard: Option<usize>) {
+    build_with(input, out, bytes, shard, &[]);
+}
+
+/// The files of a compressed index's folder, by name.
+fn files_of(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
+        .collect();
+    files.sort();
+    files
 }
 
 fn compress(from: &Path, to: &Path) {
@@ -231,6 +252,21 @@ fn query_answers_over_every_kind_of_index() {
         let fm = tmp.path().join(format!("{name}-fm"));
         build(&input, &sa, bytes, None);
         compress(&sa, &fm);
+        // Built both ways, the compressed index is the same, file for file: straight from the
+        // text (`index build --compressed`, the same parts as the suffix array's) and from the
+        // suffix-array index (`index compress`).
+        let direct = tmp.path().join(format!("{name}-fm-direct"));
+        build_with(
+            &input,
+            &direct,
+            bytes,
+            None,
+            &["--compressed", "--threads", "1"],
+        );
+        assert!(
+            files_of(&direct) == files_of(&fm),
+            "{name}: the two builds differ"
+        );
         let doc = a_document(tmp.path(), &sa, 140);
         let other = a_document(tmp.path(), &sa, 60 + doc.len()).split_off(60);
         let at = a_rare_gram(tmp.path(), &sa, &doc);

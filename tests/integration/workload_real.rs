@@ -133,7 +133,13 @@ fn a_replayed_workload_learns_per_namespace_and_stays_exact() {
     assert!(warm_live(&simulate(0.4)).speedup < warm.speedup);
 
     // Over the compressed form of the same index: the same outputs, still plain decoding's.
-    let fm = CompressedIndex::build(&index, &dir.path().join("fm"), 2, |_| {}).unwrap();
+    let fm = CompressedIndex::build(
+        &index,
+        &dir.path().join("fm"),
+        (infini_sidecar::index::fm::DEFAULT_SAMPLE_EVERY, 2),
+        |_| {},
+    )
+    .unwrap();
     let over_fm = workload::run(&model, Arc::new(fm), &requests, &draft).unwrap();
     assert!(over_fm.summary.iter().all(|s| s.mismatches == 0));
     assert_eq!(over_fm.replay, report.replay);

@@ -25,6 +25,7 @@ use serde::Serialize;
 use crate::corpus::{Content, InputDoc};
 use crate::index::build::decontam::Decontaminator;
 use crate::index::build::sa::{write_table, TokenBuf, MAX_PART_TOKENS};
+use crate::index::fm::{self, PartText, PartWriter};
 use crate::index::format::{
     is_index_file, ptr_size_for, DecontaminationRecord, FileRecord, Manifest, PartPaths,
     PartRecord, TokenWidth, TokenizerRecord, FIRST_FORMAT_VERSION, FORMAT_NAME, FORMAT_VERSION,
@@ -59,6 +60,9 @@ pub struct BuildOptions<'a> {
     pub next_table: Option<NextTableSpec>,
     /// Recorded in the manifest when this build is one shard of a set (`cluster::split`).
     pub shard_set: Option<ShardSetRecord>,
+    /// Build a compressed index (an FM-index per part, `index::fm`) with every this-many-th
+    /// position sampled, instead of a suffix-array index: no suffix array is kept or written.
+    pub compressed: Option<u64>,
 }
 
 impl<'a> BuildOptions<'a> {
@@ -78,6 +82,7 @@ impl<'a> BuildOptions<'a> {
             decontaminate: None,
             next_table: Some(NextTableSpec::default()),
             shard_set: None,
+            compressed: None,
         }
     }
 }
@@ -102,9 +107,14 @@ pub struct BuildReport {
     pub decontamination: Option<DecontaminationRecord>,
 }
 
-/// Bytes per token while a part's suffix array is built: its tokens plus the 32-bit array.
-fn build_bytes_per_token(width: TokenWidth) -> u64 {
-    width.bytes() as u64 + 4
+/// Bytes per token while a part is sorted: its tokens plus the 32-bit suffix array (for a
+/// compressed part, the suffix sorter's work array; 4-byte tokens take their suffix array and
+/// two more copies, for want of a sorter that gives their transform).
+fn build_bytes_per_token(width: TokenWidth, compressed: bool) -> u64 {
+    match (width, compressed) {
+        (TokenWidth::U32, true) => 16,
+        _ => width.bytes() as u64 + 4,
+    }
 }
 
 /// Memory kept aside from the budget for batches, buffers and the program itself.
@@ -122,7 +132,8 @@ pub fn part_token_limit(opts: &BuildOptions) -> Result<u64> {
         )));
     }
     let usable = opts.memory_budget.saturating_sub(RESERVED_BYTES);
-    let limit = (usable / build_bytes_per_token(opts.width)).min(MAX_PART_TOKENS);
+    let limit = (usable / build_bytes_per_token(opts.width, opts.compressed.is_some()))
+        .min(MAX_PART_TOKENS);
     if limit < 2 {
         return Err(IndexError::Invalid(format!(
             "a memory budget of {} MiB leaves no room for a part (at least {} MiB needed)",
@@ -231,6 +242,47 @@ impl PartBuilder {
     }
 }
 
+impl PartBuilder {
+    /// Builds and writes the part as a compressed index's (`last` when no part follows).
+    fn finish_compressed(self, writer: &mut PartWriter, last: bool) -> Result<PartRecord> {
+        let w = writer.width().bytes() as u64;
+        let documents = self.offsets.len() as u64;
+        let tokens = self.tokens.len() as u64;
+        let metadata = self.has_metadata.then(|| {
+            let ends = self
+                .metaoffs
+                .iter()
+                .skip(1)
+                .copied()
+                .chain([self.metadata.len() as u64]);
+            // Each line without its newline.
+            self.metaoffs
+                .iter()
+                .zip(ends)
+                .map(|(&from, to)| {
+                    String::from_utf8_lossy(&self.metadata[from as usize..to as usize - 1])
+                        .into_owned()
+                })
+                .collect()
+        });
+        let text = PartText {
+            tokens: self.tokens,
+            doc_starts: self.offsets.iter().map(|o| o / w).collect(),
+            metadata,
+        };
+        let n = writer.written();
+        let bar = progress::spinner(format!("part {n}: transform of {tokens} tokens"));
+        writer.write(text, last)?;
+        bar.finish_and_clear();
+        tracing::info!(part = n, documents, tokens, "compressed part written");
+        Ok(PartRecord {
+            documents,
+            tokens,
+            files: vec![FileRecord::of(&fm::part_file(writer.dir(), n))?],
+        })
+    }
+}
+
 fn write_with(
     path: &Path,
     body: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>,
@@ -321,8 +373,8 @@ fn check_out(out: &Path, force: bool) -> Result<()> {
     }
     if !contents.empty && !contents.marked {
         return Err(IndexError::Invalid(format!(
-            "{} holds index-like files but neither {MANIFEST_FILE} nor tokenized.0: not an index, \
-             so --force leaves it alone",
+            "{} holds index-like files but neither {MANIFEST_FILE}, tokenized.0 nor fm.0: not an \
+             index, so --force leaves it alone",
             out.display()
         )));
     }
@@ -356,7 +408,7 @@ impl Contents {
                 contents.foreign = Some(name);
                 break;
             }
-            contents.marked |= name == MANIFEST_FILE || name == "tokenized.0";
+            contents.marked |= [MANIFEST_FILE, "tokenized.0", "fm.0"].contains(&name.as_str());
         }
         Ok(contents)
     }
@@ -465,6 +517,16 @@ fn build_into(
     let mut seconds_next_table = 0.0;
     let mut docs = docs.peekable();
     let mut decontamination = opts.decontaminate.map(Decontaminator::record);
+    let vocabulary = (width, opts.eos_token_id, opts.vocab_size);
+    let threads = opts.threads.clamp(1, u16::MAX as usize) as u16;
+    let mut compressed = opts
+        .compressed
+        .map(|rate| PartWriter::new(dir, vocabulary, rate, threads));
+    // Writes a full part, with the seconds its next-token table took.
+    let mut finish = |part: PartBuilder, n: usize, last: bool| match compressed.as_mut() {
+        Some(writer) => Ok((part.finish_compressed(writer, last)?, 0.0)),
+        None => part.finish(dir, n, opts),
+    };
 
     while docs.peek().is_some() {
         if crate::interrupt::interrupted() {
@@ -506,7 +568,7 @@ fn build_into(
             if current.tokens.len() as u64 + needed > limit {
                 let t = Instant::now();
                 let full = std::mem::replace(&mut current, PartBuilder::new(width));
-                let (record, seconds) = bar.suspend(|| full.finish(dir, parts.len(), opts))?;
+                let (record, seconds) = bar.suspend(|| finish(full, parts.len(), false))?;
                 parts.push(record);
                 seconds_sa += t.elapsed().as_secs_f64() - seconds;
                 seconds_next_table += seconds;
@@ -522,7 +584,7 @@ fn build_into(
     let seconds_tokenize = started.elapsed().as_secs_f64() - seconds_sa - seconds_next_table;
     if !current.tokens.is_empty() {
         let t = Instant::now();
-        let (record, seconds) = current.finish(dir, parts.len(), opts)?;
+        let (record, seconds) = finish(current, parts.len(), true)?;
         parts.push(record);
         seconds_sa += t.elapsed().as_secs_f64() - seconds;
         seconds_next_table += seconds;
@@ -545,26 +607,32 @@ fn build_into(
     let documents: u64 = parts.iter().map(|s| s.documents).sum();
     let tokens: u64 = parts.iter().map(|s| s.tokens).sum::<u64>() - documents;
     let bytes_on_disk: u64 = parts.iter().flat_map(|s| &s.files).map(|f| f.bytes).sum();
-    let manifest = Manifest {
-        format: FORMAT_NAME.into(),
-        format_version: if opts.next_table.is_some() {
-            FORMAT_VERSION
-        } else {
-            FIRST_FORMAT_VERSION
-        },
-        token_width: width,
-        eos_token_id: opts.eos_token_id,
-        vocab_size: opts.vocab_size,
-        tokenizer,
-        documents,
-        tokens,
-        parts,
-        built_by: concat!("infini-sidecar ", env!("CARGO_PKG_VERSION")).into(),
-        decontamination: decontamination.clone(),
-        next_token_table: opts.next_table,
-        shard_set: opts.shard_set.clone(),
-    };
-    manifest.write(dir)?;
+    let part_count = parts.len();
+    // A compressed index keeps no manifest: its parts record their own shape and checksums.
+    match (opts.compressed, &opts.shard_set) {
+        (Some(_), Some(record)) => fm::write_shard_set(dir, record)?,
+        (Some(_), None) => {}
+        (None, _) => Manifest {
+            format: FORMAT_NAME.into(),
+            format_version: if opts.next_table.is_some() {
+                FORMAT_VERSION
+            } else {
+                FIRST_FORMAT_VERSION
+            },
+            token_width: width,
+            eos_token_id: opts.eos_token_id,
+            vocab_size: opts.vocab_size,
+            tokenizer,
+            documents,
+            tokens,
+            parts,
+            built_by: concat!("infini-sidecar ", env!("CARGO_PKG_VERSION")).into(),
+            decontamination: decontamination.clone(),
+            next_token_table: opts.next_table,
+            shard_set: opts.shard_set.clone(),
+        }
+        .write(dir)?,
+    }
     let peak = progress::peak_rss_bytes();
     let per_token = |b: u64| {
         if tokens == 0 {
@@ -575,7 +643,7 @@ fn build_into(
     };
     Ok(BuildReport {
         out: dir.display().to_string(),
-        parts: manifest.parts.len(),
+        parts: part_count,
         documents,
         tokens,
         bytes_on_disk,

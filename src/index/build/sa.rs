@@ -43,6 +43,24 @@ impl TokenBuf {
     }
 
     /// Appends tokens; the caller has checked that they fit the width.
+    /// Token `i`.
+    pub fn get(&self, i: usize) -> u32 {
+        match self {
+            TokenBuf::U8(v) => v[i] as u32,
+            TokenBuf::U16(v) => v[i] as u32,
+            TokenBuf::U32(v) => v[i],
+        }
+    }
+
+    /// The tokens in reverse order, in place.
+    pub fn reverse(&mut self) {
+        match self {
+            TokenBuf::U8(v) => v.reverse(),
+            TokenBuf::U16(v) => v.reverse(),
+            TokenBuf::U32(v) => v.reverse(),
+        }
+    }
+
     pub fn extend(&mut self, tokens: &[u32]) {
         match self {
             TokenBuf::U8(v) => v.extend(tokens.iter().map(|&t| t as u8)),

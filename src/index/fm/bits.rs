@@ -4,77 +4,105 @@
 //! Burrows-Wheeler transform are such blocks: the transform groups equal symbols, and this is
 //! what brings the index below the text's size (Raman, Raman and Rao 2002; decoding on the fly as
 //! Navarro and Providel 2012 do, with no tables per block).
+//!
+//! What a rank reads: one 64-byte line holding the classes of 56 blocks with the ones and the
+//! stream offset before them, then the block's offset bits. A block of more than 32 ones is
+//! coded by its zeros, and a block is decoded from its highest marked bit down only until the
+//! bit asked about, so a decode takes at most 32 steps and usually far fewer.
 
 use crate::index::fm::file::{WordReader, Words};
 use crate::index::Result;
 
 const BLOCK: u64 = 64;
-/// Blocks per sampled rank and stream offset: one pair per 4,096 bits keeps them near 3% of the
-/// raw bits, for at most 63 class reads a rank.
-const BLOCKS_PER_SAMPLE: usize = 64;
+/// Blocks a line describes: their 56 class bytes and two u32 (the ones and the stream offset
+/// before them) fill one cache line.
+const LINE_BLOCKS: usize = 56;
+/// Longest bit vector: its ranks and stream offsets must fit the lines' u32 (an FM part holds
+/// fewer than 2^31 symbols).
+const MAX_LEN: u64 = u32::MAX as u64;
 
-/// `binomial(n, k)` for n, k ≤ 64; every value fits a u64 (the largest, C(64, 32), is below 2^61).
-const fn binomials() -> [[u64; 65]; 65] {
-    let mut c = [[0u64; 65]; 65];
+/// Blocks of `n` bits with `k ≤ 32` marked: `CHOOSE[k][n] = C(n, k)`, read along `n` as a decode
+/// does (every value fits a u64; the table fits the first-level cache).
+const fn choose() -> [[u64; 65]; 33] {
+    let mut c = [[0u64; 65]; 33];
     let mut n = 0;
     while n <= 64 {
-        c[n][0] = 1;
+        c[0][n] = 1;
         let mut k = 1;
-        while k <= n {
-            c[n][k] = c[n - 1][k - 1] + if k < n { c[n - 1][k] } else { 0 };
+        while k <= 32 && k <= n {
+            c[k][n] = c[k - 1][n - 1] + c[k][n - 1];
             k += 1;
         }
         n += 1;
     }
     c
 }
-static BINOMIAL: [[u64; 65]; 65] = binomials();
+static CHOOSE: [[u64; 65]; 33] = choose();
 
-/// Bits of the offset of a block with `k` ones: enough for `C(64, k)` values.
-const fn offset_widths() -> [u8; 65] {
-    let binomial = binomials();
-    let mut w = [0u8; 65];
+/// Per class `k`: the bits of a block's offset (enough for `C(64, k)` values) shifted left by 16,
+/// plus `k`, so one sum over a line's classes gives both the ones and the offset bits before a
+/// block.
+const fn class_steps() -> [u32; 65] {
+    let c = choose();
+    let mut steps = [0u32; 65];
     let mut k = 0;
     while k <= 64 {
-        let count = binomial[64][k];
-        w[k] = if count <= 1 {
+        let marked = if k <= 32 { k } else { 64 - k };
+        let count = c[marked][64];
+        let width = if count <= 1 {
             0
         } else {
-            (64 - (count - 1).leading_zeros()) as u8
+            64 - (count - 1).leading_zeros()
         };
+        steps[k] = (width << 16) | k as u32;
         k += 1;
     }
-    w
+    steps
 }
-const OFFSET_WIDTH: [u8; 65] = offset_widths();
+static CLASS_STEPS: [u32; 65] = class_steps();
 
-/// The index of `block` among the 64-bit values with as many ones (combinatorial number system:
-/// the sum of C(p, j) over its j-th lowest one at position p).
+fn offset_width(class: u8) -> u8 {
+    (CLASS_STEPS[class as usize] >> 16) as u8
+}
+
+/// The index of `block` among the 64-bit values with as many ones, coded by its ones or, past 32
+/// ones, its zeros (combinatorial number system: the sum of C(p, j) over its j-th lowest marked
+/// bit at position p).
 fn encode(block: u64) -> u64 {
-    let (mut rest, mut offset, mut j) = (block, 0u64, 1usize);
+    let mut rest = if block.count_ones() > 32 {
+        !block
+    } else {
+        block
+    };
+    let (mut offset, mut j) = (0u64, 1usize);
     while rest != 0 {
         let p = rest.trailing_zeros() as usize;
-        offset += BINOMIAL[p][j];
+        offset += CHOOSE[j][p];
         rest &= rest - 1;
         j += 1;
     }
     offset
 }
 
-/// The block of `k` ones whose index is `offset` (the inverse of [`encode`]).
-fn decode(mut offset: u64, k: usize) -> u64 {
-    let (mut block, mut j, mut p) = (0u64, k, 64usize);
+/// Of the `marked ≤ 32` bits coded by `offset`: how many lie below bit `r`, and whether bit `r`
+/// is one of them. Marked bits are found from the highest down, so the decode stops at `r`.
+fn marked_below(mut offset: u64, marked: usize, r: usize) -> (u64, bool) {
+    let (mut j, mut p) = (marked, 64usize);
     while j > 0 {
-        // The highest remaining one is the largest p with C(p, j) ≤ offset.
+        // The highest remaining marked bit is the largest p with C(p, j) ≤ offset (C(p, j) is
+        // 0 for p < j, so p stops there at the latest).
+        let row = &CHOOSE[j];
         p -= 1;
-        while BINOMIAL[p][j] > offset {
+        while row[p] > offset {
             p -= 1;
         }
-        block |= 1 << p;
-        offset -= BINOMIAL[p][j];
+        if p <= r {
+            return ((j - usize::from(p == r)) as u64, p == r);
+        }
+        offset -= row[p];
         j -= 1;
     }
-    block
+    (0, false)
 }
 
 /// Reads `width` ≤ 64 bits at bit `at` of `words`.
@@ -94,60 +122,62 @@ fn read_bits(words: &[u64], at: u64, width: u8) -> u64 {
     }
 }
 
-/// Immutable bits with `rank1` and `get`, in about `n·H0` bits per block plus 1/8 for classes.
+/// The classes of `LINE_BLOCKS` blocks and what comes before them, in one cache line.
+#[repr(C, align(64))]
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Line {
+    /// Ones before the line's first block.
+    rank: u32,
+    /// Bit position in the offsets of the line's first block.
+    at: u32,
+    classes: [u8; LINE_BLOCKS],
+}
+
+/// The lines over `classes`: `None` when the ones or offset bits outgrow a line's u32.
+fn lines_of(classes: &[u8]) -> Option<(Vec<Line>, u64, u64)> {
+    let mut lines = Vec::with_capacity(classes.len().div_ceil(LINE_BLOCKS));
+    let (mut ones, mut bits) = (0u64, 0u64);
+    for chunk in classes.chunks(LINE_BLOCKS) {
+        let mut line = Line {
+            rank: u32::try_from(ones).ok()?,
+            at: u32::try_from(bits).ok()?,
+            classes: [0; LINE_BLOCKS],
+        };
+        line.classes[..chunk.len()].copy_from_slice(chunk);
+        for &k in chunk {
+            ones += u64::from(k);
+            bits += u64::from(offset_width(k.min(64)));
+        }
+        lines.push(line);
+    }
+    Some((lines, ones, bits))
+}
+
+/// Immutable bits with `rank1` and `get`, in about `n·H0` bits per block plus 1/7 for classes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompressedBits {
     len: u64,
     ones: u64,
-    classes: Vec<u8>,
+    lines: Vec<Line>,
     offsets: Vec<u64>,
-    /// Ones before each sample's first block.
-    sample_ranks: Vec<u64>,
-    /// Bit position in `offsets` of each sample's first block.
-    sample_at: Vec<u64>,
-}
-
-/// Appends bits one at a time, then compresses them.
-#[derive(Default)]
-pub struct BitsBuilder {
-    words: Vec<u64>,
-    len: u64,
-}
-
-impl BitsBuilder {
-    pub fn push(&mut self, bit: bool) {
-        if self.len.is_multiple_of(BLOCK) {
-            self.words.push(0);
-        }
-        if bit {
-            if let Some(last) = self.words.last_mut() {
-                *last |= 1 << (self.len % BLOCK);
-            }
-        }
-        self.len += 1;
-    }
-
-    pub fn finish(self) -> CompressedBits {
-        CompressedBits::new(&self.words, self.len)
-    }
 }
 
 impl CompressedBits {
-    /// Compresses the first `len` bits of `words` (bit i is bit i % 64 of word i / 64).
+    /// Compresses the first `len ≤ 2^32 - 1` bits of `words` (bit i is bit i % 64 of word
+    /// i / 64).
     pub fn new(words: &[u64], len: u64) -> Self {
+        debug_assert!(
+            len <= MAX_LEN,
+            "{len} bits: more than a line's u32 can count"
+        );
         let blocks = len.div_ceil(BLOCK) as usize;
         let mut classes = Vec::with_capacity(blocks);
         let mut offsets = Vec::new();
-        let (mut sample_ranks, mut sample_at) = (Vec::new(), Vec::new());
-        let (mut ones, mut at) = (0u64, 0u64);
-        for (b, &word) in words.iter().take(blocks).enumerate() {
-            if b % BLOCKS_PER_SAMPLE == 0 {
-                sample_ranks.push(ones);
-                sample_at.push(at);
-            }
-            let k = word.count_ones();
-            classes.push(k as u8);
-            let width = OFFSET_WIDTH[k as usize];
+        let mut at = 0u64;
+        for &word in words.iter().take(blocks) {
+            let k = word.count_ones() as u8;
+            classes.push(k);
+            let width = offset_width(k);
             if width > 0 {
                 let offset = encode(word);
                 let (w, shift) = ((at / 64) as usize, at % 64);
@@ -159,17 +189,15 @@ impl CompressedBits {
                     offsets[w + 1] |= offset >> (64 - shift);
                 }
             }
-            ones += k as u64;
             at += width as u64;
         }
         offsets.resize(at.div_ceil(64) as usize + 1, 0);
+        let (lines, ones, _) = lines_of(&classes).unwrap_or_default();
         CompressedBits {
             len,
             ones,
-            classes,
+            lines,
             offsets,
-            sample_ranks,
-            sample_at,
         }
     }
 
@@ -181,58 +209,67 @@ impl CompressedBits {
         self.len == 0
     }
 
-    /// The 64 bits of block `b`, with the ones before it.
-    fn block(&self, b: usize) -> (u64, u64) {
-        let sample = b / BLOCKS_PER_SAMPLE;
-        let (mut ones, mut at) = (self.sample_ranks[sample], self.sample_at[sample]);
-        for &k in &self.classes[sample * BLOCKS_PER_SAMPLE..b] {
-            ones += k as u64;
-            at += OFFSET_WIDTH[k as usize] as u64;
-        }
-        let k = self.classes[b] as usize;
-        let bits = match k {
-            0 => 0,
-            64 => u64::MAX,
-            _ => decode(read_bits(&self.offsets, at, OFFSET_WIDTH[k]), k),
-        };
-        (bits, ones)
+    /// Block `b`'s line, class, the ones before it and its offset's bit position.
+    fn locate(&self, b: usize) -> (u8, u64, u64) {
+        let line = &self.lines[b / LINE_BLOCKS];
+        let within = b % LINE_BLOCKS;
+        let before: u32 = line.classes[..within]
+            .iter()
+            .map(|&k| CLASS_STEPS[k as usize])
+            .sum();
+        (
+            line.classes[within],
+            line.rank as u64 + (before & 0xFFFF) as u64,
+            line.at as u64 + (before >> 16) as u64,
+        )
     }
 
-    /// Ones in `[0, i)` and the bit at `i` (false past the end), from one block decode.
+    /// Ones in `[0, i)` and the bit at `i` (false past the end), from a partial block decode.
     pub fn rank1_and_get(&self, i: u64) -> (u64, bool) {
-        let b = (i / BLOCK) as usize;
-        if b >= self.classes.len() {
+        let b = i / BLOCK;
+        if b >= self.len.div_ceil(BLOCK) {
             return (self.ones, false);
         }
-        let (bits, ones) = self.block(b);
-        let r = i % BLOCK;
-        let below = bits & ((1u64 << r) - 1);
-        (ones + below.count_ones() as u64, bits >> r & 1 == 1)
+        let (k, ones, at) = self.locate(b as usize);
+        let r = (i % BLOCK) as usize;
+        let read = || read_bits(&self.offsets, at, offset_width(k));
+        let (below, bit) = match k {
+            0 => (0, false),
+            64 => (r as u64, true),
+            1..=32 => marked_below(read(), k as usize, r),
+            _ => {
+                let (zeros, zero) = marked_below(read(), 64 - k as usize, r);
+                (r as u64 - zeros, !zero)
+            }
+        };
+        (ones + below, bit)
     }
 
     /// Ones in `[0, i)`, `i ≤ len` (no block is decoded at a block's start).
     pub fn rank1(&self, i: u64) -> u64 {
-        let b = (i / BLOCK) as usize;
-        if !i.is_multiple_of(BLOCK) || b >= self.classes.len() {
+        let b = i / BLOCK;
+        if !i.is_multiple_of(BLOCK) || b >= self.len.div_ceil(BLOCK) {
             return self.rank1_and_get(i).0;
         }
-        let sample = b / BLOCKS_PER_SAMPLE;
-        self.sample_ranks[sample]
-            + self.classes[sample * BLOCKS_PER_SAMPLE..b]
-                .iter()
-                .map(|&k| k as u64)
-                .sum::<u64>()
+        self.locate(b as usize).1
     }
 
-    /// Bytes these bits occupy in memory (their file leaves the rank samples out).
+    /// Bytes these bits occupy in memory (their file keeps the classes, not the lines).
     pub fn size_bytes(&self) -> u64 {
-        (self.classes.len() + 8 * (2 + self.offsets.len() + 2 * self.sample_ranks.len())) as u64
+        (std::mem::size_of::<Line>() * self.lines.len() + 8 * (2 + self.offsets.len())) as u64
     }
 
     pub fn write(&self, out: &mut Words) {
         out.u64(self.len);
         out.u64(self.ones);
-        out.bytes(&self.classes);
+        let blocks = self.len.div_ceil(BLOCK) as usize;
+        let classes: Vec<u8> = self
+            .lines
+            .iter()
+            .flat_map(|line| line.classes)
+            .take(blocks)
+            .collect();
+        out.bytes(&classes);
         out.u64s(&self.offsets);
     }
 
@@ -243,32 +280,23 @@ impl CompressedBits {
         let ones = input.u64()?;
         let classes = input.bytes()?;
         let offsets = input.u64s()?;
-        // The samples are computed from the classes, not stored: a block's rank can then never
+        // The lines are computed from the classes, not stored: a block's rank can then never
         // read past the offsets, whatever the file held.
-        let (mut ranks, mut at) = (Vec::new(), Vec::new());
-        let (mut ones_seen, mut bits) = (0u64, 0u64);
-        for (b, &k) in classes.iter().enumerate() {
-            if b % BLOCKS_PER_SAMPLE == 0 {
-                ranks.push(ones_seen);
-                at.push(bits);
-            }
-            ones_seen += k as u64;
-            bits += OFFSET_WIDTH[(k as usize).min(64)] as u64;
-        }
-        let consistent = classes.len() as u64 == len.div_ceil(BLOCK)
+        let lines = lines_of(&classes);
+        let consistent = len <= MAX_LEN
+            && classes.len() as u64 == len.div_ceil(BLOCK)
             && classes.iter().all(|&k| k <= 64)
-            && ones_seen == ones
-            && offsets.len() as u64 == bits.div_ceil(64) + 1;
-        if !consistent {
+            && lines.as_ref().is_some_and(|&(_, counted, bits)| {
+                counted == ones && offsets.len() as u64 == bits.div_ceil(64) + 1
+            });
+        let (Some((lines, _, _)), true) = (lines, consistent) else {
             return input.corrupt("a compressed bit vector's parts disagree");
-        }
+        };
         Ok(CompressedBits {
             len,
             ones,
-            classes,
+            lines,
             offsets,
-            sample_ranks: ranks,
-            sample_at: at,
         })
     }
 }
@@ -279,33 +307,56 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn every_block_of_a_class_round_trips() {
-        for block in [
+    fn blocks_of_every_class_answer_every_bit() {
+        let mut blocks = vec![
             0u64,
             1,
             u64::MAX,
             1 << 63,
             0xF0F0_0000_1234_8001,
             u64::MAX - 1,
-        ] {
+        ];
+        // One block of each class, its ones spread.
+        blocks.extend((1..64).map(|k| (0..k).fold(0u64, |b, j| b | 1 << (j * 61 % 64))));
+        for block in blocks {
             let k = block.count_ones() as usize;
             let offset = encode(block);
-            assert!(offset < BINOMIAL[64][k], "{block:x}");
-            assert_eq!(decode(offset, k), block, "{block:x}");
+            let marked = k.min(64 - k);
+            assert!(offset < CHOOSE[marked][64].max(1), "{block:x}");
+            for r in 0..64 {
+                let (below, bit) = match k {
+                    0 => (0, false),
+                    64 => (r as u64, true),
+                    1..=32 => marked_below(offset, k, r),
+                    _ => {
+                        let (zeros, zero) = marked_below(offset, 64 - k, r);
+                        (r as u64 - zeros, !zero)
+                    }
+                };
+                let low = block & ((1u64 << r) - 1);
+                assert_eq!(
+                    (below, bit),
+                    (low.count_ones() as u64, block >> r & 1 == 1),
+                    "{block:x} at {r}"
+                );
+            }
         }
     }
 
     proptest! {
         #[test]
         fn rank_and_get_agree_with_counting(
-            bits in proptest::collection::vec(proptest::bool::weighted(0.15), 0..9000),
+            density in 0.0f64..1.0,
+            bits in proptest::collection::vec(0u32..1000, 0..9000),
         ) {
-            let mut builder = BitsBuilder::default();
-            bits.iter().for_each(|&b| builder.push(b));
-            let packed = builder.finish();
+            let bits: Vec<bool> = bits.iter().map(|&x| (x as f64) < density * 1000.0).collect();
+            let mut words = vec![0u64; bits.len().div_ceil(64)];
+            (0..bits.len()).filter(|&i| bits[i]).for_each(|i| words[i / 64] |= 1 << (i % 64));
+            let packed = CompressedBits::new(&words, bits.len() as u64);
             let mut ones = 0u64;
             for (i, &bit) in bits.iter().enumerate() {
                 prop_assert_eq!(packed.rank1_and_get(i as u64), (ones, bit));
+                prop_assert_eq!(packed.rank1(i as u64), ones);
                 ones += bit as u64;
             }
             prop_assert_eq!(packed.rank1(bits.len() as u64), ones);

@@ -21,15 +21,16 @@ use std::path::{Path, PathBuf};
 
 use xxhash_rust::xxh3::Xxh3;
 
+use crate::index::build::sa::TokenBuf;
 use crate::index::docs::{DocumentIndex, DocumentPart};
 use crate::index::format::{ShardSetRecord, TokenWidth, TOKENIZER_FILE};
 use crate::index::query::check_vocabulary;
 use crate::index::ranks::RankRange;
 use crate::index::{Index, IndexError, Result};
 use crate::tokenizer::Tokenizer;
-
 use file::{recorded_checksum, WordReader, Words, MAGIC};
-use part::{FmPart, PartText};
+use part::FmPart;
+pub use part::{PartText, DEFAULT_SAMPLE_EVERY, SAMPLE_EVERY_RANGE};
 
 /// The file of compressed part `n`.
 pub fn part_file(dir: &Path, n: usize) -> PathBuf {
@@ -38,14 +39,16 @@ pub fn part_file(dir: &Path, n: usize) -> PathBuf {
 
 /// The shard-set record of a compressed index compressed from one shard of a set (as the suffix
 /// array's manifest holds it), so a shard server can serve it to its routers.
-const SHARD_SET_FILE: &str = "shard-set.json";
+pub const SHARD_SET_FILE: &str = "shard-set.json";
 
 /// Whether `dir` holds a compressed index.
 pub fn is_compressed(dir: &Path) -> bool {
     part_file(dir, 0).exists()
 }
 
-const FORMAT_VERSION: u64 = 1;
+/// 2: lines of classes in the bit vectors, blocks past 32 ones coded by their zeros, the
+/// sampling rate and window rows in each part, the part's number and whether it is the last.
+const FORMAT_VERSION: u64 = 2;
 
 pub struct CompressedIndex {
     dir: PathBuf,
@@ -59,13 +62,86 @@ pub struct CompressedIndex {
     pub(crate) content_id: String,
 }
 
+/// Writes a compressed index's parts into a folder as they are built, one at a time, so a build
+/// holds one part in memory. Each file records its number and whether it is the last, so a folder
+/// missing a part does not open as a smaller index.
+pub struct PartWriter<'a> {
+    dir: &'a Path,
+    width: TokenWidth,
+    eos_token_id: u32,
+    vocab_size: u64,
+    sample_every: u64,
+    threads: u16,
+    written: usize,
+}
+
+impl<'a> PartWriter<'a> {
+    pub fn new(
+        dir: &'a Path,
+        (width, eos_token_id, vocab_size): (TokenWidth, u32, u64),
+        sample_every: u64,
+        threads: u16,
+    ) -> Self {
+        PartWriter {
+            dir,
+            width,
+            eos_token_id,
+            vocab_size,
+            sample_every,
+            threads,
+            written: 0,
+        }
+    }
+
+    pub fn width(&self) -> TokenWidth {
+        self.width
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir
+    }
+
+    /// Parts written so far: the number of the next.
+    pub fn written(&self) -> usize {
+        self.written
+    }
+
+    /// Builds the next part from `text` and writes it (`last` when no part follows); returns the
+    /// file's bytes.
+    pub fn write(&mut self, text: PartText, last: bool) -> Result<u64> {
+        let built = FmPart::build(self.width, text, self.sample_every, self.threads)?;
+        let mut words = Words::default();
+        words.u64(MAGIC);
+        words.u64(FORMAT_VERSION);
+        words.u64(self.written as u64);
+        words.u64(u64::from(last));
+        words.u64(self.eos_token_id as u64);
+        words.u64(self.vocab_size);
+        built.write(&mut words);
+        let path = part_file(self.dir, self.written);
+        let bytes = words.into_bytes();
+        std::fs::write(&path, &bytes).map_err(|e| IndexError::io(&path, e))?;
+        self.written += 1;
+        Ok(bytes.len() as u64)
+    }
+}
+
+/// Writes the shard-set record beside a compressed index's parts (see [`SHARD_SET_FILE`]).
+pub fn write_shard_set(dir: &Path, record: &ShardSetRecord) -> Result<()> {
+    let path = dir.join(SHARD_SET_FILE);
+    let json = serde_json::to_vec_pretty(record)
+        .map_err(|e| IndexError::Invalid(format!("{}: {e}", path.display())))?;
+    std::fs::write(&path, json).map_err(|e| IndexError::io(&path, e))
+}
+
 impl CompressedIndex {
-    /// Builds the compressed form of `index` into `out` (a new folder), part by part,
-    /// calling `progress` with each part's tokens once it is done.
+    /// Builds the compressed form of `index` into `out` (a new folder), part by part with every
+    /// `sample_every`-th position sampled, calling `progress` with each part's tokens once it is
+    /// done. (`index::build` builds one from text directly.)
     pub fn build(
         index: &Index,
         out: &Path,
-        threads: u16,
+        (sample_every, threads): (u64, u16),
         mut progress: impl FnMut(u64),
     ) -> Result<Self> {
         if out.exists() {
@@ -80,81 +156,53 @@ impl CompressedIndex {
         partial.push(format!(".partial-{}", std::process::id()));
         let partial = PathBuf::from(partial);
         std::fs::create_dir_all(&partial).map_err(|e| IndexError::io(&partial, e))?;
-        let built = Self::build_into(index, &partial, threads, &mut progress).and_then(|built| {
-            std::fs::rename(&partial, out).map_err(|e| IndexError::io(out, e))?;
-            Ok(CompressedIndex {
-                dir: out.to_path_buf(),
-                ..built
-            })
-        });
+        let built = Self::build_into(index, &partial, (sample_every, threads), &mut progress)
+            .and_then(|()| std::fs::rename(&partial, out).map_err(|e| IndexError::io(out, e)));
         if built.is_err() {
             // Only the folder this build made.
             let _ = std::fs::remove_dir_all(&partial);
         }
-        built
+        built?;
+        Self::open(out)
     }
 
     fn build_into(
         index: &Index,
         out: &Path,
-        threads: u16,
+        (sample_every, threads): (u64, u16),
         progress: &mut impl FnMut(u64),
-    ) -> Result<Self> {
+    ) -> Result<()> {
         let width = index.width();
         let w = width.bytes() as u64;
-        let mut parts = Vec::with_capacity(index.num_parts());
-        let mut content = Xxh3::new();
+        let vocabulary = (width, index.eos_token_id(), index.vocab_size());
+        let mut writer = PartWriter::new(out, vocabulary, sample_every, threads);
         for (n, part) in index.parts.iter().enumerate() {
             if crate::interrupt::interrupted() {
                 return Err(IndexError::Interrupted);
             }
-            let tokens = part.tokens_between(0, part.ds_size());
+            let mut tokens = TokenBuf::new(width);
+            tokens.extend(&part.tokens_between(0, part.ds_size()));
             let docs = 0..part.doc_cnt();
             let text = PartText {
-                tokens: &tokens,
+                tokens,
                 doc_starts: docs.clone().map(|d| part.doc_start(d) / w).collect(),
                 metadata: part
                     .has_metadata()
                     .then(|| docs.map(|d| part.metadata(d).unwrap_or_default()).collect()),
             };
-            let built = FmPart::build(width, text, threads)?;
-            let mut words = Words::default();
-            words.u64(MAGIC);
-            words.u64(FORMAT_VERSION);
-            words.u64(index.num_parts() as u64);
-            words.u64(index.eos_token_id() as u64);
-            words.u64(index.vocab_size());
-            built.write(&mut words);
-            let path = part_file(out, n);
-            let bytes = words.into_bytes();
-            content.update(recorded_checksum(&bytes));
-            std::fs::write(&path, bytes).map_err(|e| IndexError::io(&path, e))?;
-            progress(tokens.len() as u64);
-            parts.push(built);
+            let count = text.tokens.len() as u64;
+            writer.write(text, n + 1 == index.num_parts())?;
+            progress(count);
         }
         let tokenizer = index.dir().join(TOKENIZER_FILE);
         if tokenizer.exists() {
             let to = out.join(TOKENIZER_FILE);
             std::fs::copy(&tokenizer, &to).map_err(|e| IndexError::io(&to, e))?;
         }
-        let shard_set = index.manifest().and_then(|m| m.shard_set.clone());
-        if let Some(record) = &shard_set {
-            let path = out.join(SHARD_SET_FILE);
-            let json = serde_json::to_vec_pretty(record)
-                .map_err(|e| IndexError::Invalid(format!("{}: {e}", path.display())))?;
-            content.update(&json);
-            std::fs::write(&path, json).map_err(|e| IndexError::io(&path, e))?;
+        if let Some(record) = index.manifest().and_then(|m| m.shard_set.as_ref()) {
+            write_shard_set(out, record)?;
         }
-        Ok(CompressedIndex {
-            dir: out.to_path_buf(),
-            parts,
-            width,
-            eos_token_id: index.eos_token_id(),
-            vocab_size: index.vocab_size(),
-            tokenizer: index.tokenizer().cloned(),
-            shard_set,
-            content_id: format!("{:016x}", content.digest()),
-        })
+        Ok(())
     }
 
     /// Opens a compressed index, checking every part file's checksum and the agreement of its
@@ -178,9 +226,12 @@ impl CompressedIndex {
             if input.u64()? != MAGIC || input.u64()? != FORMAT_VERSION {
                 return input.corrupt("not a compressed index part of this version");
             }
-            if input.u64()? != count as u64 {
+            let (number, last) = (input.u64()?, input.u64()? == 1);
+            if number != n as u64 || last != (n + 1 == count) {
                 return input.corrupt(&format!(
-                    "its index has a different number of parts than the {count} in the folder"
+                    "it says it is part {number}{} of its index, but the folder holds {count} \
+                     parts: one is missing",
+                    if last { ", the last" } else { "" }
                 ));
             }
             let found = (input.u64()? as u32, input.u64()?);

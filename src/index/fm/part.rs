@@ -16,8 +16,11 @@
 //! ends at `e = n - q`. Rows sort as the suffix array sorts (little-endian token bytes), so the
 //! rows of one first token are contiguous.
 
+use libsais::bwt::AuxIndicesSamplingRate;
+use libsais::{BwtConstruction, ThreadCount};
+
 use crate::index::build::sa::{TokenBuf, MAX_PART_TOKENS};
-use crate::index::fm::bits::{BitsBuilder, CompressedBits};
+use crate::index::fm::bits::CompressedBits;
 use crate::index::fm::file::{WordReader, Words};
 use crate::index::fm::wavelet::HuffmanWavelet;
 use crate::index::format::TokenWidth;
@@ -25,9 +28,16 @@ use crate::index::ranks::RankRange;
 use crate::index::read::part::{NextKey, END};
 use crate::index::{IndexError, Result};
 
-/// Every `SAMPLE_EVERY`-th text position keeps its row's position, so locating a match walks at
-/// most this many LF steps: 64 keeps the samples near 0.5 bits per token at 50 M tokens.
-pub const SAMPLE_EVERY: u64 = 64;
+/// Every `sample_every`-th text position keeps its row's position, so locating a match walks at
+/// most that many LF steps. 64, the default, keeps the samples near 0.5 bits per token; 16
+/// locates four times faster for 2 bits a token. A power of two (what the suffix sorter samples).
+pub const DEFAULT_SAMPLE_EVERY: u64 = 64;
+/// The sampling rates a part accepts.
+pub const SAMPLE_EVERY_RANGE: std::ops::RangeInclusive<u64> = 2..=1 << 16;
+/// Every `WINDOW_EVERY`-th match end keeps its row (or every `sample_every`-th, when that is
+/// sparser), so a document's window is read within that many LF steps of where it starts, not
+/// from the document's first token: 0.06 bits a token.
+const WINDOW_EVERY: u64 = 512;
 
 /// Unsigned values of one bit width, packed.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,15 +117,21 @@ pub struct FmPart {
     bwt: HuffmanWavelet,
     end_row: u64,
     symbols: SymbolCounts,
-    /// Rows whose text position is a multiple of `SAMPLE_EVERY`, and those positions / it, by row.
+    sample_every: u64,
+    /// Rows whose text position is a multiple of `sample_every`, and those positions / it, by row.
     sampled: CompressedBits,
     samples: PackedInts,
+    /// The row of the match ending at `n - i·window_every()` for each i: where a window starts.
+    windows: PackedInts,
     /// Token offset of each document's separator.
     doc_starts: Vec<u64>,
-    /// The row whose transform symbol is each document's first token.
-    doc_rows: Vec<u64>,
     /// Each document's metadata line, when the index has them.
     metadata: Option<(Vec<u8>, Vec<u64>)>,
+}
+
+/// Match ends apart of the rows kept for reading windows: a multiple of the sampling rate.
+fn window_every(sample_every: u64) -> u64 {
+    WINDOW_EVERY.max(sample_every)
 }
 
 /// The order the suffix array sorts tokens in: their little-endian bytes.
@@ -172,69 +188,179 @@ fn symbol_counts(
 
 /// What a part is built from: its tokens (starting with a separator), the token offset of each
 /// document's separator, and the documents' metadata lines when there are any.
-pub struct PartText<'a> {
-    pub tokens: &'a [u32],
+pub struct PartText {
+    pub tokens: TokenBuf,
     pub doc_starts: Vec<u64>,
     pub metadata: Option<Vec<String>>,
 }
 
+/// The Burrows-Wheeler transform of a part's reversed tokens as the suffix sorter gives it: the
+/// symbol of every row but the whole text's (`end_row`), and the row of every `rate`-th suffix.
+struct Transform {
+    symbols: TokenBuf,
+    end_row: u64,
+    /// `rows[i]`: the row of the reversed text's suffix at `i·rate`.
+    rows: Vec<u64>,
+}
+
+impl Transform {
+    /// The transform of `reversed` (tokens of 1 or 2 bytes straight from the suffix sorter, in
+    /// the text's buffer; 4-byte tokens from their suffix array).
+    fn of(reversed: TokenBuf, rate: u64, threads: u16) -> Result<Self> {
+        let sorters = ThreadCount::fixed(threads.max(1));
+        let sais_error =
+            |e| IndexError::Invalid(format!("Burrows-Wheeler transform failed: {e:?}"));
+        let rows = |aux: &[i32]| aux.iter().map(|&r| r as u64).collect();
+        match reversed {
+            TokenBuf::U8(mut text) => {
+                let built = BwtConstruction::replace_text(&mut text[..])
+                    .with_owned_temporary_array_buffer32()
+                    .multi_threaded(sorters)
+                    .with_aux_indices(AuxIndicesSamplingRate::from(rate as i32))
+                    .run()
+                    .map_err(sais_error)?;
+                let rows: Vec<u64> = rows(built.aux_indices());
+                drop(built);
+                Ok(Transform {
+                    end_row: rows[0],
+                    symbols: TokenBuf::U8(text),
+                    rows,
+                })
+            }
+            TokenBuf::U16(mut text) => {
+                // Sorted by little-endian bytes, as the suffix array sorts them.
+                text.iter_mut().for_each(|t| *t = t.swap_bytes());
+                let built = BwtConstruction::replace_text(&mut text[..])
+                    .with_owned_temporary_array_buffer32()
+                    .multi_threaded(sorters)
+                    .with_aux_indices(AuxIndicesSamplingRate::from(rate as i32))
+                    .run()
+                    .map_err(sais_error)?;
+                let rows: Vec<u64> = rows(built.aux_indices());
+                drop(built);
+                text.iter_mut().for_each(|t| *t = t.swap_bytes());
+                Ok(Transform {
+                    end_row: rows[0],
+                    symbols: TokenBuf::U16(text),
+                    rows,
+                })
+            }
+            TokenBuf::U32(text) => {
+                let n = text.len() as u64;
+                let sa = TokenBuf::U32(text.clone()).into_suffix_array(threads)?;
+                // Row 0 is the empty suffix (position n), row k the suffix array's (k - 1)-th.
+                let mut symbols = Vec::with_capacity(text.len());
+                symbols.extend(text.last());
+                let mut rows = vec![0u64; ((n.max(1) - 1) / rate + 1) as usize];
+                let mut end_row = 0;
+                for (k, &q) in (1u64..).zip(&sa) {
+                    let q = q as u64;
+                    if q.is_multiple_of(rate) {
+                        rows[(q / rate) as usize] = k;
+                    }
+                    match q {
+                        0 => end_row = k,
+                        _ => symbols.push(text[q as usize - 1]),
+                    }
+                }
+                Ok(Transform {
+                    symbols: TokenBuf::U32(symbols),
+                    end_row,
+                    rows,
+                })
+            }
+        }
+    }
+
+    /// The transform's wavelet tree: every row's symbol, the separator standing in at `end_row`.
+    fn wavelet(&self, separator: u32) -> HuffmanWavelet {
+        fn rows<T: Copy + Into<u32>>(
+            symbols: &[T],
+            end_row: usize,
+            separator: u32,
+        ) -> impl Iterator<Item = u32> + Clone + '_ {
+            let (before, after) = symbols.split_at(end_row);
+            let each = |&t: &T| t.into();
+            before
+                .iter()
+                .map(each)
+                .chain([separator])
+                .chain(after.iter().map(each))
+        }
+        let end_row = self.end_row as usize;
+        match &self.symbols {
+            TokenBuf::U8(s) => HuffmanWavelet::new(rows(s, end_row, separator)),
+            TokenBuf::U16(s) => HuffmanWavelet::new(rows(s, end_row, separator)),
+            TokenBuf::U32(s) => HuffmanWavelet::new(rows(s, end_row, separator)),
+        }
+    }
+}
+
 impl FmPart {
-    /// Builds the part's index (`threads` for the suffix sort).
-    pub fn build(width: TokenWidth, text: PartText, threads: u16) -> Result<Self> {
-        let tokens = text.tokens;
+    /// Builds the part's index: the transform of its reversed tokens (`threads` for the suffix
+    /// sort) with every `sample_every`-th position sampled.
+    pub fn build(
+        width: TokenWidth,
+        text: PartText,
+        sample_every: u64,
+        threads: u16,
+    ) -> Result<Self> {
+        let PartText {
+            mut tokens,
+            doc_starts,
+            metadata,
+        } = text;
         let n = tokens.len() as u64;
         let separator = width.separator();
-        if tokens.first() != Some(&separator) {
+        if n == 0 || tokens.get(0) != separator {
             return Err(IndexError::Invalid(
                 "a part's tokens must start with a document separator".into(),
             ));
         }
-        let mut reversed = TokenBuf::new(width);
-        let mut rev: Vec<u32> = tokens.to_vec();
-        rev.reverse();
-        reversed.extend(&rev);
-        let sa = reversed.into_suffix_array(threads)?;
-
-        // Row 0 is the empty suffix (position n), row i + 1 the suffix array's i-th.
-        let position = |row: usize| if row == 0 { n } else { sa[row - 1] as u64 };
-        let mut symbols = Vec::with_capacity(n as usize + 1);
-        let mut end_row = 0;
-        let mut marks = BitsBuilder::default();
-        let mut samples = Vec::with_capacity((n / SAMPLE_EVERY + 2) as usize);
-        for row in 0..=n as usize {
-            let q = position(row);
-            symbols.push(if q == 0 {
-                end_row = row as u64;
-                separator
-            } else {
-                rev[q as usize - 1]
-            });
-            let sampled = q % SAMPLE_EVERY == 0;
-            marks.push(sampled);
-            if sampled {
-                samples.push(q / SAMPLE_EVERY);
-            }
+        if n > MAX_PART_TOKENS {
+            return Err(IndexError::Invalid(format!(
+                "a part of {n} tokens exceeds {MAX_PART_TOKENS}"
+            )));
         }
+        if !sample_every.is_power_of_two() || !SAMPLE_EVERY_RANGE.contains(&sample_every) {
+            return Err(IndexError::Invalid(format!(
+                "a sampling rate of {sample_every}: a power of two from {} to {} is needed",
+                SAMPLE_EVERY_RANGE.start(),
+                SAMPLE_EVERY_RANGE.end()
+            )));
+        }
+        tokens.reverse();
+        let transform = Transform::of(tokens, sample_every, threads)?;
+        let end_row = transform.end_row;
 
-        // The row of the reversed suffix starting at each separator: R position n - 1 - start.
-        let mut doc_rows = vec![0u64; text.doc_starts.len()];
-        let doc_at_position: std::collections::HashMap<u64, usize> = text
-            .doc_starts
-            .iter()
-            .enumerate()
-            .map(|(d, &start)| (n - 1 - start, d))
+        // Rows of sampled positions in row order, with position / rate: the reversed text's
+        // suffixes at multiples of the rate, and the empty one (row 0) when n is one.
+        let mut sampled: Vec<(u64, u64)> = (0u64..)
+            .zip(&transform.rows)
+            .map(|(i, &row)| (row, i))
             .collect();
-        for row in 1..=n as usize {
-            let q = position(row);
-            if q < n && rev[q as usize] == separator {
-                if let Some(&d) = doc_at_position.get(&q) {
-                    doc_rows[d] = row as u64;
-                }
-            }
+        if n.is_multiple_of(sample_every) {
+            sampled.push((0, n / sample_every));
         }
-        drop(sa);
+        sampled.sort_unstable();
+        let mut marks = vec![0u64; (n + 1).div_ceil(64) as usize];
+        sampled
+            .iter()
+            .for_each(|&(row, _)| marks[(row / 64) as usize] |= 1 << (row % 64));
+        let samples: Vec<u64> = sampled.into_iter().map(|(_, q)| q).collect();
+        let step = window_every(sample_every) / sample_every;
+        let windows: Vec<u64> = transform
+            .rows
+            .iter()
+            .step_by(step as usize)
+            .copied()
+            .collect();
 
-        let metadata = text.metadata.map(|lines| {
+        let bwt = transform.wavelet(separator);
+        drop(transform);
+        let symbols = symbol_counts(width, n, &bwt, end_row)
+            .ok_or_else(|| IndexError::Invalid("the transform built is inconsistent".into()))?;
+        let metadata = metadata.map(|lines| {
             let mut bytes = Vec::new();
             let mut offsets = Vec::with_capacity(lines.len() + 1);
             for line in lines {
@@ -244,20 +370,17 @@ impl FmPart {
             offsets.push(bytes.len() as u64);
             (bytes, offsets)
         });
-        let bwt = HuffmanWavelet::new(&symbols);
-        drop(symbols);
-        let symbols = symbol_counts(width, n, &bwt, end_row)
-            .ok_or_else(|| IndexError::Invalid("the transform built is inconsistent".into()))?;
         Ok(FmPart {
             width,
             n,
             bwt,
             end_row,
             symbols,
-            sampled: marks.finish(),
+            sample_every,
+            sampled: CompressedBits::new(&marks, n + 1),
             samples: PackedInts::new(&samples),
-            doc_starts: text.doc_starts,
-            doc_rows,
+            windows: PackedInts::new(&windows),
+            doc_starts,
             metadata,
         })
     }
@@ -289,19 +412,19 @@ impl FmPart {
             .map(|i| rows[i].1)
     }
 
-    /// Occurrences of `symbol` in the transform's rows `[0, row)`.
-    fn rank(&self, symbol: u32, row: u64) -> u64 {
-        let stand_in = symbol == self.width.separator() && self.end_row < row;
-        self.bwt.rank(symbol, row) - u64::from(stand_in)
-    }
-
     /// The rows of the matches in `range` followed by `token`: one LF step.
     pub fn extend(&self, range: RankRange, token: u32) -> RankRange {
         match self.first_row(token) {
-            Some(first) if !range.is_empty() => RankRange {
-                lo: first + self.rank(token, range.lo),
-                hi: first + self.rank(token, range.hi),
-            },
+            Some(first) if !range.is_empty() => {
+                let (lo, hi) = self.bwt.rank_pair(token, range.lo, range.hi);
+                // The separator standing in at the end row is not an occurrence.
+                let stand_in =
+                    |row: u64| u64::from(token == self.width.separator() && self.end_row < row);
+                RankRange {
+                    lo: first + lo - stand_in(range.lo),
+                    hi: first + hi - stand_in(range.hi),
+                }
+            }
             _ => RankRange::default(),
         }
     }
@@ -388,12 +511,12 @@ impl FmPart {
         loop {
             let (ones, sampled) = self.sampled.rank1_and_get(row);
             if sampled {
-                let q = self.samples.get(ones) * SAMPLE_EVERY + steps;
+                let q = self.samples.get(ones) * self.sample_every + steps;
                 return self.n.saturating_sub(q);
             }
             // A row that is not sampled is not the end row (position 0 is sampled), so it steps.
             match self.step(row) {
-                Some((_, next)) if steps < SAMPLE_EVERY => {
+                Some((_, next)) if steps < self.sample_every => {
                     row = next;
                     steps += 1;
                 }
@@ -420,24 +543,33 @@ impl FmPart {
         (self.doc_starts.partition_point(|&s| s <= at) as u64).saturating_sub(1)
     }
 
-    /// Tokens `from..to` of document `doc` (its separator left out), read by LF steps from its
-    /// first: a window deep in a long document costs a step per token before it, so the walk
-    /// stops when interrupted.
+    /// Tokens `from..to` of document `doc` (its separator left out), read by LF steps from the
+    /// nearest kept row at or before the first (within `window_every` steps), so the walk stops
+    /// when interrupted.
     pub fn doc_tokens(&self, doc: u64, from: u64, to: u64) -> Result<Vec<u32>> {
-        let len = (self.doc_end(doc) - self.doc_start(doc) - 1).min(to);
-        let mut row = self.doc_rows[doc as usize];
-        let mut tokens = Vec::with_capacity(len.saturating_sub(from) as usize);
-        for at in 0..len {
+        let start = self.doc_start(doc) + 1;
+        let end = self.doc_end(doc).min(start.saturating_add(to));
+        let first = start.saturating_add(from).min(end);
+        // The match ending at n - i·every is kept; the one ending at 0 is row 0.
+        let every = window_every(self.sample_every);
+        let i = (self.n - first).div_ceil(every);
+        let (mut at, mut row) = match i < self.windows.len {
+            true => (self.n - i * every, self.windows.get(i)),
+            false => (0, 0),
+        };
+        let mut tokens = Vec::with_capacity((end - first) as usize);
+        while at < end {
             if at % 4096 == 4095 && crate::interrupt::interrupted() {
                 return Err(IndexError::Interrupted);
             }
             let Some((token, next)) = self.step(row) else {
                 break;
             };
-            if at >= from {
+            if at >= first {
                 tokens.push(token);
             }
             row = next;
+            at += 1;
         }
         Ok(tokens)
     }
@@ -457,7 +589,7 @@ impl FmPart {
 
     /// Bytes of everything the part holds, by component: transform, samples, documents.
     pub fn size_by_component(&self) -> [(&'static str, u64); 3] {
-        let docs = 16 * self.doc_starts.len() as u64
+        let docs = 8 * self.doc_starts.len() as u64
             + self
                 .metadata
                 .as_ref()
@@ -466,7 +598,7 @@ impl FmPart {
             ("transform", self.bwt.size_bytes()),
             (
                 "samples",
-                self.sampled.size_bytes() + self.samples.size_bytes(),
+                self.sampled.size_bytes() + self.samples.size_bytes() + self.windows.size_bytes(),
             ),
             ("documents", docs),
         ]
@@ -476,11 +608,12 @@ impl FmPart {
         out.u64(self.width.bytes() as u64);
         out.u64(self.n);
         out.u64(self.end_row);
+        out.u64(self.sample_every);
         self.bwt.write(out);
         self.sampled.write(out);
         self.samples.write(out);
+        self.windows.write(out);
         out.u64s(&self.doc_starts);
-        out.u64s(&self.doc_rows);
         match &self.metadata {
             Some((bytes, offsets)) => {
                 out.u64(1);
@@ -495,6 +628,7 @@ impl FmPart {
     /// that no query can index past an array.
     pub fn read(input: &mut WordReader) -> Result<Self> {
         let (bytes, n, end_row) = (input.u64()?, input.u64()?, input.u64()?);
+        let sample_every = input.u64()?;
         let Ok(width) = TokenWidth::try_from(bytes.min(255) as u8) else {
             return input.corrupt("its token width is not 1, 2 or 4 bytes");
         };
@@ -504,7 +638,8 @@ impl FmPart {
         let bwt = HuffmanWavelet::read(input)?;
         let sampled = CompressedBits::read(input)?;
         let samples = PackedInts::read(input)?;
-        let (doc_starts, doc_rows) = (input.u64s()?, input.u64s()?);
+        let windows = PackedInts::read(input)?;
+        let doc_starts = input.u64s()?;
         let metadata = match input.u64()? {
             0 => None,
             _ => Some((input.bytes()?, input.u64s()?)),
@@ -516,19 +651,21 @@ impl FmPart {
         else {
             return input.corrupt("its transform disagrees with the part's size");
         };
-        let docs_ok = doc_starts.len() == doc_rows.len()
-            && doc_starts.first() == Some(&0)
+        let docs_ok = doc_starts.first() == Some(&0)
             && doc_starts.windows(2).all(|w| w[0] < w[1])
-            && doc_starts.last().is_some_and(|&s| s < n)
-            && doc_rows.iter().all(|&r| r <= n);
+            && doc_starts.last().is_some_and(|&s| s < n);
         let metadata_ok = metadata.as_ref().is_none_or(|(b, o)| {
             o.len() == doc_starts.len() + 1
                 && o.first() == Some(&0)
                 && o.windows(2).all(|w| w[0] <= w[1])
                 && o.last() == Some(&(b.len() as u64))
         });
-        let samples_ok = samples.len == sampled.rank1(n + 1)
-            && (0..samples.len).all(|i| samples.get(i) <= n / SAMPLE_EVERY);
+        let rate_ok = sample_every.is_power_of_two() && SAMPLE_EVERY_RANGE.contains(&sample_every);
+        let samples_ok = rate_ok
+            && samples.len == sampled.rank1(n + 1)
+            && (0..samples.len).all(|i| samples.get(i) <= n / sample_every)
+            && windows.len == (n - 1) / window_every(sample_every) + 1
+            && (0..windows.len).all(|i| windows.get(i) <= n);
         if !(docs_ok && metadata_ok && samples_ok) {
             return input.corrupt("its pieces disagree on the part's size or documents");
         }
@@ -538,10 +675,11 @@ impl FmPart {
             bwt,
             end_row,
             symbols,
+            sample_every,
             sampled,
             samples,
+            windows,
             doc_starts,
-            doc_rows,
             metadata,
         })
     }
@@ -553,16 +691,24 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
+        /// Every width (1 and 2 bytes from the sorter's transform, 4 from a suffix array) and
+        /// sampling rate against counting: where matches end, and any window of any document.
         #[test]
-        fn matches_end_where_counting_finds_them(
-            body in proptest::collection::vec(prop_oneof![8 => 0u32..4, 1 => Just(65535u32)], 0..300),
+        fn matches_and_windows_agree_with_the_text(
+            body in proptest::collection::vec(prop_oneof![8 => 0u32..4, 1 => Just(u32::MAX)], 0..700),
             pattern in proptest::collection::vec(0u32..4, 1..4),
+            width in prop_oneof![Just(TokenWidth::U8), Just(TokenWidth::U16), Just(TokenWidth::U32)],
+            rate_log in 1u32..7,
+            window in (0u64..800, 0u64..800),
         ) {
-            let mut tokens = vec![65535u32];
-            tokens.extend(&body);
-            let doc_starts: Vec<u64> = (0..tokens.len() as u64).filter(|&i| tokens[i as usize] == 65535).collect();
-            let text = PartText { tokens: &tokens, doc_starts, metadata: None };
-            let part = FmPart::build(TokenWidth::U16, text, 1).unwrap();
+            let separator = width.separator();
+            let mut tokens = vec![separator];
+            tokens.extend(body.iter().map(|&t| if t == u32::MAX { separator } else { t }));
+            let doc_starts: Vec<u64> = (0..tokens.len() as u64).filter(|&i| tokens[i as usize] == separator).collect();
+            let mut buf = TokenBuf::new(width);
+            buf.extend(&tokens);
+            let text = PartText { tokens: buf, doc_starts: doc_starts.clone(), metadata: None };
+            let part = FmPart::build(width, text, 1 << rate_log, 1).unwrap();
             let range = part.find(&pattern);
             let mut ends: Vec<u64> = (range.lo..range.hi).map(|r| part.end_of(r)).collect();
             ends.sort_unstable();
@@ -571,6 +717,13 @@ mod tests {
                 .map(|p| (p + pattern.len()) as u64)
                 .collect();
             prop_assert_eq!(ends, expected);
+            for (doc, &start) in doc_starts.iter().enumerate() {
+                let end = part.doc_end(doc as u64) as usize;
+                let body = &tokens[start as usize + 1..end];
+                let (from, to) = (window.0.min(window.1), window.0.max(window.1));
+                let want = &body[(from as usize).min(body.len())..(to as usize).min(body.len())];
+                prop_assert_eq!(part.doc_tokens(doc as u64, from, to).unwrap(), want.to_vec());
+            }
         }
     }
 }

@@ -9,7 +9,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::index::fm::bits::{BitsBuilder, CompressedBits};
+use crate::index::fm::bits::CompressedBits;
 use crate::index::fm::file::{WordReader, Words};
 use crate::index::Result;
 
@@ -62,56 +62,77 @@ pub struct HuffmanWavelet {
 const DENSE_SYMBOLS: u32 = 1 << 24;
 
 impl HuffmanWavelet {
-    /// The tree of `symbols` (at least one).
-    pub fn new(symbols: &[u32]) -> Self {
-        let mut counts = std::collections::HashMap::<u32, u64>::new();
-        symbols
-            .iter()
-            .for_each(|&s| *counts.entry(s).or_default() += 1);
-        let mut counts: Vec<(u32, u64)> = counts.into_iter().collect();
+    /// The tree of `symbols` (at least one), read twice: once to count them, once to place them.
+    pub fn new(symbols: impl Iterator<Item = u32> + Clone) -> Self {
+        let mut counts = symbol_counts(symbols.clone());
         // One distinct symbol gets a companion that never occurs, so the tree has a root.
         if let [(only, _)] = counts[..] {
             counts.push((only ^ 1, 0));
         }
         counts.sort_unstable();
-        let (links, root) = huffman(&counts);
+        let (forest, root) = huffman(&counts);
         let mut tree = HuffmanWavelet {
             nodes: Vec::new(),
             codes: Vec::new(),
             rare_codes: Vec::new(),
-            len: symbols.len() as u64,
+            len: counts.iter().map(|&(_, c)| c).sum(),
         };
         // Inner nodes numbered depth first from the root, as `read` renumbers them.
-        let mut builders = Vec::new();
-        tree.number(&links, root, Code::default(), &mut builders);
-        for &s in symbols {
-            let code = tree.code(s).unwrap_or_default();
+        let mut links = Vec::new();
+        tree.number(&forest, root, Code::default(), &mut links);
+        // Each symbol's code and the inner nodes it passes (root first), and the bits each node
+        // receives (the counts of the symbols below it), so every node's words are allocated once.
+        let mut paths = Paths::default();
+        let mut sizes = vec![0u64; links.len()];
+        for &(symbol, count) in &counts {
+            let code = tree.code(symbol).unwrap_or_default();
             let mut node = 0usize;
+            let start = paths.nodes.len() as u32;
             for level in 0..code.len {
-                let bit = code.bits >> level & 1 == 1;
-                builders[node].0.push(bit);
-                if let Link::Node(next) = builders[node].1[bit as usize] {
+                paths.nodes.push(node as u32);
+                sizes[node] += count;
+                if let Link::Node(next) = links[node][(code.bits >> level & 1) as usize] {
                     node = next as usize;
                 }
             }
+            paths.insert(symbol, (code, start));
         }
-        tree.nodes = builders
+        let mut words: Vec<Vec<u64>> = sizes
+            .iter()
+            .map(|&n| vec![0; n.div_ceil(64) as usize])
+            .collect();
+        let mut filled = vec![0u64; links.len()];
+        symbols.for_each(|s| {
+            let Some((code, start)) = paths.get(s) else {
+                return;
+            };
+            let path = &paths.nodes[start as usize..start as usize + code.len as usize];
+            for (level, &node) in path.iter().enumerate() {
+                let node = node as usize;
+                let at = filled[node];
+                filled[node] += 1;
+                words[node][(at / 64) as usize] |= (code.bits >> level & 1) << (at % 64);
+            }
+        });
+        tree.nodes = words
             .into_iter()
-            .map(|(bits, links)| Node {
-                bits: bits.finish(),
+            .zip(sizes)
+            .zip(links)
+            .map(|((words, len), links)| Node {
+                bits: CompressedBits::new(&words, len),
                 links,
             })
             .collect();
         tree
     }
 
-    /// Numbers the inner nodes under `at` and records the leaves' codes.
+    /// Numbers the inner nodes under `at`, recording their links and the leaves' codes.
     fn number(
         &mut self,
         forest: &[Tree],
         at: usize,
         code: Code,
-        builders: &mut Vec<(BitsBuilder, [Link; 2])>,
+        links: &mut Vec<[Link; 2]>,
     ) -> Link {
         match forest[at] {
             Tree::Leaf(symbol) => {
@@ -119,8 +140,8 @@ impl HuffmanWavelet {
                 Link::Leaf(symbol)
             }
             Tree::Pair(zero, one) => {
-                let id = builders.len();
-                builders.push((BitsBuilder::default(), [Link::Node(0); 2]));
+                let id = links.len();
+                links.push([Link::Node(0); 2]);
                 let left = Code {
                     bits: code.bits,
                     len: code.len + 1,
@@ -129,11 +150,10 @@ impl HuffmanWavelet {
                     bits: code.bits | 1 << code.len,
                     len: code.len + 1,
                 };
-                let links = [
-                    self.number(forest, zero, left, builders),
-                    self.number(forest, one, right, builders),
+                links[id] = [
+                    self.number(forest, zero, left, links),
+                    self.number(forest, one, right, links),
                 ];
-                builders[id].1 = links;
                 Link::Node(id as u32)
             }
         }
@@ -173,22 +193,26 @@ impl HuffmanWavelet {
         self.len == 0
     }
 
-    /// Occurrences of `symbol` in `[0, i)`.
-    pub fn rank(&self, symbol: u32, mut i: u64) -> u64 {
+    /// Occurrences of `symbol` in `[0, lo)` and in `[0, hi)`: one descent, the two ranks of each
+    /// level read side by side so that their cache misses overlap.
+    pub fn rank_pair(&self, symbol: u32, mut lo: u64, mut hi: u64) -> (u64, u64) {
         let Some(code) = self.code(symbol) else {
-            return 0;
+            return (0, 0);
         };
         let mut node = &self.nodes[0];
         for level in 0..code.len {
             let bit = code.bits >> level & 1;
-            let ones = node.bits.rank1(i);
-            i = if bit == 1 { ones } else { i - ones };
+            let (ones_lo, ones_hi) = (node.bits.rank1(lo), node.bits.rank1(hi));
+            (lo, hi) = match bit {
+                1 => (ones_lo, ones_hi),
+                _ => (lo - ones_lo, hi - ones_hi),
+            };
             match node.links[bit as usize] {
                 Link::Node(n) => node = &self.nodes[n as usize],
                 Link::Leaf(_) => break,
             }
         }
-        i
+        (lo, hi)
     }
 
     /// The symbol at `i` and its occurrences in `[0, i)`.
@@ -312,6 +336,56 @@ impl HuffmanWavelet {
     }
 }
 
+/// Each symbol's code and where its path of inner nodes starts in `nodes`, while a tree is built:
+/// in a table below `DENSE_SYMBOLS`, in a map above.
+#[derive(Default)]
+struct Paths {
+    dense: Vec<Option<(Code, u32)>>,
+    rare: std::collections::HashMap<u32, (Code, u32)>,
+    nodes: Vec<u32>,
+}
+
+impl Paths {
+    fn insert(&mut self, symbol: u32, path: (Code, u32)) {
+        if symbol < DENSE_SYMBOLS {
+            if self.dense.len() <= symbol as usize {
+                self.dense.resize(symbol as usize + 1, None);
+            }
+            self.dense[symbol as usize] = Some(path);
+        } else {
+            self.rare.insert(symbol, path);
+        }
+    }
+
+    fn get(&self, symbol: u32) -> Option<(Code, u32)> {
+        match symbol < DENSE_SYMBOLS {
+            true => self.dense.get(symbol as usize).copied().flatten(),
+            false => self.rare.get(&symbol).copied(),
+        }
+    }
+}
+
+/// Every symbol with its count: counted in a table below `DENSE_SYMBOLS`, in a map above.
+fn symbol_counts(symbols: impl Iterator<Item = u32>) -> Vec<(u32, u64)> {
+    let mut dense = Vec::<u64>::new();
+    let mut rare = std::collections::HashMap::<u32, u64>::new();
+    symbols.for_each(|s| {
+        if s < DENSE_SYMBOLS {
+            if dense.len() <= s as usize {
+                dense.resize(s as usize + 1, 0);
+            }
+            dense[s as usize] += 1;
+        } else {
+            *rare.entry(s).or_default() += 1;
+        }
+    });
+    (0u32..)
+        .zip(dense)
+        .filter(|&(_, c)| c > 0)
+        .chain(rare)
+        .collect()
+}
+
 /// The Huffman forest: leaves, then the pairs merged from them.
 enum Tree {
     Leaf(u32),
@@ -348,13 +422,13 @@ mod tests {
             span in 0usize..600,
         ) {
             prop_assume!(symbols.iter().any(|&s| s != symbols[0]));
-            let tree = HuffmanWavelet::new(&symbols);
+            let tree = HuffmanWavelet::new(symbols.iter().copied());
             for (i, &s) in symbols.iter().enumerate() {
                 let before = symbols[..i].iter().filter(|&&x| x == s).count() as u64;
                 prop_assert_eq!(tree.symbol_and_rank(i as u64), (s, before));
-                prop_assert_eq!(tree.rank(s, i as u64), before);
+                prop_assert_eq!(tree.rank_pair(s, i as u64, symbols.len() as u64).0, before);
             }
-            prop_assert_eq!(tree.rank(7_000_000, symbols.len() as u64), 0);
+            prop_assert_eq!(tree.rank_pair(7_000_000, 0, symbols.len() as u64), (0, 0));
             let (lo, hi) = (lo.min(symbols.len()), (lo + span).min(symbols.len()));
             let mut got = Vec::new();
             tree.counts_in(lo as u64, hi as u64, usize::MAX, &mut got);
