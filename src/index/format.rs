@@ -20,6 +20,9 @@ use crate::index::IndexError;
 pub const MANIFEST_FILE: &str = "sidecar-index.json";
 /// Copy of the tokenizer the index was built with, so document text can be returned.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
+/// The shard-set record of a compressed index of one shard of a set (as the suffix array's
+/// manifest holds it), so a shard server can serve it to its routers.
+pub const SHARD_SET_FILE: &str = "shard-set.json";
 /// Bumped whenever the meaning of any file or manifest field changes. Version 2 added the next-token
 /// tables (`nexttok.N`); a build without them still writes version 1, which older binaries open.
 pub const FORMAT_VERSION: u32 = 2;
@@ -183,7 +186,7 @@ impl PartPaths {
 /// part file (`tokenized.N`, `table.N`, `offset.N`, `metadata.N`, `metaoff.N`, `nexttok.N`). `--force` replaces
 /// only folders that hold nothing else.
 pub fn is_index_file(name: &str) -> bool {
-    if name == MANIFEST_FILE || name == TOKENIZER_FILE || name == crate::index::fm::SHARD_SET_FILE {
+    if name == MANIFEST_FILE || name == TOKENIZER_FILE || name == SHARD_SET_FILE {
         return true;
     }
     name.split_once('.').is_some_and(|(stem, n)| {
@@ -366,8 +369,11 @@ mod tests {
             "table.12",
             "metaoff.3",
             "nexttok.0",
+            "fm.0",
+            "fm.10",
             MANIFEST_FILE,
             TOKENIZER_FILE,
+            SHARD_SET_FILE,
         ] {
             assert!(is_index_file(name), "{name}");
         }
@@ -377,6 +383,7 @@ mod tests {
             "table.x",
             "tokenized.0.bak",
             "offsets.0",
+            "fm.x",
             ".partial",
         ] {
             assert!(!is_index_file(name), "{name}");

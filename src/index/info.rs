@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use crate::index::corpus::Corpus;
+use crate::index::fm::part::FmPart;
 use crate::index::fm::{part_file, CompressedIndex};
 use crate::index::format::{ptr_size_for, DecontaminationRecord, TokenizerRecord};
 use crate::index::{Index, IndexError, Result};
@@ -103,9 +104,12 @@ pub struct CompressedInfo {
     /// What the suffix-array index of the same text takes (tokens, pointers, document offsets).
     pub suffix_array_bytes_per_token: f64,
     /// The files' bytes by what they serve: the transform (count, ∞-gram, distributions), the
-    /// position samples (locating matches), the documents (offsets, entry rows, metadata).
+    /// position samples and window rows (locating matches, reading windows), the documents (offsets,
+    /// metadata).
     #[serde(rename = "bytes_by_part")]
     pub bytes_by_component: Vec<(String, u64)>,
+    /// Every this-many-th position keeps its place (`--sample-every`): a locate's most steps.
+    pub sample_every: u64,
 }
 
 impl CompressedIndex {
@@ -143,6 +147,7 @@ impl CompressedIndex {
                 .into_iter()
                 .map(|(name, b)| (name.to_string(), b))
                 .collect(),
+            sample_every: self.parts.first().map_or(0, FmPart::sample_every),
         })
     }
 }

@@ -23,7 +23,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use crate::index::build::sa::TokenBuf;
 use crate::index::docs::{DocumentIndex, DocumentPart};
-use crate::index::format::{ShardSetRecord, TokenWidth, TOKENIZER_FILE};
+use crate::index::format::{ShardSetRecord, TokenWidth, SHARD_SET_FILE, TOKENIZER_FILE};
 use crate::index::query::check_vocabulary;
 use crate::index::ranks::RankRange;
 use crate::index::{Index, IndexError, Result};
@@ -36,10 +36,6 @@ pub use part::{PartText, DEFAULT_SAMPLE_EVERY, SAMPLE_EVERY_RANGE};
 pub fn part_file(dir: &Path, n: usize) -> PathBuf {
     dir.join(format!("fm.{n}"))
 }
-
-/// The shard-set record of a compressed index compressed from one shard of a set (as the suffix
-/// array's manifest holds it), so a shard server can serve it to its routers.
-pub const SHARD_SET_FILE: &str = "shard-set.json";
 
 /// Whether `dir` holds a compressed index.
 pub fn is_compressed(dir: &Path) -> bool {

@@ -393,6 +393,10 @@ impl FmPart {
         self.n
     }
 
+    pub fn sample_every(&self) -> u64 {
+        self.sample_every
+    }
+
     pub fn doc_cnt(&self) -> u64 {
         self.doc_starts.len() as u64
     }
