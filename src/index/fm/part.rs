@@ -17,7 +17,7 @@
 //! rows of one first token are contiguous.
 
 use libsais::bwt::AuxIndicesSamplingRate;
-use libsais::{BwtConstruction, ThreadCount};
+use libsais::{BwtConstruction, SmallAlphabet, ThreadCount};
 
 use crate::index::build::sa::{TokenBuf, MAX_PART_TOKENS};
 use crate::index::fm::bits::CompressedBits;
@@ -207,43 +207,22 @@ impl Transform {
     /// The transform of `reversed` (tokens of 1 or 2 bytes straight from the suffix sorter, in
     /// the text's buffer; 4-byte tokens from their suffix array).
     fn of(reversed: TokenBuf, rate: u64, threads: u16) -> Result<Self> {
-        let sorters = ThreadCount::fixed(threads.max(1));
-        let sais_error =
-            |e| IndexError::Invalid(format!("Burrows-Wheeler transform failed: {e:?}"));
-        let rows = |aux: &[i32]| aux.iter().map(|&r| r as u64).collect();
+        let with_rows = |symbols: TokenBuf, rows: Vec<u64>| Transform {
+            end_row: rows[0],
+            symbols,
+            rows,
+        };
         match reversed {
             TokenBuf::U8(mut text) => {
-                let built = BwtConstruction::replace_text(&mut text[..])
-                    .with_owned_temporary_array_buffer32()
-                    .multi_threaded(sorters)
-                    .with_aux_indices(AuxIndicesSamplingRate::from(rate as i32))
-                    .run()
-                    .map_err(sais_error)?;
-                let rows: Vec<u64> = rows(built.aux_indices());
-                drop(built);
-                Ok(Transform {
-                    end_row: rows[0],
-                    symbols: TokenBuf::U8(text),
-                    rows,
-                })
+                let rows = sorted_in_place(&mut text, rate, threads)?;
+                Ok(with_rows(TokenBuf::U8(text), rows))
             }
             TokenBuf::U16(mut text) => {
                 // Sorted by little-endian bytes, as the suffix array sorts them.
                 text.iter_mut().for_each(|t| *t = t.swap_bytes());
-                let built = BwtConstruction::replace_text(&mut text[..])
-                    .with_owned_temporary_array_buffer32()
-                    .multi_threaded(sorters)
-                    .with_aux_indices(AuxIndicesSamplingRate::from(rate as i32))
-                    .run()
-                    .map_err(sais_error)?;
-                let rows: Vec<u64> = rows(built.aux_indices());
-                drop(built);
+                let rows = sorted_in_place(&mut text, rate, threads)?;
                 text.iter_mut().for_each(|t| *t = t.swap_bytes());
-                Ok(Transform {
-                    end_row: rows[0],
-                    symbols: TokenBuf::U16(text),
-                    rows,
-                })
+                Ok(with_rows(TokenBuf::U16(text), rows))
             }
             TokenBuf::U32(text) => {
                 let n = text.len() as u64;
@@ -294,6 +273,18 @@ impl Transform {
             TokenBuf::U32(s) => HuffmanWavelet::new(rows(s, end_row, separator)),
         }
     }
+}
+
+/// Replaces `text` by its transform (the suffix sorter's), returning the row of every
+/// `rate`-th suffix, the first being the whole text's.
+fn sorted_in_place<T: SmallAlphabet>(text: &mut [T], rate: u64, threads: u16) -> Result<Vec<u64>> {
+    let built = BwtConstruction::replace_text(text)
+        .with_owned_temporary_array_buffer32()
+        .multi_threaded(ThreadCount::fixed(threads.max(1)))
+        .with_aux_indices(AuxIndicesSamplingRate::from(rate as i32))
+        .run()
+        .map_err(|e| IndexError::Invalid(format!("Burrows-Wheeler transform failed: {e:?}")))?;
+    Ok(built.aux_indices().iter().map(|&r| r as u64).collect())
 }
 
 impl FmPart {
