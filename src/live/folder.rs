@@ -44,7 +44,7 @@ pub(super) fn adopt_root(root: &Path) -> Result<()> {
         return check_marker(&marker);
     }
     let entries = entries(root)?;
-    if entries.is_empty() {
+    if holds_nothing_but_begun(&entries, ROOT_MARKER) {
         return write_marker(&marker);
     }
     if let Some(namespaces) = version_1_namespaces(root, &entries) {
@@ -115,16 +115,53 @@ fn check_marker(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Where a marker is written before it is moved into place.
+fn partial_marker(marker: &Path) -> std::path::PathBuf {
+    let mut name = marker.as_os_str().to_owned();
+    name.push(".partial");
+    name.into()
+}
+
+/// Writes a marker whole or not at all (a kill or a full disk mid-write leaves only its partial
+/// file, never a marker that cannot be read), and durably.
 fn write_marker(path: &Path) -> Result<()> {
     let marker = Marker {
         format: FORMAT.into(),
         version: VERSION,
     };
-    let io = |e| LiveError::io(path, e);
-    let mut file = std::fs::File::create(path).map_err(io)?;
+    let partial = partial_marker(path);
+    let io = |e| LiveError::io(&partial, e);
+    let mut file = std::fs::File::create(&partial).map_err(io)?;
     let json = serde_json::to_vec_pretty(&marker).map_err(|e| LiveError::Invalid(e.to_string()))?;
     file.write_all(&json).map_err(io)?;
-    file.sync_all().map_err(io)
+    file.sync_all().map_err(io)?;
+    std::fs::rename(&partial, path).map_err(|e| LiveError::io(path, e))?;
+    let folder = path.parent().unwrap_or(Path::new("."));
+    std::fs::File::open(folder)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| LiveError::io(folder, e))
+}
+
+/// Whether `entries` of a folder are nothing, or only the partial file of `marker` (named in
+/// the folder): what a kill before the marker was in place leaves.
+fn holds_nothing_but_begun(entries: &[String], marker: &str) -> bool {
+    let partial = format!("{marker}.partial");
+    entries.iter().all(|e| *e == partial)
+}
+
+/// Removes `dir` if it is a namespace folder a kill or a failed write left before its marker
+/// was in place (empty, or holding only the marker's partial file); says whether it did.
+pub(super) fn remove_if_begun(dir: &Path) -> Result<bool> {
+    let entries = entries(dir)?;
+    if !holds_nothing_but_begun(&entries, NAMESPACE_MARKER) {
+        return Ok(false);
+    }
+    for name in &entries {
+        let path = dir.join(name);
+        std::fs::remove_file(&path).map_err(|e| LiveError::io(&path, e))?;
+    }
+    std::fs::remove_dir(dir).map_err(|e| LiveError::io(dir, e))?;
+    Ok(true)
 }
 
 /// The namespaces of a data folder of format 1, or `None` if `entries` are anything else: the
@@ -166,6 +203,12 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("fresh/lost+found")).unwrap();
         adopt_root(&dir.path().join("fresh")).unwrap();
         adopt_root(&dir.path().join("fresh")).unwrap();
+        // Its marker half written by a process killed then: taken as empty, the marker put in place.
+        let killed = dir.path().join("killed");
+        std::fs::create_dir_all(&killed).unwrap();
+        std::fs::write(killed.join("live-index.json.partial"), "{\"for").unwrap();
+        adopt_root(&killed).unwrap();
+        assert_eq!(entries(&killed).unwrap(), [ROOT_MARKER]);
         // Someone's files: refused by name, nothing touched.
         let home = dir.path().join("home");
         std::fs::create_dir_all(home.join("projects/run-2024")).unwrap();

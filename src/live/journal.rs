@@ -15,7 +15,7 @@
 //! deleted) before being cut there, and the error logged.
 
 use std::fs::{File, OpenOptions};
-use std::io::{ErrorKind, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use xxhash_rust::xxh3::xxh3_64;
@@ -238,13 +238,7 @@ impl Journal {
                 self.file = None;
                 self.generation += 1;
             }
-            return Err(match e.kind() {
-                ErrorKind::StorageFull | ErrorKind::QuotaExceeded => LiveError::Full(format!(
-                    "the live index cannot write its journal under {} ({e}): the disk is full; what it acknowledged is kept and appends are refused until the disk takes writes again",
-                    self.dir.display()
-                )),
-                _ => io(e),
-            });
+            return Err(io(e));
         }
         self.len += record.len() as u64;
         Ok(())

@@ -65,7 +65,17 @@ pub enum LiveError {
 }
 
 impl LiveError {
+    /// An I/O error at `path`; a disk that is full is a limit reached (the same request may
+    /// succeed once it frees), not a failure of the server.
     pub fn io(path: &Path, source: std::io::Error) -> Self {
+        use std::io::ErrorKind::{QuotaExceeded, StorageFull};
+        if matches!(source.kind(), StorageFull | QuotaExceeded) {
+            return LiveError::Full(format!(
+                "the live index cannot write {} ({source}): the disk is full; what it acknowledged \
+                 is kept and writes are refused until the disk takes them again",
+                path.display()
+            ));
+        }
         LiveError::Io {
             path: path.display().to_string(),
             source,
@@ -621,8 +631,9 @@ fn run_compactor(inner: &Inner) {
 }
 
 /// The namespaces of a data folder the live index adopted. Its own files and what it set aside
-/// are passed over; an empty folder with a namespace's name is what a kill between creating a
-/// namespace's folder and marking it leaves, and is removed; anything else is refused by name.
+/// are passed over; a folder with a namespace's name holding nothing but the start of its marker
+/// is what a kill between creating a namespace's folder and marking it leaves, and is removed;
+/// anything else is refused by name.
 fn namespace_folders(root: &Path) -> Result<Vec<String>> {
     let mut names = Vec::new();
     for name in folder::entries(root)? {
@@ -636,8 +647,7 @@ fn namespace_folders(root: &Path) -> Result<Vec<String>> {
                 names.push(name);
                 continue;
             }
-            if folder::entries(&path)?.is_empty() {
-                std::fs::remove_dir(&path).map_err(|e| LiveError::io(&path, e))?;
+            if folder::remove_if_begun(&path)? {
                 continue;
             }
         }
@@ -1176,9 +1186,17 @@ mod tests {
         let ns = dir.path().join("team-1");
         std::fs::create_dir(ns.join("run-99999999")).unwrap();
         std::fs::create_dir(ns.join("run-99999998.partial-1")).unwrap();
+        // And what a kill while a namespace was being made leaves: its folder with its marker
+        // half written, or nothing in it yet.
+        let begun = dir.path().join("team-2");
+        std::fs::create_dir(&begun).unwrap();
+        std::fs::write(begun.join("namespace.json.partial"), "{\"for").unwrap();
+        std::fs::create_dir(dir.path().join("team-3")).unwrap();
         let live = LiveIndex::open(config(Some(dir.path().into())), VOCAB).unwrap();
         assert!(!ns.join("run-99999999").exists());
         assert!(!ns.join("run-99999998.partial-1").exists());
+        assert!(!begun.exists() && !dir.path().join("team-3").exists());
+        assert_eq!(live.stats().namespaces, 1);
         assert_eq!(
             live.stats().tokens,
             docs.iter().map(|d| d.len() as u64).sum::<u64>()

@@ -165,13 +165,20 @@ impl Namespace {
             )),
             _ => LiveError::io(&dir, e),
         })?;
-        folder::mark_namespace(&dir)?;
         let ns = Self {
             name: name.to_string(),
             state: RwLock::new(State::new(&dir, 0, 0, 0)),
             dir,
         };
-        ns.write_list(&[], 0, 0)?;
+        let made = folder::mark_namespace(&ns.dir).and_then(|()| ns.write_list(&[], 0, 0));
+        if let Err(e) = made {
+            // The folder was made just now and holds only what this call wrote: removed, so the
+            // name stays free for a retry (a full disk) and a restart finds nothing half made.
+            if let Err(left) = std::fs::remove_dir_all(&ns.dir) {
+                tracing::warn!(dir = %ns.dir.display(), error = %left, "could not remove a namespace folder whose making failed");
+            }
+            return Err(e);
+        }
         Ok(ns)
     }
 

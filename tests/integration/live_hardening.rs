@@ -232,6 +232,59 @@ async fn a_full_disk_keeps_what_was_acknowledged_and_refuses_what_comes_next() {
     assert!(sigterm(&mut child.0).success());
 }
 
+/// The soak in CI: a namespace first written to while the disk was full got Internal ("No space left
+/// on device" from its marker file) instead of ResourceExhausted, and its folder stayed behind with
+/// an empty marker, so the namespace was refused for good ("its folder exists already") and a
+/// restart refused the whole data folder (a corrupt marker).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_begun_on_a_full_disk_is_refused_and_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(disk) = SmallDisk::mount(&dir.path().join("disk")) else {
+        println!("skipped: cannot mount a tmpfs here (not root?); the disk-full test needs one");
+        return;
+    };
+    let data = disk.0.join("live");
+    let index = build_index(dir.path());
+    let path = config_file(
+        dir.path(),
+        &index,
+        &data,
+        "budget_tokens = 200000\nfreeze_tokens = 4096\n",
+    );
+    let (child, addr) = spawn_serve(&path).await;
+    let mut child = Served(child);
+    let mut client = SidecarClient::new(connect(addr).await);
+    let first = random_documents(5, 2);
+    client
+        .add_documents(add("first", &first, ""))
+        .await
+        .unwrap();
+    let filler = disk.fill(0);
+    let second = random_documents(6, 2);
+    let refused = client
+        .add_documents(add("second", &second, ""))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("disk"), "{}", refused.message());
+    assert!(
+        !data.join("second").exists(),
+        "a refused namespace left its folder"
+    );
+    std::fs::remove_file(filler).unwrap();
+    client
+        .add_documents(add("second", &second, ""))
+        .await
+        .unwrap();
+    assert!(sigterm(&mut child.0).success());
+    let (child, addr) = spawn_serve(&path).await;
+    let mut child = Served(child);
+    let mut client = SidecarClient::new(connect(addr).await);
+    assert_eq!(draftable(&mut client, "first", &first).await, 2);
+    assert_eq!(draftable(&mut client, "second", &second).await, 2);
+    assert!(sigterm(&mut child.0).success());
+}
+
 /// Acknowledged documents and a session's learnt tokens sat in the tail, in memory only, until
 /// the tail was built into a run: a kill of the process lost them all (a restart drafted none of
 /// 10 documents AddDocuments had acknowledged). The journal keeps them; a retry of an

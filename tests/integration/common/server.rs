@@ -242,9 +242,14 @@ pub async fn spawn_serve_by(
     let keeper = std::sync::Arc::clone(&kept);
     let addr = tokio::task::spawn_blocking(move || {
         let mut line = String::new();
+        let mut before = String::new();
         loop {
+            before.push_str(&line);
             line.clear();
-            assert!(log.read_line(&mut line).unwrap() > 0, "the server exited");
+            assert!(
+                log.read_line(&mut line).unwrap() > 0,
+                "the server exited; its log:\n{before}"
+            );
             if let Some((_, at)) = line.split_once("serving on ") {
                 let addr: std::net::SocketAddr = at.trim().parse().unwrap();
                 // Keep draining the log so the server never blocks on a full pipe.
