@@ -544,19 +544,25 @@ fn build_into(
                 None => break,
             }
         }
-        for (tokens, metadata) in tokenize_batch(batch, opts.tokenizer)? {
+        let tokenized = tokenize_batch(batch, opts.tokenizer)?;
+        let contaminated: Vec<bool> = match opts.decontaminate {
+            Some(d) => tokenized
+                .par_iter()
+                .map(|(tokens, _)| d.is_contaminated(tokens))
+                .collect(),
+            None => vec![false; tokenized.len()],
+        };
+        for ((tokens, metadata), contaminated) in tokenized.into_iter().zip(contaminated) {
             if let Some(bad) = tokens.iter().find(|&&t| t as u64 >= opts.vocab_size) {
                 return Err(IndexError::Invalid(format!(
                     "token {bad} is outside the vocabulary (size {})",
                     opts.vocab_size
                 )));
             }
-            if let (Some(d), Some(record)) = (opts.decontaminate, decontamination.as_mut()) {
-                if d.is_contaminated(&tokens) {
-                    record.documents_dropped += 1;
-                    record.tokens_dropped += tokens.len() as u64;
-                    continue;
-                }
+            if let (true, Some(record)) = (contaminated, decontamination.as_mut()) {
+                record.documents_dropped += 1;
+                record.tokens_dropped += tokens.len() as u64;
+                continue;
             }
             let needed = tokens.len() as u64 + 1;
             if needed > limit {
