@@ -11,6 +11,7 @@
 //! bit asked about, so a decode takes at most 32 steps and usually far fewer.
 
 use crate::index::fm::file::{WordReader, Words};
+use crate::index::fm::pages;
 use crate::index::Result;
 
 const BLOCK: u64 = 64;
@@ -135,7 +136,7 @@ struct Line {
 
 /// The lines over `classes`: `None` when the ones or offset bits outgrow a line's u32.
 fn lines_of(classes: &[u8]) -> Option<(Vec<Line>, u64, u64)> {
-    let mut lines = Vec::with_capacity(classes.len().div_ceil(LINE_BLOCKS));
+    let mut lines = pages::for_random_reads(classes.len().div_ceil(LINE_BLOCKS));
     let (mut ones, mut bits) = (0u64, 0u64);
     for chunk in classes.chunks(LINE_BLOCKS) {
         let mut line = Line {

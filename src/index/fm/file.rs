@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use crate::index::fm::pages;
 use crate::index::{IndexError, Result};
 
 /// The first word of every compressed part file.
@@ -117,9 +118,14 @@ impl<'a> WordReader<'a> {
         Ok(n as usize)
     }
 
+    /// A section of words, in memory fit for random reads (queries rank and locate in them).
     pub fn u64s(&mut self) -> Result<Vec<u64>> {
         let n = self.count(1)?;
-        (0..n).map(|_| self.u64()).collect()
+        let mut out = pages::for_random_reads(n);
+        for _ in 0..n {
+            out.push(self.u64()?);
+        }
+        Ok(out)
     }
 
     pub fn bytes(&mut self) -> Result<Vec<u8>> {

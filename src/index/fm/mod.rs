@@ -12,6 +12,7 @@
 
 pub mod bits;
 pub mod file;
+mod pages;
 pub mod part;
 pub mod query;
 pub mod suffix;

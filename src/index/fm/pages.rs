@@ -1,0 +1,72 @@
+//! Memory for what queries read at random. A rank over a gigabyte index lands on a new 4 KiB page
+//! nearly every time, and each miss of the TLB costs a walk of the page tables (two-dimensional
+//! under a hypervisor), so on Linux such memory is advised to be backed by 2 MiB pages. Advice
+//! changes how memory is backed, never what it holds: where the kernel declines, nothing else
+//! changes.
+
+/// An empty vector with room for `capacity` items, its memory advised for huge pages.
+pub(super) fn for_random_reads<T>(capacity: usize) -> Vec<T> {
+    let v: Vec<T> = Vec::with_capacity(capacity);
+    advise_huge_pages(v.as_ptr().cast(), capacity * size_of::<T>());
+    v
+}
+
+#[cfg(target_os = "linux")]
+fn advise_huge_pages(start: *const u8, len: usize) {
+    const HUGE_PAGE: usize = 2 << 20;
+    // Only whole huge pages inside the allocation can be backed by one.
+    let begin = (start as usize).next_multiple_of(HUGE_PAGE);
+    let end = (start as usize).saturating_add(len) / HUGE_PAGE * HUGE_PAGE;
+    if end > begin {
+        // SAFETY: advice on whole pages of an allocation of ours, which madvise neither reads nor
+        // writes; an error (a kernel without transparent huge pages) leaves the memory as it was.
+        unsafe { libc::madvise(begin as *mut libc::c_void, end - begin, libc::MADV_HUGEPAGE) };
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_huge_pages(_: *const u8, _: usize) {}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// The kernel's flags for the mapping holding `address` (`VmFlags` in /proc/self/smaps).
+    fn flags_at(address: usize) -> Option<String> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line
+                .split_whitespace()
+                .next()
+                .and_then(|r| r.split_once('-'));
+            let bounds = range.and_then(|(a, b)| {
+                Some((
+                    usize::from_str_radix(a, 16).ok()?,
+                    usize::from_str_radix(b, 16).ok()?,
+                ))
+            });
+            match bounds {
+                Some((start, end)) if !line.starts_with("VmFlags") => {
+                    inside = (start..end).contains(&address)
+                }
+                _ if inside && line.starts_with("VmFlags:") => return Some(line.to_string()),
+                _ => {}
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn large_vectors_are_advised_for_huge_pages_and_small_ones_left_alone() {
+        let large: Vec<u64> = for_random_reads(2 << 20); // 16 MiB
+        let middle = large.as_ptr() as usize + (8 << 20);
+        let flags = flags_at(middle).expect("the vector's mapping is listed");
+        assert!(flags.split_whitespace().any(|f| f == "hg"), "{flags}");
+        let mut small: Vec<u64> = for_random_reads(1000);
+        small.extend(0..1000);
+        let flags = flags_at(small.as_ptr() as usize).expect("the vector's mapping is listed");
+        assert!(!flags.split_whitespace().any(|f| f == "hg"), "{flags}");
+        assert_eq!(small.iter().sum::<u64>(), 999 * 1000 / 2);
+    }
+}
