@@ -7,8 +7,10 @@
 #   fm            index build --bytes --compressed         the compressed index built directly
 # then the two compressed indexes compared file for file, queries on fm against sa warm and cold
 # (the page cache dropped first) with `cargo bench --bench compressed`, and `eval contamination` of
-# the mini-Pile test split over fm. Steps whose output exists are skipped. Needs root for the cold
-# run (it writes /proc/sys/vm/drop_caches) and about 35 GB of disk under $SCALE.
+# the mini-Pile test split over fm; last, bits per byte of SmolLM2 and Gemma-3 mixed with a
+# decontaminated gigabyte index (built both ways again, timed side by side). Steps whose output
+# exists are skipped. Needs root for the cold run (it writes /proc/sys/vm/drop_caches) and about
+# 60 GB of disk under $SCALE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -51,3 +53,34 @@ INFINI_SIDECAR_BENCH_LABEL=scale-cold INFINI_SIDECAR_BENCH_COLD=1 cargo bench --
 "$BIN" eval contamination --index "$SCALE/fm" --input "$(python3 scripts/fetch_humaneval.py)" \
   --out-dir "$OUT/contamination-humaneval"
 python3 eval/scale_table.py "$OUT" | tee "$OUT/summary.md"
+
+# The same text decontaminated against the mini-Pile test and validation splits as the mini-Pile
+# byte index is (48-byte n-grams), built both ways one after the other on an otherwise idle machine
+# (the side by side build figures), then bits per byte with it (the standalone table's byte-index
+# columns rerun): SmolLM2 and Gemma-3 mixed with the suffix-array one (a model's tokens follow a
+# byte-level index by reading its suffix arrays), λ1/λ2 and the gate fitted on the validation
+# sample, scored on the test sample (eval/cut_samples.py).
+DECON=(--decontaminate "$A/minipile/test.jsonl" "$A/minipile/validation.jsonl" --decontaminate-ngram 48)
+[ -d "$SCALE/fm-decon" ] || timed build-direct-decon "$BIN" index build --bytes --compressed \
+  --input "${INPUT[@]}" --out "$SCALE/fm-decon" "${DECON[@]}"
+[ -d "$SCALE/sa-decon" ] || timed build-sa-decon "$BIN" index build --bytes \
+  --input "${INPUT[@]}" --out "$SCALE/sa-decon" "${DECON[@]}"
+if [ ! -f "$OUT/build-compress-decon.time" ]; then
+  timed build-compress-decon "$BIN" index compress --index "$SCALE/sa-decon" --out "$SCALE/fm-decon-compress"
+  for part in "$SCALE"/fm-decon/fm.*; do
+    cmp "$part" "$SCALE/fm-decon-compress/$(basename "$part")"
+  done
+  rm -r "$SCALE/fm-decon-compress"
+fi
+WORK="$CACHE/standalone"
+mkdir -p "$WORK"
+python3 eval/cut_samples.py "$A/minipile" "$WORK"
+for pair in "smollm2:$SMOLLM2_GGUF" "gemma3:$A/gemma3/gemma-3-270m-q4_k_m.gguf"; do
+  name="${pair%%:*}" model="${pair#*:}"
+  "$BIN" eval fit --model "$model" --index "$SCALE/sa-decon" --input "$WORK/minipile-validation-sample.jsonl" \
+    --work-dir "$WORK/records-scale-$name-validation" --out "$OUT/bpb-$name-mixing.json"
+  "$BIN" eval ppl --model "$model" --index "$SCALE/sa-decon" --mixing "$OUT/bpb-$name-mixing.json" \
+    --input "$WORK/minipile-test-sample.jsonl" --work-dir "$WORK/records-scale-$name-test" \
+    --out-dir "$OUT/bpb-$name"
+done
+python3 eval/scale_bpb_table.py eval/results/standalone "$OUT" | tee "$OUT/bpb.md"

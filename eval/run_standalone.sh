@@ -21,30 +21,7 @@ OUT=eval/results/standalone
 WORK="$CACHE/standalone"
 mkdir -p "$OUT" "$WORK"
 # Shakespeare's splits, test cut to 20,000 bytes a work; the mini-Pile test sample.
-python3 - "$A/minipile" "$WORK" <<'PY'
-import collections, json, sys
-src, work = sys.argv[1], sys.argv[2]
-def cut(text, n):
-    return text.encode()[:n].decode("utf-8", "ignore")
-for split in ["train", "validation", "test"]:
-    with open(f"{work}/shakespeare-{split}.jsonl", "w") as out:
-        for line in open(f"{src}/{split}.jsonl"):
-            d = json.loads(line)
-            if d["meta"]["pile_set_name"] == "shakespeare":
-                if split == "test":
-                    d["text"] = cut(d["text"], 20000)
-                out.write(json.dumps(d) + "\n")
-for split in ["test", "validation"]:
-    seen = collections.Counter()
-    with open(f"{work}/minipile-{split}-sample.jsonl", "w") as out:
-        for line in open(f"{src}/{split}.jsonl"):
-            d = json.loads(line)
-            domain = d["meta"]["pile_set_name"]
-            if seen[domain] < 6 and len(d["text"].encode()) >= 500:
-                d["text"] = cut(d["text"], 3000)
-                out.write(json.dumps(d) + "\n")
-                seen[domain] += 1
-PY
+python3 eval/cut_samples.py "$A/minipile" "$WORK"
 S="$WORK/shakespeare"
 "$BIN" index build --bytes --input "$S-train.jsonl" --out "$WORK/idx-bytes" --force
 "$BIN" index build --input "$S-train.jsonl" --tokenizer "$SMOLLM2_GGUF" --out "$WORK/idx-smollm2" --force
