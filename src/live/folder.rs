@@ -165,22 +165,30 @@ pub(super) fn remove_if_begun(dir: &Path) -> Result<bool> {
 }
 
 /// The namespaces of a data folder of format 1, or `None` if `entries` are anything else: the
-/// lock file, folders set aside, and folders that hold a run list and nothing but runs.
+/// lock file, folders set aside, and folders that hold a run list and nothing but runs. A marking
+/// a kill interrupted left some namespaces marked (or half) and the root's marker half written:
+/// those are taken too, so the next start finishes the marking.
 fn version_1_namespaces(root: &Path, entries: &[String]) -> Option<Vec<String>> {
     if !entries.iter().any(|e| e == LOCK_FILE) {
         return None;
     }
+    let root_partial = format!("{ROOT_MARKER}.partial");
     let mut namespaces = Vec::new();
     for name in entries {
         let path = root.join(name);
-        if name == LOCK_FILE || (name.starts_with(SET_ASIDE_PREFIX) && path.is_dir()) {
+        if name == LOCK_FILE
+            || *name == root_partial
+            || (name.starts_with(SET_ASIDE_PREFIX) && path.is_dir())
+        {
             continue;
         }
         let inside = self::entries(&path).ok()?;
         let ours = path.is_dir()
             && inside.iter().any(|e| e == super::namespace::LIST_FILE)
             && inside.iter().all(|e| {
-                e.starts_with(super::namespace::LIST_FILE) || super::run::is_run_folder(e)
+                e.starts_with(super::namespace::LIST_FILE)
+                    || e.starts_with(NAMESPACE_MARKER)
+                    || super::run::is_run_folder(e)
             });
         if !ours {
             return None;
@@ -223,6 +231,22 @@ mod tests {
         std::fs::write(old.join(LOCK_FILE), "").unwrap();
         adopt_root(&old).unwrap();
         assert!(is_namespace(&old.join("team")).unwrap());
+        // The same marking killed half way: one namespace marked, one half, the root's marker
+        // half written. The next start finishes it.
+        let killed = dir.path().join("killed-marking");
+        for ns in ["done", "half", "not-yet"] {
+            std::fs::create_dir_all(killed.join(ns).join("run-00000001")).unwrap();
+            std::fs::write(killed.join(ns).join("runs.json"), "{}").unwrap();
+        }
+        std::fs::write(killed.join(LOCK_FILE), "").unwrap();
+        write_marker(&killed.join("done").join(NAMESPACE_MARKER)).unwrap();
+        std::fs::write(killed.join("half/namespace.json.partial"), "{\"for").unwrap();
+        std::fs::write(killed.join("live-index.json.partial"), "{\"for").unwrap();
+        adopt_root(&killed).unwrap();
+        for ns in ["done", "half", "not-yet"] {
+            assert!(is_namespace(&killed.join(ns)).unwrap(), "{ns}");
+        }
+        assert!(killed.join(ROOT_MARKER).exists());
         // The same with a stranger beside it is not of the first format.
         let mixed = dir.path().join("mixed");
         std::fs::create_dir_all(mixed.join("team/run-00000001")).unwrap();

@@ -418,6 +418,9 @@ impl LiveIndex {
                     pending += ns.read().pending();
                     ns
                 }
+                // A full disk is not a namespace at fault (opening may copy a damaged journal
+                // aside or rewrite a list): the start is refused, nothing set aside.
+                Err(e @ LiveError::Full(_)) => return Err(e),
                 Err(e) => {
                     set_aside(&root, &name, &e)?;
                     continue;

@@ -170,7 +170,12 @@ impl Namespace {
             state: RwLock::new(State::new(&dir, 0, 0, 0)),
             dir,
         };
-        let made = folder::mark_namespace(&ns.dir).and_then(|()| ns.write_list(&[], 0, 0));
+        // The new folder's name is durable once the data folder is synced.
+        let made = std::fs::File::open(root)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| LiveError::io(root, e))
+            .and_then(|()| folder::mark_namespace(&ns.dir))
+            .and_then(|()| ns.write_list(&[], 0, 0));
         if let Err(e) = made {
             // The folder was made just now and holds only what this call wrote: removed, so the
             // name stays free for a retry (a full disk) and a restart finds nothing half made.

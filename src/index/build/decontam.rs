@@ -47,7 +47,8 @@ impl Hasher for Premixed {
 }
 
 /// The Mersenne prime 2^61 − 1: polynomial hashes modulo a prime collide for two different
-/// n-grams with probability at most n / 2^61 (modulo 2^64 they can be made to collide).
+/// n-grams with probability at most n / 2^61 over a random base (the base here is fixed, so that
+/// is a guide, not a bound; modulo 2^64 such hashes can be made to collide).
 const PRIME: u64 = (1 << 61) - 1;
 /// The polynomial's base, a fixed number below the prime.
 const BASE: u64 = 0x1f3d_5b79_a2c4_e681 % PRIME;
