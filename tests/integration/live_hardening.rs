@@ -143,6 +143,27 @@ impl SmallDisk {
         ok.then(|| Self(at.to_path_buf()))
     }
 
+    /// A small disk under `dir` and a serve config whose live data folder is on it (a budget of
+    /// 200,000 tokens, tails frozen at 4,096): the disk, the data folder and the config file.
+    /// `None`, saying so, where no tmpfs can be mounted.
+    fn serve_config(dir: &Path) -> Option<(Self, PathBuf, PathBuf)> {
+        let Some(disk) = Self::mount(&dir.join("disk")) else {
+            println!(
+                "skipped: cannot mount a tmpfs here (not root?); the disk-full test needs one"
+            );
+            return None;
+        };
+        let data = disk.0.join("live");
+        let index = build_index(dir);
+        let config = config_file(
+            dir,
+            &index,
+            &data,
+            "budget_tokens = 200000\nfreeze_tokens = 4096\n",
+        );
+        Some((disk, data, config))
+    }
+
     /// Fills the disk but for `leave` bytes with one file, returned.
     fn fill(&self, leave: u64) -> PathBuf {
         use std::io::Write;
@@ -170,18 +191,9 @@ impl Drop for SmallDisk {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_keeps_what_was_acknowledged_and_refuses_what_comes_next() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(disk) = SmallDisk::mount(&dir.path().join("disk")) else {
-        println!("skipped: cannot mount a tmpfs here (not root?); the disk-full test needs one");
+    let Some((disk, _, path)) = SmallDisk::serve_config(dir.path()) else {
         return;
     };
-    let data = disk.0.join("live");
-    let index = build_index(dir.path());
-    let path = config_file(
-        dir.path(),
-        &index,
-        &data,
-        "budget_tokens = 200000\nfreeze_tokens = 4096\n",
-    );
     let (child, addr) = spawn_serve(&path).await;
     let mut child = Served(child);
     let mut client = SidecarClient::new(connect(addr).await);
@@ -239,18 +251,9 @@ async fn a_full_disk_keeps_what_was_acknowledged_and_refuses_what_comes_next() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_begun_on_a_full_disk_is_refused_and_leaves_nothing_behind() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(disk) = SmallDisk::mount(&dir.path().join("disk")) else {
-        println!("skipped: cannot mount a tmpfs here (not root?); the disk-full test needs one");
+    let Some((disk, data, path)) = SmallDisk::serve_config(dir.path()) else {
         return;
     };
-    let data = disk.0.join("live");
-    let index = build_index(dir.path());
-    let path = config_file(
-        dir.path(),
-        &index,
-        &data,
-        "budget_tokens = 200000\nfreeze_tokens = 4096\n",
-    );
     let (child, addr) = spawn_serve(&path).await;
     let mut child = Served(child);
     let mut client = SidecarClient::new(connect(addr).await);
