@@ -139,10 +139,9 @@ pub fn fit(
         .transpose()
         .map_err(EvalError::FitGate)?;
     let features: Vec<_> = evidence.iter().map(|e| e.features).collect();
-    let gate_perplexity = match &gate {
-        Some(g) => Some(perplexity(&evidence, &g.predict(&features)?)),
-        None => None,
-    };
+    let gate_perplexity = gate
+        .as_ref()
+        .map(|g| perplexity(&evidence, &g.predict(&features)));
     let record = FitRecord {
         input: inputs
             .inputs

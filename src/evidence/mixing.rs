@@ -39,7 +39,7 @@ pub fn lambdas(
         (LambdaRule::Split, Some(p)) => pick(p.split_for(None)),
         (LambdaRule::DomainSplit, Some(p)) => pick(p.split_for(domain)),
         (LambdaRule::Gate, Some(p)) => match &p.gate {
-            Some(g) => g.predict(features)?,
+            Some(g) => g.predict(features),
             None => return Err(MixError::Invalid("the mixing file has no gate".into())),
         },
         (LambdaRule::Adaptive, Some(p)) => {

@@ -77,7 +77,7 @@ pub fn fit_gate(
             .map(|(t, &l)| responsibility(t.p_infgram, t.p_neural, l))
             .collect();
         let g = Gate::train(&features, &targets, options)?;
-        lambdas = g.predict(&features)?;
+        lambdas = g.predict(&features);
         gate = Some(g);
     }
     gate.ok_or_else(|| MixError::Gate("no rounds".into()))

@@ -14,6 +14,7 @@ use smartcore::ensemble::random_forest_regressor::{
 use smartcore::linalg::basic::matrix::DenseMatrix;
 
 use super::features::{feature_names, GateFeatures, NUM_FEATURES};
+use super::forest::FlatForest;
 use super::{MixError, LAMBDA_MAX, LAMBDA_MIN};
 
 type Forest = RandomForestRegressor<f64, f64, DenseMatrix<f64>, Vec<f64>>;
@@ -43,11 +44,32 @@ impl Default for GateOptions {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
+#[serde(try_from = "StoredGate")]
 pub struct Gate {
     pub feature_names: Vec<String>,
     pub options: GateOptions,
     #[serde(with = "exact")]
     forest: Forest,
+    /// What predicts: the same trees, flattened (made from `forest` whenever one is made or read).
+    #[serde(skip_serializing)]
+    flat: FlatForest,
+}
+
+/// A gate as a mixing file holds it, before its flat copy is made.
+#[derive(Deserialize)]
+struct StoredGate {
+    feature_names: Vec<String>,
+    options: GateOptions,
+    #[serde(with = "exact")]
+    forest: Forest,
+}
+
+impl TryFrom<StoredGate> for Gate {
+    type Error = MixError;
+
+    fn try_from(stored: StoredGate) -> Result<Self, MixError> {
+        Gate::new(stored.feature_names, stored.options, stored.forest)
+    }
 }
 
 /// The forest as hex of its bincode bytes inside the JSON mixing file: JSON number parsing may be off
@@ -101,26 +123,29 @@ impl Gate {
             .with_seed(options.seed);
         let forest = Forest::fit(&matrix(features)?, &targets.to_vec(), params)
             .map_err(|e| MixError::Gate(e.to_string()))?;
+        Self::new(feature_names(), options, forest)
+    }
+
+    fn new(
+        feature_names: Vec<String>,
+        options: GateOptions,
+        forest: Forest,
+    ) -> Result<Self, MixError> {
+        let flat = FlatForest::from_smartcore(&forest)?;
         Ok(Self {
-            feature_names: feature_names(),
+            feature_names,
             options,
             forest,
+            flat,
         })
     }
 
     /// λ for each row, kept inside [`LAMBDA_MIN`], [`LAMBDA_MAX`].
-    pub fn predict(&self, features: &[GateFeatures]) -> Result<Vec<f64>, MixError> {
-        if features.is_empty() {
-            return Ok(Vec::new());
-        }
-        let raw = self
-            .forest
-            .predict(&matrix(features)?)
-            .map_err(|e| MixError::Gate(e.to_string()))?;
-        Ok(raw
-            .into_iter()
-            .map(|l| l.clamp(LAMBDA_MIN, LAMBDA_MAX))
-            .collect())
+    pub fn predict(&self, features: &[GateFeatures]) -> Vec<f64> {
+        features
+            .iter()
+            .map(|row| self.flat.predict(row).clamp(LAMBDA_MIN, LAMBDA_MAX))
+            .collect()
     }
 
     /// Normalised importance of each feature, in [`feature_names`] order.
@@ -156,7 +181,7 @@ mod tests {
             ..GateOptions::default()
         };
         let gate = Gate::train(&rows, &targets, opts).unwrap();
-        let pred = gate.predict(&rows).unwrap();
+        let pred = gate.predict(&rows);
         for (p, t) in pred.iter().zip(&targets) {
             assert!((p - t).abs() < 0.05, "{p} vs {t}");
         }
@@ -165,10 +190,57 @@ mod tests {
 
         let json = serde_json::to_string(&gate).unwrap();
         let back: Gate = serde_json::from_str(&json).unwrap();
-        let again = back.predict(&rows).unwrap();
+        let again = back.predict(&rows);
         assert!(pred
             .iter()
             .zip(&again)
             .all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+
+    /// The flat copy predicts what smartcore's forest does, bit for bit: a deep forest over every
+    /// feature, fitted on noisy targets, asked about its training rows and rows it never saw.
+    #[test]
+    fn the_flat_forest_predicts_exactly_what_smartcore_does() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        // Training rows in half steps; unseen ones in quarter steps, which land on the splits
+        // (midpoints of training values) and so tell ≤ from <.
+        let mut row = |step: f64| -> GateFeatures {
+            std::array::from_fn(|_| (next() * 4.0 / step).floor() * step)
+        };
+        let rows: Vec<GateFeatures> = (0..3_000).map(|_| row(0.5)).collect();
+        let targets: Vec<f64> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, f)| ((f[0] * f[3] + f[9] - f[12]).sin() + (i % 7) as f64 / 7.0) / 2.5 + 0.5)
+            .collect();
+        let options = GateOptions {
+            trees: 12,
+            max_depth: 14,
+            min_samples_leaf: 2,
+            ..GateOptions::default()
+        };
+        let gate = Gate::train(&rows, &targets, options).unwrap();
+        let unseen: Vec<GateFeatures> = (0..3_000).map(|_| row(0.25)).collect();
+        for asked in [&rows, &unseen] {
+            let smartcore = gate.forest.predict(&matrix(asked).unwrap()).unwrap();
+            let mut distinct: Vec<u64> = smartcore.iter().map(|p| p.to_bits()).collect();
+            distinct.sort_unstable();
+            distinct.dedup();
+            assert!(
+                distinct.len() > 500,
+                "a forest this deep answers in many ways, not {}",
+                distinct.len()
+            );
+            for (i, (row, want)) in asked.iter().zip(smartcore).enumerate() {
+                let got = gate.flat.predict(row);
+                assert_eq!(got.to_bits(), want.to_bits(), "row {i}: {got} vs {want}");
+            }
+        }
     }
 }

@@ -6,6 +6,7 @@ pub mod adaptive;
 pub mod distribution;
 pub mod features;
 pub mod fit;
+mod forest;
 pub mod gate;
 pub mod params;
 pub mod sequence;

@@ -279,7 +279,7 @@ fn fit_and_evaluate_end_to_end() {
     let (mut adaptive_nll, mut neural_nll, mut documents) = (0.0, 0.0, 0usize);
     for d in &domains {
         let features: Vec<_> = d.tokens.iter().map(|t| t.features).collect();
-        let bases = gate.predict(&features).unwrap();
+        let bases = gate.predict(&features);
         let mut start = 0;
         while start < d.tokens.len() {
             let doc = d.tokens[start].doc;

@@ -281,7 +281,7 @@ async fn every_rpc_answers_as_the_library_does() {
     assert_eq!(gated.gate_feature_names.len(), NUM_FEATURES);
     assert_eq!(gated.gate_features[0], (gated.suffix_len as f64).ln_1p());
     let features: GateFeatures = gated.gate_features.clone().try_into().unwrap();
-    let want = params.gate.as_ref().unwrap().predict(&[features]).unwrap()[0];
+    let want = params.gate.as_ref().unwrap().predict(&[features])[0];
     assert_eq!(gated.lambda, want);
     // Drafts: for a context, and for an open session by id (the same sequence), as the library's.
     let doc = &index.search_docs(&ids[1..3], opts).unwrap().documents[0].token_ids;
@@ -436,7 +436,7 @@ async fn adaptive_lambda_follows_each_sequence() {
             panic!("no mix in {reply:?}");
         };
         let features: GateFeatures = m.gate_features.clone().try_into().unwrap();
-        let base = gate.predict(&[features]).unwrap()[0];
+        let base = gate.predict(&[features])[0];
         assert_eq!(m.lambda, trust.lambda(base), "token {i}");
         let by_id = client.mix(mix_call(i, "a")).await.unwrap().into_inner();
         assert_eq!(by_id.lambda, m.lambda, "token {i}");
@@ -467,10 +467,7 @@ async fn adaptive_lambda_follows_each_sequence() {
     let fresh = client.mix(mix_call(30, "b")).await.unwrap().into_inner();
     let features: GateFeatures = fresh.gate_features.clone().try_into().unwrap();
     let prior = SequenceTrust::new(&params.adaptive);
-    assert_eq!(
-        fresh.lambda,
-        prior.lambda(gate.predict(&[features]).unwrap()[0])
-    );
+    assert_eq!(fresh.lambda, prior.lambda(gate.predict(&[features])[0]));
     // No sequence, no λ named: λ1/λ2 as before.
     let stateless = client.mix(mix_call(30, "")).await.unwrap().into_inner();
     assert_eq!(stateless.lambda, if stateless.sparse { 0.4 } else { 0.05 });

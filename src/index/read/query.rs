@@ -157,20 +157,21 @@ impl Index {
 
     /// What follows `cap` of the prompt's `total` matches spread evenly over its ranges (each part
     /// its share).
+    /// The samples' reads are gathered first and counted after: reads that wait on nothing but
+    /// their own pointer overlap, where counting each as it came made every miss wait on a map.
     fn sampled(&self, prompt: &Matches, total: u64, cap: u64) -> BTreeMap<u32, u64> {
-        let mut dist = BTreeMap::new();
+        let mut keys = Vec::with_capacity(cap as usize + prompt.ranges.len());
         for (part, range) in self.parts.iter().zip(&prompt.ranges) {
             if range.is_empty() {
                 continue;
             }
             let share = sampling::share(cap, range.len(), total);
-            for offset in sampling::offsets(range.len(), cap, share) {
-                *dist
-                    .entry(self.token_of(part.next_key(range.lo + offset, prompt.bytes.len())))
-                    .or_insert(0) += 1;
-            }
+            keys.extend(
+                sampling::offsets(range.len(), cap, share)
+                    .map(|offset| (part.next_key(range.lo + offset, prompt.bytes.len()), 1)),
+            );
         }
-        dist
+        self.merge_runs(keys)
     }
 
     /// One count per token from runs in suffix order (bytes, not token values; a token may have a run
