@@ -210,14 +210,21 @@ mod tests {
         };
         // Training rows in half steps; unseen ones in quarter steps, which land on the splits
         // (midpoints of training values) and so tell ≤ from <.
+        // A value of 0 stands for −∞ (a feature that is a log of 0): smartcore then splits at −∞.
         let mut row = |step: f64| -> GateFeatures {
-            std::array::from_fn(|_| (next() * 4.0 / step).floor() * step)
+            std::array::from_fn(|_| match (next() * 4.0 / step).floor() * step {
+                0.0 => f64::NEG_INFINITY,
+                x => x,
+            })
         };
         let rows: Vec<GateFeatures> = (0..3_000).map(|_| row(0.5)).collect();
         let targets: Vec<f64> = rows
             .iter()
             .enumerate()
-            .map(|(i, f)| ((f[0] * f[3] + f[9] - f[12]).sin() + (i % 7) as f64 / 7.0) / 2.5 + 0.5)
+            .map(|(i, f)| {
+                let x = f[0].max(0.0) * f[3].max(0.0) + f[9].max(-1.0) - f[12].max(0.0);
+                (x.sin() + (i % 7) as f64 / 7.0) / 2.5 + 0.5
+            })
             .collect();
         let options = GateOptions {
             trees: 12,

@@ -174,8 +174,9 @@ impl Index {
         self.merge_runs(keys)
     }
 
-    /// One count per token from runs in suffix order (bytes, not token values; a token may have a run
-    /// per part, and separators and part ends all mean eos): sorted once, then built in bulk.
+    /// One count per token from runs of keys, in any order (bytes, not token values; a token may
+    /// have a run per part, and separators and part ends all mean eos): sorted once, then built in
+    /// bulk.
     fn merge_runs(&self, runs: Vec<(NextKey, u64)>) -> BTreeMap<u32, u64> {
         let counts = runs
             .into_iter()
