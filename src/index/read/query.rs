@@ -157,6 +157,7 @@ impl Index {
 
     /// What follows `cap` of the prompt's `total` matches spread evenly over its ranges (each part
     /// its share).
+    ///
     /// The samples' reads are gathered first and counted after: reads that wait on nothing but
     /// their own pointer overlap, where counting each as it came made every miss wait on a map.
     fn sampled(&self, prompt: &Matches, total: u64, cap: u64) -> BTreeMap<u32, u64> {
