@@ -129,17 +129,27 @@ fn write_marker(path: &Path) -> Result<()> {
         format: FORMAT.into(),
         version: VERSION,
     };
-    let partial = partial_marker(path);
-    let io = |e| LiveError::io(&partial, e);
-    let mut file = std::fs::File::create(&partial).map_err(io)?;
     let json = serde_json::to_vec_pretty(&marker).map_err(|e| LiveError::Invalid(e.to_string()))?;
-    file.write_all(&json).map_err(io)?;
+    write_whole(path, &partial_marker(path), &json)
+}
+
+/// Writes `bytes` to `path` whole or not at all, durably: to `temp` first, synced, renamed over
+/// `path`, and the folder synced (a kill leaves the old file or `temp`, never half of either).
+pub(super) fn write_whole(path: &Path, temp: &Path, bytes: &[u8]) -> Result<()> {
+    let io = |e| LiveError::io(temp, e);
+    let mut file = std::fs::File::create(temp).map_err(io)?;
+    file.write_all(bytes).map_err(io)?;
     file.sync_all().map_err(io)?;
-    std::fs::rename(&partial, path).map_err(|e| LiveError::io(path, e))?;
-    let folder = path.parent().unwrap_or(Path::new("."));
-    std::fs::File::open(folder)
+    std::fs::rename(temp, path).map_err(|e| LiveError::io(path, e))?;
+    sync_entries(path.parent().unwrap_or(Path::new(".")))
+}
+
+/// Makes the entries of folder `dir` durable: a file made, renamed or removed in it survives a
+/// power cut once this returns.
+pub(super) fn sync_entries(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|e| LiveError::io(folder, e))
+        .map_err(|e| LiveError::io(dir, e))
 }
 
 /// Whether `entries` of a folder are nothing, or only the partial file of `marker` (named in

@@ -219,9 +219,7 @@ impl Journal {
                 .map_err(io)?;
             self.len = file.metadata().map_err(io)?.len();
             // The new file's name is durable once its folder is synced.
-            File::open(&self.dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| LiveError::io(&self.dir, e))?;
+            super::folder::sync_entries(&self.dir)?;
             self.file = Some(file);
         }
         let Some(file) = self.file.as_mut() else {

@@ -7,7 +7,6 @@
 //! alone (renamed, never deleted) and the namespace serves the others. What the tail holds is in
 //! the namespace's journal (`journal`) until its run is listed, and is read back at open.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
@@ -171,9 +170,7 @@ impl Namespace {
             dir,
         };
         // The new folder's name is durable once the data folder is synced.
-        let made = std::fs::File::open(root)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| LiveError::io(root, e))
+        let made = folder::sync_entries(root)
             .and_then(|()| folder::mark_namespace(&ns.dir))
             .and_then(|()| ns.write_list(&[], 0, 0));
         if let Err(e) = made {
@@ -296,17 +293,9 @@ impl Namespace {
         };
         let path = self.dir.join(LIST_FILE);
         let temp = self.dir.join(format!("{LIST_FILE}.tmp"));
-        let io = |e| LiveError::io(&temp, e);
-        let mut file = std::fs::File::create(&temp).map_err(io)?;
         let json =
             serde_json::to_vec_pretty(&list).map_err(|e| LiveError::Invalid(e.to_string()))?;
-        file.write_all(&json).map_err(io)?;
-        file.sync_all().map_err(io)?;
-        std::fs::rename(&temp, &path).map_err(|e| LiveError::io(&path, e))?;
-        // The rename itself is durable once the folder is synced.
-        std::fs::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| LiveError::io(&self.dir, e))
+        folder::write_whole(&path, &temp, &json)
     }
 
     /// What followed the longest match of `pattern`'s end in this namespace (at most `depth` tokens

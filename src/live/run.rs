@@ -127,7 +127,5 @@ fn sync_folder(dir: &Path) -> Result<()> {
                 .map_err(|e| LiveError::io(&path, e))?;
         }
     }
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io)
+    super::folder::sync_entries(dir)
 }
