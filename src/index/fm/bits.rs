@@ -10,6 +10,8 @@
 //! coded by its zeros, and a block is decoded from its highest marked bit down only until the
 //! bit asked about, so a decode takes at most 32 steps and usually far fewer.
 
+mod line_sum;
+
 use crate::index::fm::file::{WordReader, Words};
 use crate::index::fm::pages;
 use crate::index::Result;
@@ -154,6 +156,15 @@ fn lines_of(classes: &[u8]) -> Option<(Vec<Line>, u64, u64)> {
     Some((lines, ones, bits))
 }
 
+/// A rank between [`CompressedBits::begin`] and [`CompressedBits::finish`]: its block's class,
+/// the ones before the block, the bit position of its offset and the bit asked about in it.
+struct Pending {
+    k: u8,
+    ones: u64,
+    at: u64,
+    r: usize,
+}
+
 /// Immutable bits with `rank1` and `get`, in about `n·H0` bits per block plus 1/7 for classes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompressedBits {
@@ -214,25 +225,37 @@ impl CompressedBits {
     fn locate(&self, b: usize) -> (u8, u64, u64) {
         let line = &self.lines[b / LINE_BLOCKS];
         let within = b % LINE_BLOCKS;
-        let before: u32 = line.classes[..within]
-            .iter()
-            .map(|&k| CLASS_STEPS[k as usize])
-            .sum();
+        let (ones, bits) = line_sum::before(line, within);
         (
             line.classes[within],
-            line.rank as u64 + (before & 0xFFFF) as u64,
-            line.at as u64 + (before >> 16) as u64,
+            line.rank as u64 + ones,
+            line.at as u64 + bits,
         )
     }
 
-    /// Ones in `[0, i)` and the bit at `i` (false past the end), from a partial block decode.
-    pub fn rank1_and_get(&self, i: u64) -> (u64, bool) {
+    /// Starts a rank at `i`: finds its block in the block's line and asks for the block's
+    /// offset, which [`CompressedBits::finish`] decodes once it has arrived; `None` past the end.
+    fn begin(&self, i: u64) -> Option<Pending> {
         let b = i / BLOCK;
         if b >= self.len.div_ceil(BLOCK) {
-            return (self.ones, false);
+            return None;
         }
         let (k, ones, at) = self.locate(b as usize);
         let r = (i % BLOCK) as usize;
+        if r > 0 {
+            if let Some(word) = self.offsets.get((at / 64) as usize) {
+                pages::prefetch(word);
+            }
+        }
+        Some(Pending { k, ones, at, r })
+    }
+
+    /// Ones before a begun rank's bit and the bit itself (false past the end), from a partial
+    /// block decode.
+    fn finish(&self, pending: Option<Pending>) -> (u64, bool) {
+        let Some(Pending { k, ones, at, r }) = pending else {
+            return (self.ones, false);
+        };
         let read = || read_bits(&self.offsets, at, offset_width(k));
         let (below, bit) = match k {
             0 => (0, false),
@@ -246,13 +269,38 @@ impl CompressedBits {
         (ones + below, bit)
     }
 
-    /// Ones in `[0, i)`, `i ≤ len` (no block is decoded at a block's start).
-    pub fn rank1(&self, i: u64) -> u64 {
-        let b = i / BLOCK;
-        if !i.is_multiple_of(BLOCK) || b >= self.len.div_ceil(BLOCK) {
-            return self.rank1_and_get(i).0;
+    /// Ones before a begun rank's bit (no block is decoded at a block's start).
+    fn finish_rank(&self, pending: Option<Pending>) -> u64 {
+        match pending {
+            Some(Pending { r: 0, ones, .. }) => ones,
+            _ => self.finish(pending).0,
         }
-        self.locate(b as usize).1
+    }
+
+    /// Ones in `[0, i)` and the bit at `i` (false past the end).
+    pub fn rank1_and_get(&self, i: u64) -> (u64, bool) {
+        self.finish(self.begin(i))
+    }
+
+    /// Ones in `[0, i)`, `i ≤ len`.
+    pub fn rank1(&self, i: u64) -> u64 {
+        self.finish_rank(self.begin(i))
+    }
+
+    /// Ones in `[0, lo)` and in `[0, hi)`: both lines asked for before either is read, and both
+    /// offsets before either is decoded, so that the two ranks wait for memory once, not twice.
+    pub fn rank1_pair(&self, lo: u64, hi: u64) -> (u64, u64) {
+        self.prefetch(lo);
+        self.prefetch(hi);
+        let (lo, hi) = (self.begin(lo), self.begin(hi));
+        (self.finish_rank(lo), self.finish_rank(hi))
+    }
+
+    /// Asks for the line a rank at `i` reads first.
+    pub fn prefetch(&self, i: u64) {
+        if let Some(line) = self.lines.get((i / BLOCK) as usize / LINE_BLOCKS) {
+            pages::prefetch(line);
+        }
     }
 
     /// Bytes these bits occupy in memory (their file keeps the classes, not the lines).

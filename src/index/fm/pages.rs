@@ -11,6 +11,21 @@ pub(super) fn for_random_reads<T>(capacity: usize) -> Vec<T> {
     v
 }
 
+/// Starts reading `item` into the cache without waiting for it, so that the misses of reads
+/// known together (the two ends of a range, a rank's line then its offsets) overlap.
+pub(super) fn prefetch<T>(item: &T) {
+    // SAFETY: a prefetch is a hint that reads nothing the program sees and cannot fault; SSE,
+    // which it needs, is part of every x86_64 CPU.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+            (item as *const T).cast(),
+        )
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = item;
+}
+
 #[cfg(target_os = "linux")]
 fn advise_huge_pages(start: *const u8, len: usize) {
     const HUGE_PAGE: usize = 2 << 20;

@@ -504,6 +504,8 @@ impl FmPart {
     pub fn end_of(&self, mut row: u64) -> u64 {
         let mut steps = 0;
         loop {
+            // The step's first rank is read while the sampled bit is.
+            self.bwt.prefetch(row);
             let (ones, sampled) = self.sampled.rank1_and_get(row);
             if sampled {
                 let q = self.samples.get(ones) * self.sample_every + steps;

@@ -194,7 +194,7 @@ impl HuffmanWavelet {
     }
 
     /// Occurrences of `symbol` in `[0, lo)` and in `[0, hi)`: one descent, the two ranks of each
-    /// level read side by side so that their cache misses overlap.
+    /// level taken as a pair so that their cache misses overlap.
     pub fn rank_pair(&self, symbol: u32, mut lo: u64, mut hi: u64) -> (u64, u64) {
         let Some(code) = self.code(symbol) else {
             return (0, 0);
@@ -202,7 +202,7 @@ impl HuffmanWavelet {
         let mut node = &self.nodes[0];
         for level in 0..code.len {
             let bit = code.bits >> level & 1;
-            let (ones_lo, ones_hi) = (node.bits.rank1(lo), node.bits.rank1(hi));
+            let (ones_lo, ones_hi) = node.bits.rank1_pair(lo, hi);
             (lo, hi) = match bit {
                 1 => (ones_lo, ones_hi),
                 _ => (lo - ones_lo, hi - ones_hi),
@@ -213,6 +213,11 @@ impl HuffmanWavelet {
             }
         }
         (lo, hi)
+    }
+
+    /// Asks for the first line [`HuffmanWavelet::symbol_and_rank`] at `i` will read.
+    pub fn prefetch(&self, i: u64) {
+        self.nodes[0].bits.prefetch(i);
     }
 
     /// The symbol at `i` and its occurrences in `[0, i)`.
@@ -241,7 +246,7 @@ impl HuffmanWavelet {
                 return;
             }
             let node = &self.nodes[n];
-            let (ones_lo, ones_hi) = (node.bits.rank1(lo), node.bits.rank1(hi));
+            let (ones_lo, ones_hi) = node.bits.rank1_pair(lo, hi);
             let branches = [(lo - ones_lo, hi - ones_hi), (ones_lo, ones_hi)];
             for (link, (lo, hi)) in node.links.iter().zip(branches) {
                 if lo < hi {
