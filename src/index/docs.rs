@@ -170,6 +170,11 @@ pub(crate) trait DocumentPart {
     fn doc_cnt(&self) -> u64;
     /// Where the match at `rank` of an n-gram `len` tokens long starts.
     fn place_of(&self, rank: u64, len: usize) -> u64;
+    /// [`DocumentPart::place_of`] of each of `ranks`, appended to `places` (a part that finds
+    /// places faster together says so here).
+    fn places_of(&self, ranks: &[u64], len: usize, places: &mut Vec<u64>) {
+        places.extend(ranks.iter().map(|&rank| self.place_of(rank, len)));
+    }
     /// The document holding a place.
     fn doc_of(&self, place: u64) -> u64;
     /// One past the document's last place.
@@ -218,7 +223,7 @@ type ClauseDocs = BTreeMap<DocKey, Seen>;
 /// Each n-gram of a clause: its length and its rank range in every part.
 type Located = Vec<(usize, Vec<RankRange>)>;
 
-/// Places visited between two checks for an interrupt.
+/// Places found between two checks for an interrupt.
 const CHECK_EVERY: u64 = 1024;
 
 /// Documents satisfying a CNF (see [`Corpus::search_docs_cnf`](crate::index::corpus::Corpus::search_docs_cnf)).
@@ -371,19 +376,21 @@ fn clause_documents<S: DocumentPart>(
     stride: u64,
 ) -> Result<ClauseDocs> {
     let mut docs = ClauseDocs::new();
-    let mut visited = 0u64;
-    let mut places = Vec::new();
+    let (mut batch, mut places) = (Vec::new(), Vec::new());
     for (len, ranges) in clause {
         for (s, (part, range)) in parts.iter().zip(ranges).enumerate() {
             places.clear();
-            let mut rank = range.lo;
-            while rank < range.hi {
-                visited += 1;
-                if visited.is_multiple_of(CHECK_EVERY) && crate::interrupt::interrupted() {
+            let mut ranks = (range.lo..range.hi).step_by(stride as usize);
+            loop {
+                batch.clear();
+                batch.extend(ranks.by_ref().take(CHECK_EVERY as usize));
+                if batch.is_empty() {
+                    break;
+                }
+                if crate::interrupt::interrupted() {
                     return Err(IndexError::Interrupted);
                 }
-                places.push(part.place_of(rank, *len));
-                rank += stride;
+                part.places_of(&batch, *len, &mut places);
             }
             places.sort_unstable();
             let mut rest = &places[..];

@@ -158,7 +158,8 @@ fn lines_of(classes: &[u8]) -> Option<(Vec<Line>, u64, u64)> {
 
 /// A rank between [`CompressedBits::begin`] and [`CompressedBits::finish`]: its block's class,
 /// the ones before the block, the bit position of its offset and the bit asked about in it.
-struct Pending {
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Pending {
     k: u8,
     ones: u64,
     at: u64,
@@ -235,7 +236,7 @@ impl CompressedBits {
 
     /// Starts a rank at `i`: finds its block in the block's line and asks for the block's
     /// offset, which [`CompressedBits::finish`] decodes once it has arrived; `None` past the end.
-    fn begin(&self, i: u64) -> Option<Pending> {
+    pub(super) fn begin(&self, i: u64) -> Option<Pending> {
         let b = i / BLOCK;
         if b >= self.len.div_ceil(BLOCK) {
             return None;
@@ -252,7 +253,7 @@ impl CompressedBits {
 
     /// Ones before a begun rank's bit and the bit itself (false past the end), from a partial
     /// block decode.
-    fn finish(&self, pending: Option<Pending>) -> (u64, bool) {
+    pub(super) fn finish(&self, pending: Option<Pending>) -> (u64, bool) {
         let Some(Pending { k, ones, at, r }) = pending else {
             return (self.ones, false);
         };

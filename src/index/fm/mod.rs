@@ -24,6 +24,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use crate::index::build::sa::TokenBuf;
 use crate::index::docs::{DocumentIndex, DocumentPart};
+use crate::index::fm::wavelet::WALKS;
 use crate::index::format::{ShardSetRecord, TokenWidth, SHARD_SET_FILE, TOKENIZER_FILE};
 use crate::index::query::check_vocabulary;
 use crate::index::ranks::RankRange;
@@ -331,20 +332,25 @@ impl CompressedIndex {
     pub fn positions(&self, ids: &[u32], limit: usize) -> Result<Vec<(usize, u64)>> {
         self.check_ids(ids)?;
         let m = self.locate(ids);
-        let mut out = Vec::new();
+        let (mut out, mut rows, mut places) = (Vec::new(), Vec::new(), Vec::new());
         for (s, (part, range)) in self.parts.iter().zip(&m.ranges).enumerate() {
-            for row in range.lo..range.hi {
-                if out.len() == limit {
-                    return Ok(out);
-                }
+            let mut range = range.lo..range.hi;
+            while out.len() < limit {
                 if crate::interrupt::interrupted() {
                     return Err(IndexError::Interrupted);
                 }
-                let at = part.place_of(row, ids.len());
-                if ids.is_empty() && at == part.tok_cnt() {
-                    continue;
+                rows.clear();
+                rows.extend(range.by_ref().take((limit - out.len()).min(WALKS)));
+                if rows.is_empty() {
+                    break;
                 }
-                out.push((s, at));
+                places.clear();
+                part.places_of(&rows, ids.len(), &mut places);
+                // The empty n-gram matches at the part's end too, which is no place.
+                let real = places
+                    .iter()
+                    .filter(|&&at| !ids.is_empty() || at != part.tok_cnt());
+                out.extend(real.map(|&at| (s, at)));
             }
         }
         Ok(out)
@@ -385,6 +391,14 @@ impl DocumentPart for FmPart {
     }
     fn place_of(&self, row: u64, len: usize) -> u64 {
         self.end_of(row).saturating_sub(len as u64)
+    }
+    fn places_of(&self, rows: &[u64], len: usize, places: &mut Vec<u64>) {
+        let mut ends = [0u64; WALKS];
+        for rows in rows.chunks(WALKS) {
+            let ends = &mut ends[..rows.len()];
+            self.ends_of(rows, ends);
+            places.extend(ends.iter().map(|&end| end.saturating_sub(len as u64)));
+        }
     }
     fn doc_of(&self, place: u64) -> u64 {
         FmPart::doc_of(self, place)

@@ -22,7 +22,7 @@ use libsais::{BwtConstruction, SmallAlphabet, ThreadCount};
 use crate::index::build::sa::{TokenBuf, MAX_PART_TOKENS};
 use crate::index::fm::bits::CompressedBits;
 use crate::index::fm::file::{WordReader, Words};
-use crate::index::fm::wavelet::HuffmanWavelet;
+use crate::index::fm::wavelet::{HuffmanWavelet, WALKS};
 use crate::index::format::TokenWidth;
 use crate::index::ranks::RankRange;
 use crate::index::read::part::{NextKey, END};
@@ -479,7 +479,11 @@ impl FmPart {
         if row == self.end_row {
             return None;
         }
-        let (symbol, before) = self.bwt.symbol_and_rank(row);
+        self.step_from(row, self.bwt.symbol_and_rank(row))
+    }
+
+    /// [`FmPart::step`] from a row that is not the end row, given its symbol and rank.
+    fn step_from(&self, row: u64, (symbol, before): (u32, u64)) -> Option<(u32, u64)> {
         let before = before - u64::from(symbol == self.width.separator() && self.end_row < row);
         Some((symbol, self.first_row(symbol)? + before))
     }
@@ -501,24 +505,70 @@ impl FmPart {
     }
 
     /// The token offset where the match at `row` ends: LF steps back to a sampled row.
-    pub fn end_of(&self, mut row: u64) -> u64 {
-        let mut steps = 0;
-        loop {
-            // The step's first rank is read while the sampled bit is.
-            self.bwt.prefetch(row);
-            let (ones, sampled) = self.sampled.rank1_and_get(row);
-            if sampled {
-                let q = self.samples.get(ones) * self.sample_every + steps;
-                return self.n.saturating_sub(q);
+    pub fn end_of(&self, row: u64) -> u64 {
+        let mut end = [0];
+        self.ends_of(&[row], &mut end);
+        end[0]
+    }
+
+    /// [`FmPart::end_of`] of each of `rows` (at most [`WALKS`]). A place costs 32 LF steps on
+    /// average, each a chain of dependent ranks that miss the cache over a large index; the walks
+    /// step together so that their misses overlap.
+    pub fn ends_of(&self, rows: &[u64], ends: &mut [u64]) {
+        debug_assert!(rows.len() <= WALKS && ends.len() == rows.len());
+        // Each walk's row and steps taken, and the walks still stepping.
+        let mut walks = [(0u64, 0u64); WALKS];
+        let mut active = [0usize; WALKS];
+        for (c, &row) in rows.iter().enumerate() {
+            walks[c] = (row, 0);
+            active[c] = c;
+        }
+        let mut stepping = rows.len();
+        let (mut at, mut found) = ([0u64; WALKS], [(0u32, 0u64); WALKS]);
+        while stepping > 0 {
+            for &c in &active[..stepping] {
+                // The step's first rank is asked for with the sampled bit.
+                self.bwt.prefetch(walks[c].0);
+                self.sampled.prefetch(walks[c].0);
             }
-            // A row that is not sampled is not the end row (position 0 is sampled), so it steps.
-            match self.step(row) {
-                Some((_, next)) if steps < self.sample_every => {
-                    row = next;
-                    steps += 1;
+            let mut pending = [None; WALKS];
+            for &c in &active[..stepping] {
+                pending[c] = self.sampled.begin(walks[c].0);
+            }
+            let mut still = 0;
+            for a in 0..stepping {
+                let c = active[a];
+                let (row, steps) = walks[c];
+                let (ones, sampled) = self.sampled.finish(pending[c]);
+                if sampled {
+                    let q = self.samples.get(ones) * self.sample_every + steps;
+                    ends[c] = self.n.saturating_sub(q);
+                } else if row == self.end_row || steps >= self.sample_every {
+                    // No step leads back to a sampled row: the part's end stands in.
+                    ends[c] = self.n;
+                } else {
+                    at[still] = row;
+                    active[still] = c;
+                    still += 1;
                 }
-                _ => return self.n,
             }
+            stepping = still;
+            self.bwt
+                .symbols_and_ranks(&at[..stepping], &mut found[..stepping]);
+            let mut still = 0;
+            for a in 0..stepping {
+                let c = active[a];
+                let (row, steps) = walks[c];
+                match self.step_from(row, found[a]) {
+                    Some((_, next)) => {
+                        walks[c] = (next, steps + 1);
+                        active[still] = c;
+                        still += 1;
+                    }
+                    None => ends[c] = self.n,
+                }
+            }
+            stepping = still;
         }
     }
 
@@ -713,7 +763,15 @@ mod tests {
                 .filter(|&p| tokens[p..].starts_with(&pattern))
                 .map(|p| (p + pattern.len()) as u64)
                 .collect();
-            prop_assert_eq!(ends, expected);
+            prop_assert_eq!(&ends, &expected);
+            // Walked together, in batches of every size up to a full one.
+            let rows: Vec<u64> = (range.lo..range.hi).collect();
+            let mut together = vec![0; rows.len()];
+            for (rows, ends) in rows.chunks(1 + rows.len() % WALKS).zip(together.chunks_mut(1 + rows.len() % WALKS)) {
+                part.ends_of(rows, ends);
+            }
+            together.sort_unstable();
+            prop_assert_eq!(together, expected);
             for (doc, &start) in doc_starts.iter().enumerate() {
                 let end = part.doc_end(doc as u64) as usize;
                 let body = &tokens[start as usize + 1..end];

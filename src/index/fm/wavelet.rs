@@ -57,6 +57,10 @@ pub struct HuffmanWavelet {
     len: u64,
 }
 
+/// Descents [`HuffmanWavelet::symbols_and_ranks`] takes together at most: with two reads each
+/// asked for ahead, enough to keep a core's queue of pending misses full.
+pub const WALKS: usize = 32;
+
 /// Symbols below this many get a slot in the dense code table; others (the end marker) are
 /// looked up in a short sorted list.
 const DENSE_SYMBOLS: u32 = 1 << 24;
@@ -215,21 +219,59 @@ impl HuffmanWavelet {
         (lo, hi)
     }
 
-    /// Asks for the first line [`HuffmanWavelet::symbol_and_rank`] at `i` will read.
+    /// Asks for the first line [`HuffmanWavelet::symbols_and_ranks`] at `i` will read.
     pub fn prefetch(&self, i: u64) {
         self.nodes[0].bits.prefetch(i);
     }
 
     /// The symbol at `i` and its occurrences in `[0, i)`.
-    pub fn symbol_and_rank(&self, mut i: u64) -> (u32, u64) {
-        let mut node = &self.nodes[0];
-        loop {
-            let (ones, bit) = node.bits.rank1_and_get(i);
-            i = if bit { ones } else { i - ones };
-            match node.links[bit as usize] {
-                Link::Node(n) => node = &self.nodes[n as usize],
-                Link::Leaf(symbol) => return (symbol, i),
+    pub fn symbol_and_rank(&self, i: u64) -> (u32, u64) {
+        let mut out = [(0, 0)];
+        self.symbols_and_ranks(&[i], &mut out);
+        out[0]
+    }
+
+    /// The symbol at each of `at` (at most [`WALKS`]) and its occurrences before it. The descents
+    /// go down level by level together: every walk's line asked for, then every offset, then
+    /// each decoded, so that the misses of all the walks overlap instead of queueing.
+    pub fn symbols_and_ranks(&self, at: &[u64], out: &mut [(u32, u64)]) {
+        debug_assert!(at.len() <= WALKS && out.len() == at.len());
+        // Each walk's node and position, and the walks still descending.
+        let mut walks = [(0usize, 0u64); WALKS];
+        let mut active = [0usize; WALKS];
+        for (c, &i) in at.iter().enumerate() {
+            walks[c] = (0, i);
+            active[c] = c;
+        }
+        let mut descending = at.len();
+        while descending > 0 {
+            let active_now = &active[..descending];
+            for &c in active_now {
+                let (node, i) = walks[c];
+                self.nodes[node].bits.prefetch(i);
             }
+            let mut pending = [None; WALKS];
+            for &c in active_now {
+                let (node, i) = walks[c];
+                pending[c] = self.nodes[node].bits.begin(i);
+            }
+            let mut still = 0;
+            for a in 0..descending {
+                let c = active[a];
+                let (n, i) = walks[c];
+                let node = &self.nodes[n];
+                let (ones, bit) = node.bits.finish(pending[c]);
+                let i = if bit { ones } else { i - ones };
+                match node.links[bit as usize] {
+                    Link::Node(next) => {
+                        walks[c] = (next as usize, i);
+                        active[still] = c;
+                        still += 1;
+                    }
+                    Link::Leaf(symbol) => out[c] = (symbol, i),
+                }
+            }
+            descending = still;
         }
     }
 
