@@ -42,7 +42,8 @@ fn advise_huge_pages(start: *const u8, len: usize) {
 #[cfg(not(target_os = "linux"))]
 fn advise_huge_pages(_: *const u8, _: usize) {}
 
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(target_os = "linux")]
+#[cfg(test)]
 mod tests {
     use super::*;
 

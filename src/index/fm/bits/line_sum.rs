@@ -26,7 +26,7 @@ fn by_table(line: &Line, within: usize) -> (u64, u64) {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::super::{Line, LINE_BLOCKS};
+    use crate::index::fm::bits::{class_steps, Line, LINE_BLOCKS};
 
     /// Offset widths of the blocks with `m` marked bits, `m < 16` and `16 ≤ m < 32`, as byte
     /// lookup tables (a block of class `k` has `min(k, 64 - k)` marked bits).
@@ -43,7 +43,7 @@ mod x86 {
     const fn offset_width_const(marked: u8) -> u8 {
         // `offset_width` is not const (it reads a static); a class and its marked count agree
         // below 33.
-        let steps = super::super::class_steps();
+        let steps = class_steps();
         (steps[marked as usize] >> 16) as u8
     }
 
