@@ -243,7 +243,7 @@ impl CompressedBits {
         }
         let (k, ones, at) = self.locate(b as usize);
         let r = (i % BLOCK) as usize;
-        if r > 0 {
+        if r > 0 && offset_width(k) > 0 {
             if let Some(word) = self.offsets.get((at / 64) as usize) {
                 pages::prefetch(word);
             }
@@ -279,7 +279,8 @@ impl CompressedBits {
     }
 
     /// Ones in `[0, i)` and the bit at `i` (false past the end).
-    pub fn rank1_and_get(&self, i: u64) -> (u64, bool) {
+    #[cfg(test)]
+    fn rank1_and_get(&self, i: u64) -> (u64, bool) {
         self.finish(self.begin(i))
     }
 

@@ -389,15 +389,12 @@ impl DocumentPart for FmPart {
     fn doc_cnt(&self) -> u64 {
         FmPart::doc_cnt(self)
     }
-    fn place_of(&self, row: u64, len: usize) -> u64 {
-        self.end_of(row).saturating_sub(len as u64)
-    }
     fn places_of(&self, rows: &[u64], len: usize, places: &mut Vec<u64>) {
-        let mut ends = [0u64; WALKS];
-        for rows in rows.chunks(WALKS) {
-            let ends = &mut ends[..rows.len()];
-            self.ends_of(rows, ends);
-            places.extend(ends.iter().map(|&end| end.saturating_sub(len as u64)));
+        let start = places.len();
+        places.resize(start + rows.len(), 0);
+        self.ends_of(rows, &mut places[start..]);
+        for place in &mut places[start..] {
+            *place = place.saturating_sub(len as u64);
         }
     }
     fn doc_of(&self, place: u64) -> u64 {

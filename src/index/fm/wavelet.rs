@@ -57,8 +57,9 @@ pub struct HuffmanWavelet {
     len: u64,
 }
 
-/// Descents [`HuffmanWavelet::symbols_and_ranks`] takes together at most: with two reads each
-/// asked for ahead, enough to keep a core's queue of pending misses full.
+/// Walks taken together over an index: with two reads each asked for ahead, enough to keep a
+/// core's queue of pending misses full (mini-Pile bytes: 16 walks 23.4 µs a place, 32 18.8, 64
+/// 20.9).
 pub const WALKS: usize = 32;
 
 /// Symbols below this many get a slot in the dense code table; others (the end marker) are
@@ -227,18 +228,21 @@ impl HuffmanWavelet {
     /// The symbol at `i` and its occurrences in `[0, i)`.
     pub fn symbol_and_rank(&self, i: u64) -> (u32, u64) {
         let mut out = [(0, 0)];
-        self.symbols_and_ranks(&[i], &mut out);
+        self.symbols_and_ranks::<1>(&[i], &mut out);
         out[0]
     }
 
-    /// The symbol at each of `at` (at most [`WALKS`]) and its occurrences before it. The descents
-    /// go down level by level together: every walk's line asked for, then every offset, then
-    /// each decoded, so that the misses of all the walks overlap instead of queueing.
-    pub fn symbols_and_ranks(&self, at: &[u64], out: &mut [(u32, u64)]) {
-        debug_assert!(at.len() <= WALKS && out.len() == at.len());
+    /// The symbol at each of `at` (at most `N`) and its occurrences before it, into `out` (as
+    /// many). The descents go down level by level together: every walk's line asked for, then
+    /// every offset, then each decoded, so that the misses of all the walks overlap.
+    pub fn symbols_and_ranks<const N: usize>(&self, at: &[u64], out: &mut [(u32, u64)]) {
+        assert!(
+            at.len() <= N && out.len() == at.len(),
+            "at most {N} walks, an answer each"
+        );
         // Each walk's node and position, and the walks still descending.
-        let mut walks = [(0usize, 0u64); WALKS];
-        let mut active = [0usize; WALKS];
+        let mut walks = [(0usize, 0u64); N];
+        let mut active = [0usize; N];
         for (c, &i) in at.iter().enumerate() {
             walks[c] = (0, i);
             active[c] = c;
@@ -250,7 +254,7 @@ impl HuffmanWavelet {
                 let (node, i) = walks[c];
                 self.nodes[node].bits.prefetch(i);
             }
-            let mut pending = [None; WALKS];
+            let mut pending = [None; N];
             for &c in active_now {
                 let (node, i) = walks[c];
                 pending[c] = self.nodes[node].bits.begin(i);
