@@ -62,9 +62,9 @@ const fn class_steps() -> [u32; 65] {
     }
     steps
 }
-static CLASS_STEPS: [u32; 65] = class_steps();
+const CLASS_STEPS: [u32; 65] = class_steps();
 
-fn offset_width(class: u8) -> u8 {
+const fn offset_width(class: u8) -> u8 {
     (CLASS_STEPS[class as usize] >> 16) as u8
 }
 

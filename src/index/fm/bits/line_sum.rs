@@ -26,31 +26,25 @@ fn by_table(line: &Line, within: usize) -> (u64, u64) {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use crate::index::fm::bits::{class_steps, Line, LINE_BLOCKS};
+    use crate::index::fm::bits::{offset_width, Line, LINE_BLOCKS};
 
     /// Offset widths of the blocks with `m` marked bits, `m < 16` and `16 ≤ m < 32`, as byte
-    /// lookup tables (a block of class `k` has `min(k, 64 - k)` marked bits).
+    /// lookup tables (a block of class `k` has `min(k, 64 - k)` marked bits, so a class below 33
+    /// is its own marked count).
     const fn widths(from: u8) -> [u8; 16] {
         let mut t = [0u8; 16];
         let mut m = 0;
         while m < 16 {
-            t[m] = offset_width_const(from + m as u8);
+            t[m] = offset_width(from + m as u8);
             m += 1;
         }
         t
     }
 
-    const fn offset_width_const(marked: u8) -> u8 {
-        // `offset_width` is not const (it reads a static); a class and its marked count agree
-        // below 33.
-        let steps = class_steps();
-        (steps[marked as usize] >> 16) as u8
-    }
-
     static LOW: [u8; 16] = widths(0);
     static HIGH: [u8; 16] = widths(16);
     /// The width of 32 marked bits over that of 16, which the `HIGH` lookup gives for 32.
-    const HALF_EXTRA: u8 = offset_width_const(32) - offset_width_const(16);
+    const HALF_EXTRA: u8 = offset_width(32) - offset_width(16);
 
     /// Bytes 0 to 63 of a line, for masking the classes before a block.
     static POSITIONS: [u8; 64] = {
