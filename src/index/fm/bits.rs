@@ -20,6 +20,9 @@ const BLOCK: u64 = 64;
 /// Blocks a line describes: their 56 class bytes and two u32 (the ones and the stream offset
 /// before them) fill one cache line.
 const LINE_BLOCKS: usize = 56;
+/// Rank pairs [`CompressedBits::rank1_pairs`] takes at once: their lines asked for together,
+/// then their offsets, 32 reads each time, about as many misses as a core keeps pending.
+pub(super) const PAIRS_TOGETHER: usize = 16;
 /// Longest bit vector: its ranks and stream offsets must fit the lines' u32 (an FM part holds
 /// fewer than 2^31 symbols).
 const MAX_LEN: u64 = u32::MAX as u64;
@@ -289,13 +292,24 @@ impl CompressedBits {
         self.finish_rank(self.begin(i))
     }
 
-    /// Ones in `[0, lo)` and in `[0, hi)`: both lines asked for before either is read, and both
-    /// offsets before either is decoded, so that the two ranks wait for memory once, not twice.
-    pub fn rank1_pair(&self, lo: u64, hi: u64) -> (u64, u64) {
-        self.prefetch(lo);
-        self.prefetch(hi);
-        let (lo, hi) = (self.begin(lo), self.begin(hi));
-        (self.finish_rank(lo), self.finish_rank(hi))
+    /// Ones in `[0, lo)` and in `[0, hi)` of each `(bits, lo, hi)` asked, appended to `out`:
+    /// every line asked for before any is read, and every offset before any is decoded, so that
+    /// all the ranks wait for memory once, not one after another.
+    pub fn rank1_pairs(asks: &[(&CompressedBits, u64, u64)], out: &mut Vec<(u64, u64)>) {
+        for asks in asks.chunks(PAIRS_TOGETHER) {
+            for &(bits, lo, hi) in asks {
+                bits.prefetch(lo);
+                bits.prefetch(hi);
+            }
+            let pending: [_; PAIRS_TOGETHER] = std::array::from_fn(|a| {
+                asks.get(a)
+                    .map(|&(bits, lo, hi)| (bits.begin(lo), bits.begin(hi)))
+            });
+            let begun = asks.iter().zip(pending.into_iter().flatten());
+            out.extend(
+                begun.map(|(&(bits, ..), (lo, hi))| (bits.finish_rank(lo), bits.finish_rank(hi))),
+            );
+        }
     }
 
     /// Asks for the line a rank at `i` reads first.
@@ -411,6 +425,27 @@ mod tests {
                 ones += bit as u64;
             }
             prop_assert_eq!(packed.rank1(bits.len() as u64), ones);
+            // Pairs taken together answer as ranks taken one by one (more than a batch of
+            // them, from two vectors).
+            let flipped: Vec<u64> = words.iter().map(|w| !w).collect();
+            let other = CompressedBits::new(&flipped, 64 * words.len() as u64);
+            let count = |ws: &[u64], i: u64| (0..i).filter(|&j| ws[j as usize / 64] >> (j % 64) & 1 == 1).count() as u64;
+            let n = bits.len() as u64;
+            let asks: Vec<_> = (0..=n).step_by(97).flat_map(|i| [(i, n - i, false), (i / 2, i, true)]).collect();
+            let vectors: Vec<_> = asks
+                .iter()
+                .map(|&(lo, hi, flip)| (if flip { &other } else { &packed }, lo, hi))
+                .collect();
+            let mut got = Vec::new();
+            CompressedBits::rank1_pairs(&vectors, &mut got);
+            let expected: Vec<_> = asks
+                .iter()
+                .map(|&(lo, hi, flip)| {
+                    let ws = if flip { &flipped } else { &words };
+                    (count(ws, lo), count(ws, hi))
+                })
+                .collect();
+            prop_assert_eq!(got, expected);
             let mut words = Words::default();
             packed.write(&mut words);
             let bytes = words.into_bytes();

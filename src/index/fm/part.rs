@@ -22,7 +22,7 @@ use libsais::{BwtConstruction, SmallAlphabet, ThreadCount};
 use crate::index::build::sa::{TokenBuf, MAX_PART_TOKENS};
 use crate::index::fm::bits::CompressedBits;
 use crate::index::fm::file::{WordReader, Words};
-use crate::index::fm::wavelet::{HuffmanWavelet, WALKS};
+use crate::index::fm::wavelet::{rank_pairs, HuffmanWavelet, RankPair, WALKS};
 use crate::index::format::TokenWidth;
 use crate::index::ranks::RankRange;
 use crate::index::read::part::{NextKey, END};
@@ -410,29 +410,58 @@ impl FmPart {
 
     /// The rows of the matches in `range` followed by `token`: one LF step.
     pub fn extend(&self, range: RankRange, token: u32) -> RankRange {
-        match self.first_row(token) {
-            Some(first) if !range.is_empty() => {
-                let (lo, hi) = self.bwt.rank_pair(token, range.lo, range.hi);
-                // The separator standing in at the end row is not an occurrence.
-                let stand_in =
-                    |row: u64| u64::from(token == self.width.separator() && self.end_row < row);
-                RankRange {
-                    lo: first + lo - stand_in(range.lo),
-                    hi: first + hi - stand_in(range.hi),
+        let mut ranges = [range];
+        FmPart::extend_all(std::slice::from_ref(self), &mut ranges, token);
+        ranges[0]
+    }
+
+    /// The rows of the matches in each part's `ranges` followed by `token`, in place: one LF
+    /// step a part, the parts' ranks taken together so that their misses overlap.
+    pub fn extend_all(parts: &[FmPart], ranges: &mut [RankRange], token: u32) {
+        let (mut firsts, mut asks) = (Vec::new(), Vec::new());
+        for (p, (part, range)) in parts.iter().zip(ranges.iter_mut()).enumerate() {
+            match part.first_row(token) {
+                Some(first) if !range.is_empty() => {
+                    firsts.push((p, first));
+                    asks.push(RankPair {
+                        tree: &part.bwt,
+                        symbol: token,
+                        lo: range.lo,
+                        hi: range.hi,
+                    });
                 }
+                _ => *range = RankRange::default(),
             }
-            _ => RankRange::default(),
+        }
+        rank_pairs(&mut asks);
+        for (&(p, first), ask) in firsts.iter().zip(&asks) {
+            let (part, range) = (&parts[p], &mut ranges[p]);
+            // The separator standing in at the end row is not an occurrence.
+            let stand_in =
+                |row: u64| u64::from(token == part.width.separator() && part.end_row < row);
+            *range = RankRange {
+                lo: first + ask.lo - stand_in(range.lo),
+                hi: first + ask.hi - stand_in(range.hi),
+            };
         }
     }
 
-    /// The rows of `ids`'s matches, read left to right.
-    pub fn find(&self, ids: &[u32]) -> RankRange {
-        ids.iter()
-            .try_fold(self.full_range(), |range, &t| {
-                let next = self.extend(range, t);
-                (!next.is_empty()).then_some(next)
-            })
-            .unwrap_or_default()
+    /// The rows of `ids`'s matches in each part, read left to right, the parts stepping
+    /// together.
+    pub fn find_all(parts: &[FmPart], ids: &[u32]) -> Vec<RankRange> {
+        let mut ranges: Vec<RankRange> = parts.iter().map(FmPart::full_range).collect();
+        for &token in ids {
+            if ranges.iter().all(RankRange::is_empty) {
+                break;
+            }
+            FmPart::extend_all(parts, &mut ranges, token);
+        }
+        for range in &mut ranges {
+            if range.is_empty() {
+                *range = RankRange::default();
+            }
+        }
+        ranges
     }
 
     /// What follows the matches in `range`: `(token or END, count)` pairs, END once when the
@@ -754,11 +783,26 @@ mod tests {
             let mut tokens = vec![separator];
             tokens.extend(body.iter().map(|&t| if t == u32::MAX { separator } else { t }));
             let doc_starts: Vec<u64> = (0..tokens.len() as u64).filter(|&i| tokens[i as usize] == separator).collect();
-            let mut buf = TokenBuf::new(width);
-            buf.extend(&tokens);
-            let text = PartText { tokens: buf, doc_starts: doc_starts.clone(), metadata: None };
-            let part = FmPart::build(width, text, 1 << rate_log, 1).unwrap();
-            let range = part.find(&pattern);
+            let build = |tokens: &[u32]| {
+                let mut buf = TokenBuf::new(width);
+                buf.extend(tokens);
+                let doc_starts = (0..tokens.len() as u64).filter(|&i| tokens[i as usize] == separator).collect();
+                let text = PartText { tokens: buf, doc_starts, metadata: None };
+                FmPart::build(width, text, 1 << rate_log, 1).unwrap()
+            };
+            // A second part over the same tokens reversed: the parts of one index searched
+            // together find in each what it finds alone, as many matches as its text holds.
+            let mut second = vec![separator];
+            second.extend(tokens[1..].iter().rev());
+            let parts = [build(&tokens), build(&second)];
+            let together = FmPart::find_all(&parts, &pattern);
+            for (p, text) in [&tokens, &second].into_iter().enumerate() {
+                let alone = FmPart::find_all(&parts[p..=p], &pattern)[0];
+                prop_assert_eq!(together[p], alone);
+                let count = (0..text.len()).filter(|&i| text[i..].starts_with(&pattern)).count();
+                prop_assert_eq!(alone.len(), count as u64);
+            }
+            let (part, range) = (&parts[0], together[0]);
             let rows: Vec<u64> = (range.lo..range.hi).collect();
             let one_by_one: Vec<u64> = rows.iter().map(|&r| {
                 let mut end = [0];

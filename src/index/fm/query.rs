@@ -8,6 +8,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
+use crate::index::fm::part::FmPart;
 use crate::index::fm::CompressedIndex;
 use crate::index::query::{NtdResult, Spread};
 use crate::index::ranks::RankRange;
@@ -108,20 +109,17 @@ impl CompressedIndex {
     /// The rows of `ids` in every part, read left to right.
     pub fn locate(&self, ids: &[u32]) -> FmMatches {
         FmMatches {
-            ranges: self.parts.iter().map(|s| s.find(ids)).collect(),
+            ranges: FmPart::find_all(&self.parts, ids),
             tokens: ids.len(),
         }
     }
 
     /// The matches of `m` followed by `token`: one LF step a part.
     pub(crate) fn extend(&self, m: &FmMatches, token: u32) -> FmMatches {
+        let mut ranges = m.ranges.clone();
+        FmPart::extend_all(&self.parts, &mut ranges, token);
         FmMatches {
-            ranges: self
-                .parts
-                .iter()
-                .zip(&m.ranges)
-                .map(|(s, &r)| s.extend(r, token))
-                .collect(),
+            ranges,
             tokens: m.tokens + 1,
         }
     }
@@ -129,15 +127,16 @@ impl CompressedIndex {
     /// How often the matches are followed by `cont`, separators and part ends counting as eos.
     pub(crate) fn cont_count(&self, m: &FmMatches, cont: u32) -> u64 {
         let separator = self.width.separator();
-        let mut total = 0;
-        for (part, &range) in self.parts.iter().zip(&m.ranges) {
-            total += part.extend(range, cont).len();
-            if cont == self.eos_token_id {
-                if separator != cont {
-                    total += part.extend(range, separator).len();
-                }
-                total += u64::from(m.tokens > 0 && part.holds_end(range));
+        let followed_by = |token: u32| self.extend(m, token).count();
+        let mut total = followed_by(cont);
+        if cont == self.eos_token_id {
+            if separator != cont {
+                total += followed_by(separator);
             }
+            let ends = self.parts.iter().zip(&m.ranges);
+            total += ends
+                .filter(|&(part, &range)| m.tokens > 0 && part.holds_end(range))
+                .count() as u64;
         }
         total
     }

@@ -9,7 +9,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::index::fm::bits::CompressedBits;
+use crate::index::fm::bits::{CompressedBits, PAIRS_TOGETHER};
 use crate::index::fm::file::{WordReader, Words};
 use crate::index::Result;
 
@@ -198,28 +198,6 @@ impl HuffmanWavelet {
         self.len == 0
     }
 
-    /// Occurrences of `symbol` in `[0, lo)` and in `[0, hi)`: one descent, the two ranks of each
-    /// level taken as a pair so that their cache misses overlap.
-    pub fn rank_pair(&self, symbol: u32, mut lo: u64, mut hi: u64) -> (u64, u64) {
-        let Some(code) = self.code(symbol) else {
-            return (0, 0);
-        };
-        let mut node = &self.nodes[0];
-        for level in 0..code.len {
-            let bit = code.bits >> level & 1;
-            let (ones_lo, ones_hi) = node.bits.rank1_pair(lo, hi);
-            (lo, hi) = match bit {
-                1 => (ones_lo, ones_hi),
-                _ => (lo - ones_lo, hi - ones_hi),
-            };
-            match node.links[bit as usize] {
-                Link::Node(n) => node = &self.nodes[n as usize],
-                Link::Leaf(_) => break,
-            }
-        }
-        (lo, hi)
-    }
-
     /// Asks for the first line [`HuffmanWavelet::symbols_and_ranks`] at `i` will read.
     pub fn prefetch(&self, i: u64) {
         self.nodes[0].bits.prefetch(i);
@@ -279,26 +257,36 @@ impl HuffmanWavelet {
         }
     }
 
-    /// Every symbol occurring in `[lo, hi)` with its count, in no particular order; or the first
-    /// `limit` found, when only whether there are that many matters.
+    /// Every symbol occurring in `[lo, hi)` with its count, in no particular order; or at
+    /// least the first `limit` found, when only whether there are that many matters. The tree
+    /// is walked depth first, the ranks of up to [`PAIRS_TOGETHER`] nodes from the top of the
+    /// stack taken together, so that a range of many symbols waits for memory once a batch, not
+    /// once a node, and a small `limit` still stops after about one descent's batches.
     pub fn counts_in(&self, lo: u64, hi: u64, limit: usize, out: &mut Vec<(u32, u64)>) {
         if lo >= hi {
             return;
         }
         let start = out.len();
         let mut stack = vec![(0usize, lo, hi)];
-        while let Some((n, lo, hi)) = stack.pop() {
-            if out.len() - start >= limit {
-                return;
-            }
-            let node = &self.nodes[n];
-            let (ones_lo, ones_hi) = node.bits.rank1_pair(lo, hi);
-            let branches = [(lo - ones_lo, hi - ones_hi), (ones_lo, ones_hi)];
-            for (link, (lo, hi)) in node.links.iter().zip(branches) {
-                if lo < hi {
-                    match *link {
-                        Link::Node(child) => stack.push((child as usize, lo, hi)),
-                        Link::Leaf(symbol) => out.push((symbol, hi - lo)),
+        let (mut asks, mut ones) = (Vec::new(), Vec::new());
+        while !stack.is_empty() && out.len() - start < limit {
+            let batch = stack.split_off(stack.len().saturating_sub(PAIRS_TOGETHER));
+            asks.clear();
+            asks.extend(
+                batch
+                    .iter()
+                    .map(|&(n, lo, hi)| (&self.nodes[n].bits, lo, hi)),
+            );
+            ones.clear();
+            CompressedBits::rank1_pairs(&asks, &mut ones);
+            for (&(n, lo, hi), &(ones_lo, ones_hi)) in batch.iter().zip(&ones) {
+                let branches = branches((lo, hi), (ones_lo, ones_hi));
+                for (link, (lo, hi)) in self.nodes[n].links.iter().zip(branches) {
+                    if lo < hi {
+                        match *link {
+                            Link::Node(child) => stack.push((child as usize, lo, hi)),
+                            Link::Leaf(symbol) => out.push((symbol, hi - lo)),
+                        }
                     }
                 }
             }
@@ -416,6 +404,57 @@ impl Paths {
     }
 }
 
+/// Where the rows before `lo` and before `hi` of a node fall in its two children, given the ones
+/// before each: the zeros' side, then the ones'.
+fn branches((lo, hi): (u64, u64), (ones_lo, ones_hi): (u64, u64)) -> [(u64, u64); 2] {
+    [(lo - ones_lo, hi - ones_hi), (ones_lo, ones_hi)]
+}
+
+/// Occurrences of `symbol` in `tree` before `lo` and before `hi`, asked of [`rank_pairs`].
+#[derive(Debug, Clone, Copy)]
+pub struct RankPair<'a> {
+    pub tree: &'a HuffmanWavelet,
+    pub symbol: u32,
+    pub lo: u64,
+    pub hi: u64,
+}
+
+/// Answers each ask in place: its `lo` and `hi` become its symbol's occurrences before them (0
+/// where its tree lacks the symbol). One descent an ask, all going down level by level together,
+/// so that the misses of every tree asked (the parts of one index) overlap.
+pub fn rank_pairs(asks: &mut [RankPair<'_>]) {
+    // The descents still going: the ask, its symbol's code, its node and its depth.
+    let mut descents = Vec::with_capacity(asks.len());
+    for (a, ask) in asks.iter_mut().enumerate() {
+        match ask.tree.code(ask.symbol) {
+            Some(code) => descents.push((a, code, 0usize, 0u8)),
+            None => (ask.lo, ask.hi) = (0, 0),
+        }
+    }
+    let (mut level, mut ones) = (Vec::new(), Vec::new());
+    while !descents.is_empty() {
+        level.clear();
+        level.extend(descents.iter().map(|&(a, _, node, _)| {
+            let RankPair { tree, lo, hi, .. } = asks[a];
+            (&tree.nodes[node].bits, lo, hi)
+        }));
+        ones.clear();
+        CompressedBits::rank1_pairs(&level, &mut ones);
+        let mut still = 0;
+        for d in 0..descents.len() {
+            let (a, code, node, depth) = descents[d];
+            let ask = &mut asks[a];
+            let bit = code.bits >> depth & 1;
+            (ask.lo, ask.hi) = branches((ask.lo, ask.hi), ones[d])[bit as usize];
+            if let Link::Node(next) = ask.tree.nodes[node].links[bit as usize] {
+                descents[still] = (a, code, next as usize, depth + 1);
+                still += 1;
+            }
+        }
+        descents.truncate(still);
+    }
+}
+
 /// Every symbol with its count: counted in a table below `DENSE_SYMBOLS`, in a map above.
 fn symbol_counts(symbols: impl Iterator<Item = u32>) -> Vec<(u32, u64)> {
     let mut dense = Vec::<u64>::new();
@@ -477,16 +516,47 @@ mod tests {
             for (i, &s) in symbols.iter().enumerate() {
                 let before = symbols[..i].iter().filter(|&&x| x == s).count() as u64;
                 prop_assert_eq!(tree.symbol_and_rank(i as u64), (s, before));
-                prop_assert_eq!(tree.rank_pair(s, i as u64, symbols.len() as u64).0, before);
             }
-            prop_assert_eq!(tree.rank_pair(7_000_000, 0, symbols.len() as u64), (0, 0));
+            // Rank pairs of every symbol at every place, and of one the tree lacks, asked of
+            // this tree and of a second one together.
+            let n = symbols.len() as u64;
+            let reversed: Vec<u32> = symbols.iter().rev().copied().collect();
+            let second = HuffmanWavelet::new(reversed.iter().copied());
+            let mut asks = Vec::new();
+            for (i, &s) in symbols.iter().enumerate() {
+                let i = i as u64;
+                asks.push(RankPair { tree: &tree, symbol: s, lo: i, hi: n });
+                asks.push(RankPair { tree: &second, symbol: s, lo: n - i, hi: i });
+            }
+            asks.push(RankPair { tree: &tree, symbol: 7_000_000, lo: 0, hi: n });
+            let expected: Vec<_> = asks
+                .iter()
+                .map(|ask| {
+                    let seq = if std::ptr::eq(ask.tree, &tree) { &symbols } else { &reversed };
+                    let before = |i: u64| seq[..i as usize].iter().filter(|&&x| x == ask.symbol).count() as u64;
+                    (before(ask.lo), before(ask.hi))
+                })
+                .collect();
+            rank_pairs(&mut asks);
+            prop_assert_eq!(asks.iter().map(|a| (a.lo, a.hi)).collect::<Vec<_>>(), expected);
             let (lo, hi) = (lo.min(symbols.len()), (lo + span).min(symbols.len()));
             let mut got = Vec::new();
             tree.counts_in(lo as u64, hi as u64, usize::MAX, &mut got);
             got.sort_unstable();
             let mut expected = std::collections::BTreeMap::<u32, u64>::new();
             symbols[lo..hi].iter().for_each(|&s| *expected.entry(s).or_default() += 1);
-            prop_assert_eq!(got, expected.into_iter().collect::<Vec<_>>());
+            let expected: Vec<_> = expected.into_iter().collect();
+            prop_assert_eq!(&got, &expected);
+            // A limit stops the walk early with at least that many symbols, each counted whole.
+            for limit in 0..8 {
+                let mut some = Vec::new();
+                tree.counts_in(lo as u64, hi as u64, limit, &mut some);
+                prop_assert!(some.len() >= limit.min(expected.len()), "{} for {}", some.len(), limit);
+                prop_assert!(some.iter().all(|s| expected.contains(s)));
+                some.sort_unstable();
+                some.dedup();
+                prop_assert!(some.len() >= limit.min(expected.len()));
+            }
             let mut words = Words::default();
             tree.write(&mut words);
             let bytes = words.into_bytes();
