@@ -18,7 +18,7 @@ use super::bytes::{decode_step, followed_step};
 use super::{EvidenceError, EvidenceSource, Followed, StepInfgram};
 use crate::index::bytes::ByteText;
 use crate::index::dense::TokenScore;
-use crate::index::query::{check_vocabulary, InfgramNtdResult};
+use crate::index::query::{check_vocabulary, InfgramNtdResult, NtdResult};
 use crate::index::{Index, IndexError};
 use crate::mix::features::InfgramContext;
 use crate::mix::{MixError, NeuralDistribution};
@@ -130,6 +130,7 @@ impl EvidenceSource for ByteSource {
         &self,
         _context: &[u32],
         _infgram: &InfgramNtdResult,
+        _gate_sample: Option<&NtdResult>,
     ) -> Result<InfgramContext, MixError> {
         Err(needs_the_model().into())
     }

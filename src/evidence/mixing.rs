@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use super::bytes::ByteStep;
 use super::{EvidenceSource, TokenRecord};
-use crate::index::query::InfgramNtdResult;
+use crate::index::query::{InfgramNtdResult, NtdResult};
 use crate::mix::features::{gate_features, InfgramContext, NeuralContext, NUM_FEATURES};
 use crate::mix::{
     mixed_prob, AdaptiveSequence, GateFeatures, LambdaRule, MixError, MixingParams,
@@ -127,7 +127,13 @@ pub struct StepLambda {
 /// context's matched suffix in byte ids (what the gate's features read) and how many of the
 /// context's last tokens it covers.
 pub enum StepInfgram {
-    Tokens(InfgramNtdResult),
+    Tokens {
+        answer: InfgramNtdResult,
+        /// The gate's subsample of the matched suffix's occurrences, when the exact answer found
+        /// it in passing ([`crate::index::suffix::Occurrences::ntd_and_sample`]): the gate's
+        /// view then reads none of them again.
+        gate_sample: Option<NtdResult>,
+    },
     Bytes {
         step: ByteStep,
         /// The bytes of the context's longest suffix that occurs.
@@ -137,17 +143,25 @@ pub enum StepInfgram {
 }
 
 impl StepInfgram {
+    /// A token index's exact answer, with no subsample for the gate.
+    pub fn tokens(answer: InfgramNtdResult) -> Self {
+        Self::Tokens {
+            answer,
+            gate_sample: None,
+        }
+    }
+
     /// Length of the context's longest suffix found (tokens, or bytes).
     pub fn suffix_len(&self) -> usize {
         match self {
-            Self::Tokens(r) => r.suffix_len,
+            Self::Tokens { answer: r, .. } => r.suffix_len,
             Self::Bytes { step, .. } => step.suffix_len,
         }
     }
 
     pub fn prompt_cnt(&self) -> u64 {
         match self {
-            Self::Tokens(r) => r.ntd.prompt_cnt,
+            Self::Tokens { answer: r, .. } => r.ntd.prompt_cnt,
             Self::Bytes { step, .. } => step.prompt_cnt,
         }
     }
@@ -155,14 +169,14 @@ impl StepInfgram {
     /// Length of the context's longest match in the model's tokens (what the copy guard reads).
     pub fn matched_tokens(&self) -> usize {
         match self {
-            Self::Tokens(r) => r.suffix_len,
+            Self::Tokens { answer: r, .. } => r.suffix_len,
             Self::Bytes { matched_tokens, .. } => *matched_tokens,
         }
     }
 
     pub fn sparse(&self) -> bool {
         match self {
-            Self::Tokens(r) => r.sparse,
+            Self::Tokens { answer: r, .. } => r.sparse,
             Self::Bytes { step, .. } => step.sparse,
         }
     }
@@ -170,7 +184,7 @@ impl StepInfgram {
     /// The ∞-gram's next-token distribution.
     pub fn distribution(&self) -> SparseDistribution {
         match self {
-            Self::Tokens(r) => SparseDistribution::from_ntd(&r.ntd),
+            Self::Tokens { answer: r, .. } => SparseDistribution::from_ntd(&r.ntd),
             Self::Bytes { step, .. } => step.dist.clone(),
         }
     }
@@ -182,7 +196,13 @@ impl StepInfgram {
         context: &[u32],
     ) -> Result<InfgramContext, MixError> {
         match (self, source.byte_index()) {
-            (Self::Tokens(r), _) => source.context_after(context, r),
+            (
+                Self::Tokens {
+                    answer,
+                    gate_sample,
+                },
+                _,
+            ) => source.context_after(context, answer, gate_sample.as_ref()),
             (Self::Bytes { step, text, .. }, Some(index)) => {
                 InfgramContext::new(index, text, &step.score())
             }

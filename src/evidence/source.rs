@@ -9,10 +9,10 @@ use crate::index::corpus::Corpus;
 use crate::index::dense::TokenScore;
 use crate::index::fm::suffix::FmSuffixMatch;
 use crate::index::fm::CompressedIndex;
-use crate::index::query::InfgramNtdResult;
+use crate::index::query::{InfgramNtdResult, NtdResult};
 use crate::index::suffix::{Occurrences, SuffixMatch};
 use crate::index::{Index, IndexError};
-use crate::mix::features::InfgramContext;
+use crate::mix::features::{InfgramContext, SUPPORT_SAMPLES};
 use crate::mix::{MixError, NeuralDistribution};
 
 /// The reference data's answers that scoring, mixing and drafting ask for.
@@ -52,14 +52,16 @@ pub trait EvidenceSource: Send + Sync {
         _neural: &NeuralDistribution,
     ) -> Result<StepInfgram, EvidenceError> {
         refuse_bytes(self)?;
-        Ok(StepInfgram::Tokens(self.infgram(context)?))
+        Ok(StepInfgram::tokens(self.infgram(context)?))
     }
 
-    /// The gate's view of the next token after `context`, whose ∞-gram answer is `infgram`.
+    /// The gate's view of the next token after `context`, whose ∞-gram answer is `infgram` (and
+    /// the gate's subsample of its matches, `gate_sample`, when the step found it).
     fn context_after(
         &self,
         context: &[u32],
         infgram: &InfgramNtdResult,
+        gate_sample: Option<&NtdResult>,
     ) -> Result<InfgramContext, MixError>;
 
     /// The dense score of every token of `tokens`, and the gate's view of each.
@@ -202,7 +204,13 @@ where
         _neural: &NeuralDistribution,
     ) -> Result<StepInfgram, EvidenceError> {
         refuse_bytes(&*self.index)?;
-        Ok(StepInfgram::Tokens(self.m.infgram_ntd(&*self.index, None)?))
+        let (answer, gate_sample) = self
+            .m
+            .infgram_ntd_and_sample(&*self.index, SUPPORT_SAMPLES)?;
+        Ok(StepInfgram::Tokens {
+            answer,
+            gate_sample,
+        })
     }
 
     fn continuations(
@@ -244,8 +252,9 @@ where
         &self,
         context: &[u32],
         infgram: &InfgramNtdResult,
+        gate_sample: Option<&NtdResult>,
     ) -> Result<InfgramContext, MixError> {
-        InfgramContext::after(self, context, infgram)
+        InfgramContext::after(self, context, infgram, gate_sample)
     }
 
     fn document(&self, tokens: &[u32]) -> Result<(Vec<TokenScore>, Vec<InfgramContext>), MixError> {

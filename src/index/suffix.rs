@@ -53,6 +53,16 @@ pub trait Occurrences {
     /// The next-token distribution after the matches: exact, or under `max_support` the suffix
     /// array's own subsample.
     fn ntd_given(&self, m: &Self::Matches, max_support: Option<u64>) -> Result<NtdResult>;
+    /// The exact distribution after the matches and, where the index finds it without reading
+    /// again, the subsample `ntd_given` gives under a cap of `cap` matches (more than `cap`
+    /// only: at most `cap`, the exact distribution is its own sample).
+    fn ntd_and_sample(
+        &self,
+        m: &Self::Matches,
+        _cap: u64,
+    ) -> Result<(NtdResult, Option<NtdResult>)> {
+        Ok((self.ntd_given(m, None)?, None))
+    }
     /// Given `m`, the matches of `seq`'s suffix of `len` tokens: how many more tokens, at most
     /// `max_extra`, the longest occurring suffix has, exactly, when the index can tell from `m`
     /// alone; `None`: search. The ids must have been checked against the vocabulary.
@@ -95,6 +105,9 @@ impl Occurrences for Index {
     }
     fn ntd_given(&self, m: &Matches, max_support: Option<u64>) -> Result<NtdResult> {
         Index::ntd_given(self, m, max_support)
+    }
+    fn ntd_and_sample(&self, m: &Matches, cap: u64) -> Result<(NtdResult, Option<NtdResult>)> {
+        Index::ntd_and_sample(self, m, cap)
     }
     /// Reads the tokens before each of a few occurrences: every occurrence of a longer suffix
     /// ends in one of them, so the longest left agreement is the longest match. A search costs a
@@ -250,6 +263,21 @@ impl<M: Clone + Counted> SuffixMatch<M> {
         max_support: Option<u64>,
     ) -> Result<InfgramNtdResult> {
         infgram_ntd_after(index, self.suffix_len(), &self.matches, max_support)
+    }
+
+    /// The ∞-gram distribution after the sequence, as [`Self::infgram_ntd`] gives it exactly, and
+    /// the subsample of `cap` of its matches where the index finds it in passing
+    /// ([`Occurrences::ntd_and_sample`]).
+    pub fn infgram_ntd_and_sample<I: Occurrences<Matches = M> + ?Sized>(
+        &self,
+        index: &I,
+        cap: u64,
+    ) -> Result<(InfgramNtdResult, Option<NtdResult>)> {
+        let (ntd, sample) = index.ntd_and_sample(&self.matches, cap)?;
+        let result = InfgramNtdResult::new(ntd, self.suffix_len(), || {
+            index.spread(&self.matches).is_sparse()
+        });
+        Ok((result, sample))
     }
 
     /// Takes in the last token of `seq` (the whole sequence so far; only its tail is read). Returns how

@@ -145,17 +145,22 @@ impl InfgramContext {
 
     /// The context after `prefix`, whose ∞-gram distribution `infgram` was looked up already (a
     /// decoding step: the next token is not known yet). An exact distribution of at most
-    /// [`SUPPORT_SAMPLES`] matches is the sample itself, so the search is not repeated.
+    /// [`SUPPORT_SAMPLES`] matches is the sample itself, and a larger one's `sample` (the
+    /// subsample [`Self::new`] would read, found with the exact answer) stands for it: either way
+    /// the search is not repeated.
     pub fn after(
         index: &(impl ContextCounts + ?Sized),
         prefix: &[u32],
         infgram: &InfgramNtdResult,
+        sample: Option<&NtdResult>,
     ) -> Result<Self, MixError> {
         let score = step_score(infgram);
-        if infgram.ntd.approx || infgram.ntd.prompt_cnt > SUPPORT_SAMPLES {
-            return Self::new(index, prefix, &score);
+        let sampled = infgram.ntd.approx || infgram.ntd.prompt_cnt > SUPPORT_SAMPLES;
+        match (sampled, sample) {
+            (false, _) => Self::with_support(index, prefix, &score, &infgram.ntd),
+            (true, Some(sample)) => Self::with_support(index, prefix, &score, sample),
+            (true, None) => Self::new(index, prefix, &score),
         }
-        Self::with_support(index, prefix, &score, &infgram.ntd)
     }
 
     /// Contexts of every position of a document, from its dense scores.
@@ -272,7 +277,7 @@ mod tests {
                 sparse,
             };
             let before = index.ntd_calls.get();
-            let reused = InfgramContext::after(&index, prefix, &infgram).unwrap();
+            let reused = InfgramContext::after(&index, prefix, &infgram, None).unwrap();
             assert_eq!(index.ntd_calls.get(), before, "at {end}: searched again");
             let searched = InfgramContext::new(&index, prefix, &step_score(&infgram)).unwrap();
             assert_eq!(reused, searched, "at {end}");

@@ -1,6 +1,10 @@
 //! The gate's trees laid out for prediction: one flat array of 16-byte nodes per forest, each tree
 //! in depth-first order (a split's "≤" child is the next node).
 //!
+//! A tree's walk is a chain of dependent reads and unpredictable branches; the trees are walked
+//! [`TREES_TOGETHER`] at a time in lockstep, one level of each per round, without a branch: a leaf
+//! sends every row to itself, so a tree that reached one waits there for the deepest.
+//!
 //! smartcore keeps 80-byte nodes and reads each feature through its matrix trait: a forest of 48
 //! trees then spans more than the L2 cache, and predicting one decoding step's λ cost as much as the
 //! rest of the gate's work. The flat copy answers exactly what smartcore's `predict` does (the same
@@ -12,7 +16,8 @@ use super::features::{GateFeatures, NUM_FEATURES};
 use super::MixError;
 
 /// One node: a split (`feature` < [`NUM_FEATURES`]) sends a row whose feature is ≤ `value` to the
-/// next node and any other row to `false_child`; a leaf (`feature` = [`LEAF`]) outputs `value`.
+/// next node and any other row to `false_child`; a leaf (`feature` = [`LEAF`]) outputs `value`, and
+/// its `false_child` is itself: the row's slot [`LEAF`] holds NaN, which is ≤ nothing.
 #[derive(Debug, Clone, Copy)]
 struct Node {
     value: f64,
@@ -20,13 +25,17 @@ struct Node {
     feature: u32,
 }
 
-const LEAF: u32 = u32::MAX;
+const LEAF: u32 = NUM_FEATURES as u32;
+/// Trees walked side by side: enough independent reads to hide each one's wait.
+const TREES_TOGETHER: usize = 16;
 
 #[derive(Debug, Default)]
 pub struct FlatForest {
     nodes: Vec<Node>,
     /// Where each tree's root is in `nodes`.
     roots: Vec<u32>,
+    /// Splits on the longest path from a root to a leaf: the rounds a walk takes.
+    depth: u32,
 }
 
 /// smartcore 0.7's random-forest regressor as bincode lays it out, read up to its trees (smartcore
@@ -110,10 +119,10 @@ impl FlatForest {
         if nodes.is_empty() {
             return Err(layout("a tree without nodes".into()));
         }
-        // (the stored node, the flat split whose "else" it is)
-        let mut pending: Vec<(usize, Option<u32>)> = vec![(0, None)];
+        // (the stored node, the flat split whose "else" it is, splits above it)
+        let mut pending: Vec<(usize, Option<u32>, u32)> = vec![(0, None, 0)];
         let mut placed = 0;
-        while let Some((at, else_of)) = pending.pop() {
+        while let Some((at, else_of, depth)) = pending.pop() {
             placed += 1;
             if placed > nodes.len() {
                 return Err(layout("a node reached twice".into()));
@@ -127,11 +136,14 @@ impl FlatForest {
                 .ok_or_else(|| layout(format!("node {at} missing")))?;
             match (node.true_child, node.false_child) {
                 // smartcore takes a node without a "≤" child for a leaf.
-                (None, _) => self.nodes.push(Node {
-                    value: node.output,
-                    false_child: 0,
-                    feature: LEAF,
-                }),
+                (None, _) => {
+                    self.depth = self.depth.max(depth);
+                    self.nodes.push(Node {
+                        value: node.output,
+                        false_child: here,
+                        feature: LEAF,
+                    })
+                }
                 (Some(true_child), Some(false_child)) => {
                     if node.split_feature >= NUM_FEATURES {
                         return Err(layout(format!(
@@ -145,8 +157,8 @@ impl FlatForest {
                         false_child: 0,
                         feature: node.split_feature as u32,
                     });
-                    pending.push((false_child, Some(here)));
-                    pending.push((true_child, None));
+                    pending.push((false_child, Some(here), depth + 1));
+                    pending.push((true_child, None, depth + 1));
                 }
                 (Some(_), None) => return Err(layout(format!("node {at} has one child"))),
             }
@@ -154,23 +166,29 @@ impl FlatForest {
         Ok(())
     }
 
-    /// The forest's prediction for one row: the mean of its trees' leaves.
+    /// The forest's prediction for one row: the mean of its trees' leaves, added in tree order.
     pub fn predict(&self, row: &GateFeatures) -> f64 {
+        let mut padded = [f64::NAN; NUM_FEATURES + 1];
+        padded[..NUM_FEATURES].copy_from_slice(row);
         let mut sum = 0.0;
-        for &root in &self.roots {
-            let mut at = root as usize;
-            loop {
-                let node = self.nodes[at];
-                let Some(&x) = row.get(node.feature as usize) else {
-                    break;
-                };
-                at = if x <= node.value {
-                    at + 1
-                } else {
-                    node.false_child as usize
-                };
+        for roots in self.roots.chunks(TREES_TOGETHER) {
+            let mut walks = [0u32; TREES_TOGETHER];
+            let walks = &mut walks[..roots.len()];
+            walks.copy_from_slice(roots);
+            for _ in 0..self.depth {
+                for at in walks.iter_mut() {
+                    let node = self.nodes[*at as usize];
+                    *at = if padded[node.feature as usize] <= node.value {
+                        *at + 1
+                    } else {
+                        node.false_child
+                    };
+                }
             }
-            sum += self.nodes[at].value;
+            // One sum over every leaf in tree order, as smartcore adds them.
+            for &at in walks.iter() {
+                sum += self.nodes[at as usize].value;
+            }
         }
         sum / self.roots.len() as f64
     }

@@ -227,7 +227,8 @@ mod tests {
             })
             .collect();
         let options = GateOptions {
-            trees: 12,
+            // More trees than the flat forest walks together.
+            trees: 20,
             max_depth: 14,
             min_samples_leaf: 2,
             ..GateOptions::default()

@@ -64,8 +64,9 @@ pub(super) fn top(
     move |sparse, neural, lambda| mix::mix(sparse, neural, lambda, top_k)
 }
 
-/// A mixing step's answer.
-pub(super) fn response(step: MixedStep<MixedDistribution>) -> pb::MixResponse {
+/// A mixing step's answer; the gate's feature names with its features when `name_features` (a
+/// stream names them once: they never change).
+pub(super) fn response(step: MixedStep<MixedDistribution>, name_features: bool) -> pb::MixResponse {
     let MixedStep {
         output: mixed,
         infgram,
@@ -86,7 +87,10 @@ pub(super) fn response(step: MixedStep<MixedDistribution>) -> pb::MixResponse {
         suffix_len: infgram.suffix_len() as u32,
         prompt_cnt: infgram.prompt_cnt(),
         sparse: infgram.sparse(),
-        gate_feature_names: lambda.features.map(|_| feature_names()).unwrap_or_default(),
+        gate_feature_names: match (lambda.features, name_features) {
+            (Some(_), true) => feature_names(),
+            _ => Vec::new(),
+        },
         gate_features: lambda.features.map(|f| f.to_vec()).unwrap_or_default(),
     }
 }
@@ -130,10 +134,10 @@ pub(super) fn mix(s: &State, r: ValidMix) -> Result<pb::MixResponse, Status> {
             top(top_k),
         )
         .map_err(mix_status)?;
-        return Ok(response(step));
+        return Ok(response(step, true));
     }
     let mut sequence = s.mix_sequences.take(&sequence_id, &context, s)?;
     let step = sequence.mix(how, neural, top(top_k));
     s.mix_sequences.put(sequence_id, sequence);
-    step.map(response).map_err(decode_status)
+    step.map(|step| response(step, true)).map_err(decode_status)
 }

@@ -27,6 +27,8 @@ use crate::model::budget::KvReservation;
 /// One sequence of a decoding loop, as the requests' steps reach it.
 pub(super) struct Session {
     seq: Sequence,
+    /// Whether an answer of this session has named the gate's features already.
+    features_named: bool,
 }
 
 impl Session {
@@ -45,7 +47,10 @@ impl Session {
             Some((model, kv)) => seq.with_model(model, Some(kv)),
             None => seq,
         };
-        Ok(Self { seq })
+        Ok(Self {
+            seq,
+            features_named: false,
+        })
     }
 
     pub(super) fn append(&mut self, s: &State, tokens: &[u32]) -> Result<(), Status> {
@@ -84,10 +89,13 @@ impl Session {
             }
             self.seq.logits(model).map_err(decode_status)
         })?;
-        self.seq
+        let step = self
+            .seq
             .mix(how, neural, top(m.top_k))
-            .map(response)
-            .map_err(decode_status)
+            .map_err(decode_status)?;
+        let answer = response(step, !self.features_named);
+        self.features_named |= !answer.gate_features.is_empty();
+        Ok(answer)
     }
 
     pub(super) fn draft(&mut self, opts: &DraftOptions) -> Result<pb::DraftResponse, Status> {

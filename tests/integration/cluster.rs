@@ -706,7 +706,7 @@ async fn mixing_scoring_drafts_and_sessions(
             .unwrap()
             .into_inner();
         let infgram = EvidenceSource::infgram(&**joined, context).unwrap();
-        let ctx = joined.context_after(context, &infgram).unwrap();
+        let ctx = joined.context_after(context, &infgram, None).unwrap();
         let nn = NeuralContext {
             entropy: single_gated.gate_features[5],
             top_prob: single_gated.gate_features[6],

@@ -12,7 +12,7 @@ use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::docs::SearchOptions;
 use infini_sidecar::index::trace::TraceOptions;
 use infini_sidecar::index::{Index, OpenOptions};
-use infini_sidecar::mix::features::GateFeatures;
+use infini_sidecar::mix::features::{feature_names, GateFeatures};
 use infini_sidecar::mix::{
     self, LambdaRule, MixingParams, NeuralDistribution, SequenceTrust, SparseDistribution,
     NUM_FEATURES,
@@ -372,7 +372,8 @@ async fn every_rpc_answers_as_the_library_does() {
 /// The adaptive λ, by a session and by `Mix` calls naming a sequence: each λ is the library's
 /// posterior mean after exactly the tokens before it (replayed here from the same ∞-gram and neural
 /// probabilities), both paths agree, taking tokens back restores λ bit for bit, and a call with no
-/// sequence keeps λ1/λ2 as before.
+/// sequence keeps λ1/λ2 as before. The session names the gate's features in its first answer
+/// only; every unary answer names them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adaptive_lambda_follows_each_sequence() {
     let dir = tempfile::tempdir().unwrap();
@@ -438,8 +439,11 @@ async fn adaptive_lambda_follows_each_sequence() {
         let features: GateFeatures = m.gate_features.clone().try_into().unwrap();
         let base = gate.predict(&[features])[0];
         assert_eq!(m.lambda, trust.lambda(base), "token {i}");
+        let names_once = if i == 20 { feature_names() } else { Vec::new() };
+        assert_eq!(m.gate_feature_names, names_once, "token {i}");
         let by_id = client.mix(mix_call(i, "a")).await.unwrap().into_inner();
         assert_eq!(by_id.lambda, m.lambda, "token {i}");
+        assert_eq!(by_id.gate_feature_names, feature_names(), "token {i}");
         lambdas.push(m.lambda);
         let infgram = index.infgram_ntd(&tokens[..i], None).unwrap();
         let p_inf = SparseDistribution::from_ntd(&infgram.ntd).prob(tokens[i], &neural);

@@ -23,7 +23,7 @@ use crate::cluster::validate::ShardAnswer;
 use crate::cluster::wire::{continuations_of, drafts_of, evidence_of, support_of};
 use crate::evidence::{EvidenceError, EvidenceSource, Followed, StepInfgram};
 use crate::index::dense::{TokenEvidence, TokenScore};
-use crate::index::query::{check_vocabulary, InfgramNtdResult};
+use crate::index::query::{check_vocabulary, InfgramNtdResult, NtdResult};
 use crate::index::suffix;
 use crate::index::IndexError;
 use crate::mix::features::{step_score, InfgramContext, SUFFIX_LENGTHS, SUPPORT_SAMPLES};
@@ -198,6 +198,7 @@ impl EvidenceSource for RemoteEvidence {
         &self,
         context: &[u32],
         infgram: &InfgramNtdResult,
+        _gate_sample: Option<&NtdResult>,
     ) -> Result<InfgramContext, MixError> {
         // Only the matched suffix matters, and its counts: no shard matches more of it.
         let tail = &context[context.len() - infgram.suffix_len.min(context.len())..];
@@ -306,7 +307,7 @@ impl Followed for FollowedRemote {
         _seq: &[u32],
         _neural: &NeuralDistribution,
     ) -> Result<StepInfgram, EvidenceError> {
-        Ok(StepInfgram::Tokens(self.answer.clone()))
+        Ok(StepInfgram::tokens(self.answer.clone()))
     }
 
     fn continuations(

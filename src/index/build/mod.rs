@@ -723,6 +723,36 @@ impl GivenVocabulary {
     }
 }
 
+/// `count` documents for a test, each of up to `max_len` tokens drawn from `symbols`.
+#[cfg(test)]
+pub(crate) fn random_token_docs(
+    rng: &mut impl rand::Rng,
+    count: usize,
+    max_len: usize,
+    symbols: std::ops::Range<u32>,
+) -> Vec<Vec<u32>> {
+    (0..count)
+        .map(|_| {
+            (0..rng.random_range(0..max_len))
+                .map(|_| rng.random_range(symbols.clone()))
+                .collect()
+        })
+        .collect()
+}
+
+/// Builds an index of token documents, as `opts` says, for a test.
+#[cfg(test)]
+pub(crate) fn build_token_docs(docs: &[Vec<u32>], opts: &BuildOptions) {
+    let input = docs.iter().map(|d| {
+        Ok(InputDoc {
+            content: Content::Tokens(d.clone()),
+            metadata: None,
+            input_bytes: 0,
+        })
+    });
+    build(input, opts).unwrap();
+}
+
 #[cfg(test)]
 mod vocabulary_tests {
     use super::*;

@@ -23,19 +23,20 @@ const INTERRUPT_EVERY: u64 = 1024;
 /// A table hit appends token ids, which are keys that [`token_of_key`] leaves as they are (ids stay
 /// below the separator); a token may appear more than once (split runs, or the table's eos that stands
 /// for separators and the part's end), and counts add up. Stops when the process is interrupted.
+/// Returns whether the runs came in rank order (walked, not read from the table).
 pub fn collect_runs(
     part: &Part,
     range: RankRange,
     query_bytes: usize,
     runs: &mut Vec<(NextKey, u64)>,
-) -> Result<()> {
+) -> Result<bool> {
     // The table holds no empty range, and the divide and conquer returns at once on one.
     match part.next_table().and_then(|t| t.lookup(query_bytes, range)) {
         Some(counts) => {
             runs.extend(counts.map(|(token, n)| (token as NextKey, n as u64)));
-            Ok(())
+            Ok(false)
         }
-        None => ordered_runs(part, range, query_bytes, runs),
+        None => ordered_runs(part, range, query_bytes, runs).map(|()| true),
     }
 }
 

@@ -15,6 +15,58 @@ use crate::index::read::part::{NextKey, Part};
 use crate::index::sampling;
 use crate::index::{Index, Result};
 
+/// What follows a query's matches, walked: every part's runs in one list, part `i`'s ending at
+/// `ends[i]`.
+struct Walked {
+    runs: Vec<(NextKey, u64)>,
+    ends: Vec<usize>,
+    /// Whether every part's runs came in rank order (none from its next-token table).
+    in_rank_order: bool,
+}
+
+/// The samples of `cap` of a query's `total` matches, part by part: the part's index, its range,
+/// and the samples' offsets in it (increasing).
+fn sample_offsets(
+    prompt: &Matches,
+    total: u64,
+    cap: u64,
+) -> impl Iterator<Item = (usize, RankRange, impl Iterator<Item = u64>)> + '_ {
+    prompt
+        .ranges
+        .iter()
+        .enumerate()
+        .filter(|(_, range)| !range.is_empty())
+        .map(move |(i, range)| {
+            let share = sampling::share(cap, range.len(), total);
+            (i, *range, sampling::offsets(range.len(), cap, share))
+        })
+}
+
+/// The key at each of `offsets` (increasing) in a range whose `runs` are in rank order, counted
+/// into `keys`: one entry per run sampled, which keeps the list short to sort.
+fn keys_at(
+    runs: &[(NextKey, u64)],
+    offsets: impl Iterator<Item = u64>,
+    keys: &mut Vec<(NextKey, u64)>,
+) {
+    let mut runs = runs.iter();
+    let (mut key, mut run_end) = (0, 0);
+    let mut counted = false;
+    for offset in offsets {
+        while run_end <= offset {
+            let Some(&(next, n)) = runs.next() else {
+                return;
+            };
+            (key, run_end, counted) = (next, run_end + n, false);
+        }
+        match keys.last_mut() {
+            Some(last) if counted => last.1 += 1,
+            _ => keys.push((key, 1)),
+        }
+        counted = true;
+    }
+}
+
 /// Per-part ranges of one query, with the query's byte encoding.
 #[derive(Clone)]
 pub struct Matches {
@@ -148,11 +200,57 @@ impl Index {
 
     /// Exact counts of what follows the prompt's matches, walked.
     fn counted(&self, prompt: &Matches) -> Result<BTreeMap<u32, u64>> {
-        let mut runs = Vec::new();
+        Ok(self.merge_runs(self.walked(prompt)?.runs))
+    }
+
+    /// The runs of what follows the prompt's matches in every part.
+    fn walked(&self, prompt: &Matches) -> Result<Walked> {
+        let mut walked = Walked {
+            runs: Vec::new(),
+            ends: Vec::with_capacity(self.parts.len()),
+            in_rank_order: true,
+        };
         for (part, range) in self.parts.iter().zip(&prompt.ranges) {
-            next_tokens::collect_runs(part, *range, prompt.bytes.len(), &mut runs)?;
+            let query_bytes = prompt.bytes.len();
+            walked.in_rank_order &=
+                next_tokens::collect_runs(part, *range, query_bytes, &mut walked.runs)?;
+            walked.ends.push(walked.runs.len());
         }
-        Ok(self.merge_runs(runs))
+        Ok(walked)
+    }
+
+    /// The exact distribution after the prompt's matches and, when they are more than `cap`, the
+    /// subsample [`Index::ntd_given`] reads under that cap, found in the walked runs instead of
+    /// read: `None` when a part's counts came from its next-token table (which keeps no rank
+    /// order) or the prompt is empty.
+    pub(crate) fn ntd_and_sample(
+        &self,
+        prompt: &Matches,
+        cap: u64,
+    ) -> Result<(NtdResult, Option<NtdResult>)> {
+        let prompt_cnt = prompt.count();
+        if prompt.bytes.is_empty() || prompt_cnt <= cap {
+            return Ok((self.ntd_given(prompt, None)?, None));
+        }
+        let walked = self.walked(prompt)?;
+        let sample = walked.in_rank_order.then(|| {
+            let mut keys = Vec::with_capacity(cap as usize + prompt.ranges.len());
+            for (i, _, offsets) in sample_offsets(prompt, prompt_cnt, cap) {
+                let start = i.checked_sub(1).map_or(0, |before| walked.ends[before]);
+                keys_at(&walked.runs[start..walked.ends[i]], offsets, &mut keys);
+            }
+            NtdResult {
+                prompt_cnt,
+                dist: self.merge_runs(keys),
+                approx: true,
+            }
+        });
+        let exact = NtdResult {
+            prompt_cnt,
+            dist: self.merge_runs(walked.runs),
+            approx: false,
+        };
+        Ok((exact, sample))
     }
 
     /// What follows `cap` of the prompt's `total` matches spread evenly over its ranges (each part
@@ -162,14 +260,10 @@ impl Index {
     /// their own pointer overlap, where counting each as it came made every miss wait on a map.
     fn sampled(&self, prompt: &Matches, total: u64, cap: u64) -> BTreeMap<u32, u64> {
         let mut keys = Vec::with_capacity(cap as usize + prompt.ranges.len());
-        for (part, range) in self.parts.iter().zip(&prompt.ranges) {
-            if range.is_empty() {
-                continue;
-            }
-            let share = sampling::share(cap, range.len(), total);
+        for (i, range, offsets) in sample_offsets(prompt, total, cap) {
+            let part = &self.parts[i];
             keys.extend(
-                sampling::offsets(range.len(), cap, share)
-                    .map(|offset| (part.next_key(range.lo + offset, prompt.bytes.len()), 1)),
+                offsets.map(|offset| (part.next_key(range.lo + offset, prompt.bytes.len()), 1)),
             );
         }
         self.merge_runs(keys)
@@ -229,6 +323,66 @@ impl Index {
             Spread::Single(eos)
         } else {
             Spread::Several
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::index::build::{build_token_docs, random_token_docs, BuildOptions};
+    use crate::index::format::NextTableSpec;
+    use crate::index::suffix::Occurrences;
+    use crate::index::{Index, OpenOptions, TokenWidth};
+    use rand::{Rng, SeedableRng};
+
+    /// The subsample found in the walked runs is the one read from the suffix arrays, over
+    /// several parts, with and without next-token tables; the exact answer is `ntd_given`'s. Only
+    /// a table's counts (token order) or an empty prompt go without one.
+    #[test]
+    fn a_sample_found_in_the_runs_is_the_one_read() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for next_table in [
+            None,
+            Some(NextTableSpec {
+                max_prompt_tokens: 2,
+                min_count: 40,
+                ..NextTableSpec::default()
+            }),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let out = dir.path().join("idx");
+            // Few symbols, eos among them: long runs, separators and part ends in the samples.
+            let docs = random_token_docs(&mut rng, 60, 80, 0..6);
+            let opts = BuildOptions {
+                next_table,
+                max_part_tokens: Some(700),
+                ..BuildOptions::new(out.clone(), TokenWidth::U16, 0, 10)
+            };
+            build_token_docs(&docs, &opts);
+            let index = Index::open(&out, &OpenOptions::default()).unwrap();
+            assert!(index.parts.len() > 2, "{} parts", index.parts.len());
+            let text: Vec<u32> = docs.concat();
+            let mut found = 0;
+            for _ in 0..1500 {
+                let len = rng.random_range(0..4);
+                let at = rng.random_range(0..text.len() - len);
+                let m = index.matches_of(&text[at..at + len]);
+                let cap = rng.random_range(1..64);
+                let (exact, sample) = index.ntd_and_sample(&m, cap).unwrap();
+                assert_eq!(exact, index.ntd_given(&m, None).unwrap());
+                match sample {
+                    Some(sample) => {
+                        assert_eq!(sample, index.ntd_given(&m, Some(cap)).unwrap());
+                        found += 1;
+                    }
+                    None => assert!(
+                        len == 0 || m.count() <= cap || next_table.is_some(),
+                        "no sample of {:?} under {cap}",
+                        &text[at..at + len]
+                    ),
+                }
+            }
+            assert!(found > 300, "{found} samples found");
         }
     }
 }

@@ -94,8 +94,7 @@ pub struct Bounded {
 
 #[cfg(test)]
 mod tests {
-    use crate::corpus::{Content, InputDoc};
-    use crate::index::build::{build, BuildOptions};
+    use crate::index::build::{build_token_docs, random_token_docs, BuildOptions};
     use crate::index::ranks::RankRange;
     use crate::index::{Index, OpenOptions, TokenWidth};
     use rand::{Rng, SeedableRng};
@@ -114,25 +113,12 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let out = dir.path().join("idx");
             // Three symbols: long repeats, and keys that tie over many samples.
-            let docs: Vec<Vec<u32>> = (0..40)
-                .map(|_| {
-                    (0..rng.random_range(0..60))
-                        .map(|_| rng.random_range(1..4))
-                        .collect()
-                })
-                .collect();
-            let input = docs.iter().map(|d| {
-                Ok(InputDoc {
-                    content: Content::Tokens(d.clone()),
-                    metadata: None,
-                    input_bytes: 0,
-                })
-            });
+            let docs = random_token_docs(&mut rng, 40, 60, 1..4);
             let opts = BuildOptions {
                 next_table: None,
                 ..BuildOptions::new(out.clone(), width, eos, vocab)
             };
-            build(input, &opts).unwrap();
+            build_token_docs(&docs, &opts);
             let plain = Index::open(&out, &OpenOptions::default()).unwrap();
             let sampled = Index::open(
                 &out,
