@@ -221,8 +221,12 @@ fn apply(
         session.append(st, &part.append)?;
     }
     let mix = part.mix.map(|m| session.mix(st, m)).transpose()?;
-    let draft = part.draft.map(|d| session.draft(&d)).transpose()?;
-    Ok((mix, draft))
+    let draft = part.draft.map(|d| session.draft(&d)).transpose();
+    if draft.is_err() {
+        // The part answers with the error alone: its mix answer is not delivered.
+        session.undelivered(mix.as_ref());
+    }
+    Ok((mix, draft?))
 }
 
 /// Lists a sequence the part started, drops a finished one, and writes the part's answer.

@@ -98,6 +98,14 @@ impl Session {
         Ok(answer)
     }
 
+    /// A mix answer of this session that was not delivered: the features it named are named again
+    /// in the next one.
+    pub(super) fn undelivered(&mut self, mix: Option<&pb::MixResponse>) {
+        if mix.is_some_and(|m| !m.gate_feature_names.is_empty()) {
+            self.features_named = false;
+        }
+    }
+
     pub(super) fn draft(&mut self, opts: &DraftOptions) -> Result<pb::DraftResponse, Status> {
         let tree = self.seq.draft(opts).map_err(index_status)?;
         Ok(drafting::response(tree))

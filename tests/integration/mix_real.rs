@@ -13,11 +13,13 @@ use infini_sidecar::corpus::{Content, InputDoc};
 use infini_sidecar::eval::documents::{load_documents, TokenBudget};
 use infini_sidecar::eval::experiment::{self, EvalInputs, Pairing};
 use infini_sidecar::eval::records::Collector;
+use infini_sidecar::evidence::{EvidenceSource, StepInfgram};
 use infini_sidecar::index::build::decontam::Decontaminator;
 use infini_sidecar::index::build::{build, BuildOptions};
 use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
-use infini_sidecar::mix::{self, GateOptions, MixingParams};
+use infini_sidecar::mix::features::{step_score, InfgramContext};
+use infini_sidecar::mix::{self, GateOptions, MixingParams, NeuralDistribution};
 use infini_sidecar::model::{DeviceChoice, LoadOptions, Model, WindowOptions};
 
 const WINDOW: WindowOptions = WindowOptions {
@@ -184,6 +186,47 @@ fn records_agree_with_per_position_queries() {
             );
         }
     }
+}
+
+/// A decoding step's gate view, built with the subsample the step's exact answer found in passing,
+/// is the view searched afresh (`InfgramContext::new`), at every position of real test-split text:
+/// some of its suffixes occur more often than the gate samples.
+#[test]
+fn a_step_gate_view_is_the_one_searched_afresh() {
+    let f = fixture();
+    let docs = load_documents(
+        &[minipile("test")],
+        model(),
+        TokenBudget::PerDomain(80),
+        None,
+    )
+    .unwrap();
+    let source: Arc<dyn EvidenceSource> = f.index.clone();
+    let neural = NeuralDistribution::from_top_k(vec![(0, 0.0)], 0.0, 8).unwrap();
+    let (mut positions, mut sampled) = (0, 0);
+    for doc in &docs {
+        let mut followed = Arc::clone(&source).follow(&doc.tokens[..1]).unwrap();
+        for end in 2..doc.tokens.len() {
+            let seq = &doc.tokens[..end];
+            followed.advance(seq, end - 1).unwrap();
+            let StepInfgram::Tokens {
+                answer,
+                gate_sample,
+            } = followed.step(seq, &neural).unwrap()
+            else {
+                panic!("a token index gives token steps");
+            };
+            sampled += usize::from(gate_sample.is_some());
+            positions += 1;
+            let in_passing = source
+                .context_after(seq, &answer, gate_sample.as_ref())
+                .unwrap();
+            let afresh = InfgramContext::new(&*f.index, seq, &step_score(&answer)).unwrap();
+            assert_eq!(in_passing, afresh, "document {} at {end}", doc.index);
+        }
+    }
+    // Most steps match a suffix seen at most 256 times, or one the next-token table answers.
+    assert!(sampled >= 10, "{sampled} samples in {positions} steps");
 }
 
 fn inputs(split: &str, max_tokens: usize, work_dir: Option<&Path>) -> EvalInputs {

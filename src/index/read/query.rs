@@ -55,6 +55,7 @@ fn keys_at(
     for offset in offsets {
         while run_end <= offset {
             let Some(&(next, n)) = runs.next() else {
+                debug_assert!(false, "runs shorter than their range");
                 return;
             };
             (key, run_end, counted) = (next, run_end + n, false);
