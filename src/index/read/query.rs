@@ -15,11 +15,11 @@ use crate::index::read::part::{NextKey, Part};
 use crate::index::sampling;
 use crate::index::{Index, Result};
 
-/// What follows a query's matches, walked: every part's runs in one list, part `i`'s ending at
-/// `ends[i]`.
+/// What follows a query's matches, walked: every part's runs in one list, part `i`'s at
+/// `parts[i]`.
 struct Walked {
     runs: Vec<(NextKey, u64)>,
-    ends: Vec<usize>,
+    parts: Vec<std::ops::Range<usize>>,
     /// Whether every part's runs came in rank order (none from its next-token table).
     in_rank_order: bool,
 }
@@ -208,14 +208,15 @@ impl Index {
     fn walked(&self, prompt: &Matches) -> Result<Walked> {
         let mut walked = Walked {
             runs: Vec::new(),
-            ends: Vec::with_capacity(self.parts.len()),
+            parts: Vec::with_capacity(self.parts.len()),
             in_rank_order: true,
         };
+        let query_bytes = prompt.bytes.len();
         for (part, range) in self.parts.iter().zip(&prompt.ranges) {
-            let query_bytes = prompt.bytes.len();
+            let start = walked.runs.len();
             walked.in_rank_order &=
                 next_tokens::collect_runs(part, *range, query_bytes, &mut walked.runs)?;
-            walked.ends.push(walked.runs.len());
+            walked.parts.push(start..walked.runs.len());
         }
         Ok(walked)
     }
@@ -237,8 +238,7 @@ impl Index {
         let sample = walked.in_rank_order.then(|| {
             let mut keys = Vec::with_capacity(cap as usize + prompt.ranges.len());
             for (i, _, offsets) in sample_offsets(prompt, prompt_cnt, cap) {
-                let start = i.checked_sub(1).map_or(0, |before| walked.ends[before]);
-                keys_at(&walked.runs[start..walked.ends[i]], offsets, &mut keys);
+                keys_at(&walked.runs[walked.parts[i].clone()], offsets, &mut keys);
             }
             NtdResult {
                 prompt_cnt,
