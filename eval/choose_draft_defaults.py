@@ -16,6 +16,7 @@ default. Writes loo.json and loo.md to --out-dir. Usage:
 """
 
 import argparse
+import concurrent.futures
 import itertools
 import json
 import math
@@ -29,9 +30,10 @@ import tempfile
 # pay for their branches' rows): eval/RESULTS.md.
 GRID = {
     "max_draft": [31],
-    "min_path_prob": [0.1, 0.15, 0.2, 0.3],
+    "min_path_prob": [0.15, 0.2, 0.3],
     "min_token_prob": [0.2, 0.4],
-    "match_len_factor": [1.0, 1.5],
+    "match_len_factor": [1.0],
+    "long_match": [0, 12],
     "tree": [False],
 }
 
@@ -40,7 +42,8 @@ def name_of(setting):
     shape = "tree" if setting["tree"] else "chain"
     return (
         f"{shape} {setting['max_draft']}, path {setting['min_path_prob']}, "
-        f"token {setting['min_token_prob']}, match×{setting['match_len_factor']}"
+        f"token {setting['min_token_prob']}, match×{setting['match_len_factor']}, "
+        f"long {setting['long_match']}"
     )
 
 
@@ -54,6 +57,7 @@ def replay(args, workload, replay_json, setting):
             "--min-path-prob", str(setting["min_path_prob"]),
             "--min-token-prob", str(setting["min_token_prob"]),
             "--match-len-factor", str(setting["match_len_factor"]),
+            "--long-match", str(setting["long_match"]),
             "--row-cost", str(args.row_cost),
         ] + (["--tree"] if setting["tree"] else [])
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -89,6 +93,7 @@ def main():
                     help="NAME=WORKLOAD.jsonl:RUN_FOLDER (repeat; at least two)")
     ap.add_argument("--row-cost", type=float, default=0.2)
     ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count(), help="replays run at once")
     args = ap.parse_args()
     workloads = {}
     for w in args.workload:
@@ -99,14 +104,19 @@ def main():
         sys.exit("leaving one out needs at least two workloads")
     settings = [dict(zip(GRID, values)) for values in itertools.product(*GRID.values())]
     results = []  # per setting: {workload: {part: speed-up}}
-    for i, setting in enumerate(settings):
-        per = {
-            name: replay(args, path, os.path.join(folder, "replay.json"), setting)
-            for name, (path, folder) in workloads.items()
-        }
-        results.append(per)
-        warm = ", ".join(f"{n} {p['warm']:.2f}×" for n, p in per.items())
-        print(f"[{i + 1}/{len(settings)}] {name_of(setting)}: {warm}", file=sys.stderr, flush=True)
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        pending = [
+            {
+                name: pool.submit(replay, args, path, os.path.join(folder, "replay.json"), setting)
+                for name, (path, folder) in workloads.items()
+            }
+            for setting in settings
+        ]
+        for i, (setting, futures) in enumerate(zip(settings, pending)):
+            per = {name: f.result() for name, f in futures.items()}
+            results.append(per)
+            warm = ", ".join(f"{n} {p['warm']:.2f}×" for n, p in per.items())
+            print(f"[{i + 1}/{len(settings)}] {name_of(setting)}: {warm}", file=sys.stderr, flush=True)
 
     def best_over(names):
         return max(range(len(settings)), key=lambda s: geomean([results[s][n]["warm"] for n in names]))

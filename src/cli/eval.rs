@@ -101,6 +101,10 @@ pub struct DraftArgs {
     /// Draft at most this many tokens per matched context token (0: fixed length).
     #[arg(long, default_value_t = DraftOptions::default().match_len_factor)]
     match_len_factor: f64,
+    /// Calibrate drafts after matches of at least this many tokens apart from the rest (0: one
+    /// record a source).
+    #[arg(long, default_value_t = DraftOptions::default().long_match)]
+    long_match: usize,
     /// Draft trees (verified a tree per pass) rather than chains.
     #[arg(long)]
     tree: bool,
@@ -127,6 +131,7 @@ impl DraftArgs {
             min_token_prob: self.min_token_prob,
             min_path_prob: self.min_path_prob,
             match_len_factor: self.match_len_factor,
+            long_match: self.long_match,
             tree: self.tree,
             tree_budget: self.tree_budget,
             ..base

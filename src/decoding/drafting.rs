@@ -36,12 +36,12 @@ impl Sequence {
             }
             // A source whose record keeps even a certain token under the bar is not consulted
             // (its reads cost more than a drafted token is worth), only nudged back towards trust.
-            let mut nothing_to_read = self.calibration.factor(origin) < opts.min_path_prob;
+            let mut nothing_to_read = self.calibration.best_factor(origin) < opts.min_path_prob;
             if origin == Origin::Index && !opts.tree {
-                let depth = opts.depth_for(self.matched_tokens());
-                let bound = self
-                    .calibration
-                    .chain_bound(origin, depth, opts.min_path_prob);
+                let matched = self.matched_tokens();
+                let bound =
+                    self.calibration
+                        .chain_bound(origin, matched, opts.depth_for(matched), opts);
                 let outscored = |(_, d): &(Origin, Calibrated)| d.tree.score > bound;
                 if bound > 0.0 && offers.iter().any(outscored) {
                     continue;
@@ -142,6 +142,6 @@ impl Sequence {
     }
 
     fn calibrate(&self, origin: Origin, tree: DraftTree, opts: &DraftOptions) -> Calibrated {
-        self.calibration.calibrate(origin, tree, opts.min_path_prob)
+        self.calibration.calibrate(origin, tree, opts)
     }
 }

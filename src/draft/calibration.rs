@@ -5,9 +5,10 @@
 //! accepted per token it expected, among the tokens the target actually checked. A path's
 //! probability is then the product of its calibrated tokens', and drafting stops where that falls
 //! below the cost of a verification row: drafts grow with a source's record and shrink to nothing
-//! when it keeps missing.
+//! when it keeps missing. A source keeps one record for its drafts after long matches and one for
+//! the rest (`DraftOptions::long_match`).
 
-use super::DraftTree;
+use super::{DraftOptions, DraftTree};
 
 /// A source with no record yet is trusted at 0.7 of its word, with the weight of two checked
 /// tokens. Its word is often a single occurrence's continuation, every token at probability 1:
@@ -74,6 +75,8 @@ impl Origin {
 pub struct Calibrated {
     pub tree: DraftTree,
     conditionals: Vec<f64>,
+    /// Whether it followed a long match: the record it settles in.
+    long: bool,
 }
 
 /// A draft handed out and not yet settled: the path the appended tokens have followed so far.
@@ -105,7 +108,8 @@ impl Outstanding {
 
 #[derive(Debug, Clone)]
 pub struct Calibration {
-    records: [Record; Origin::ALL.len()],
+    /// Each source's records: after short matches, after long ones.
+    records: [[Record; 2]; Origin::ALL.len()],
     /// Each source's open draft: both are open when their trees were handed out as one union.
     outstanding: Vec<Outstanding>,
 }
@@ -113,24 +117,32 @@ pub struct Calibration {
 impl Default for Calibration {
     fn default() -> Self {
         Self {
-            records: [PRIOR; Origin::ALL.len()],
+            records: [[PRIOR; 2]; Origin::ALL.len()],
             outstanding: Vec::new(),
         }
     }
 }
 
 impl Calibration {
-    /// Accepted tokens per expected token of `origin`'s drafts so far.
-    pub fn factor(&self, origin: Origin) -> f64 {
-        self.records[origin as usize].factor()
+    /// Accepted tokens per expected token of `origin`'s drafts so far, after long matches or
+    /// after short ones.
+    pub fn factor(&self, origin: Origin, long: bool) -> f64 {
+        self.records[origin as usize][long as usize].factor()
     }
 
-    /// Scales `tree`'s per-token probabilities by its source's factor (capped at 1) and keeps the
-    /// nodes whose path is still at least `min_path_prob` likely: each kept node is worth more than
-    /// the verification row it costs. Path probabilities never grow along a path, so what is kept
-    /// is still a tree.
-    pub fn calibrate(&self, origin: Origin, tree: DraftTree, min_path_prob: f64) -> Calibrated {
-        let factor = self.factor(origin);
+    /// The higher of `origin`'s two factors: what its next draft can at best be scaled by.
+    pub fn best_factor(&self, origin: Origin) -> f64 {
+        self.factor(origin, false).max(self.factor(origin, true))
+    }
+
+    /// Scales `tree`'s per-token probabilities by its source's factor for the tree's match (capped
+    /// at 1) and keeps the nodes whose path is still at least `opts.min_path_prob` likely: each
+    /// kept node is worth more than the verification row it costs. Path probabilities never grow
+    /// along a path, so what is kept is still a tree.
+    pub fn calibrate(&self, origin: Origin, tree: DraftTree, opts: &DraftOptions) -> Calibrated {
+        let long = opts.is_long(tree.match_len);
+        let factor = self.factor(origin, long);
+        let min_path_prob = opts.min_path_prob;
         let (out, kept) = tree.rebuilt(|i, parent_path| {
             let path = parent_path * (tree.conditional(i) * factor).min(1.0);
             (path >= min_path_prob && path > 0.0).then_some(path)
@@ -138,14 +150,22 @@ impl Calibration {
         Calibrated {
             conditionals: kept.iter().map(|&i| tree.conditional(i)).collect(),
             tree: out,
+            long,
         }
     }
 
-    /// The highest score a chain of `depth` tokens from `origin` can have after [`Self::calibrate`]:
-    /// every token certain. Path probabilities are multiplied in the same order as there, so the
-    /// bound holds in floating point too.
-    pub fn chain_bound(&self, origin: Origin, depth: usize, min_path_prob: f64) -> f64 {
-        let step = self.factor(origin).min(1.0);
+    /// The highest score a chain of `depth` tokens from `origin` after a match of `match_len`
+    /// tokens can have after [`Self::calibrate`]: every token certain. Path probabilities are
+    /// multiplied in the same order as there, so the bound holds in floating point too.
+    pub fn chain_bound(
+        &self,
+        origin: Origin,
+        match_len: usize,
+        depth: usize,
+        opts: &DraftOptions,
+    ) -> f64 {
+        let min_path_prob = opts.min_path_prob;
+        let step = self.factor(origin, opts.is_long(match_len)).min(1.0);
         let (mut path, mut score) = (1.0f64, 0.0);
         for _ in 0..depth {
             path *= step;
@@ -157,10 +177,12 @@ impl Calibration {
         score
     }
 
-    /// Notes that `origin` had nothing to draft: its record drifts back towards the prior.
+    /// Notes that `origin` had nothing to draft: its records drift back towards the prior.
     pub fn idle(&mut self, origin: Origin) {
         let back = 1.0 - IDLE_DECAY;
-        self.records[origin as usize].add(IDLE_DECAY, back * PRIOR.expected, back * PRIOR.accepted);
+        for record in &mut self.records[origin as usize] {
+            record.add(IDLE_DECAY, back * PRIOR.expected, back * PRIOR.accepted);
+        }
     }
 
     /// Remembers the draft handed out for `origin`, replacing its previous one (release the
@@ -198,13 +220,13 @@ impl Calibration {
                     true
                 }
                 None => {
-                    settled.push((o.origin, o.expected, o.accepted));
+                    settled.push((o.origin, o.draft.long, o.expected, o.accepted));
                     false
                 }
             }
         });
-        for (origin, expected, accepted) in settled {
-            self.settle(origin, expected, accepted);
+        for (origin, long, expected, accepted) in settled {
+            self.settle(origin, long, expected, accepted);
         }
     }
 
@@ -214,20 +236,33 @@ impl Calibration {
     pub fn release(&mut self) {
         for o in std::mem::take(&mut self.outstanding) {
             if o.accepted > 0 {
-                self.settle(o.origin, o.expected - o.next_level, o.accepted);
+                self.settle(
+                    o.origin,
+                    o.draft.long,
+                    o.expected - o.next_level,
+                    o.accepted,
+                );
             }
         }
     }
 
     /// What a draft's checked tokens were expected to give against what was accepted.
-    fn settle(&mut self, origin: Origin, expected: f64, accepted: usize) {
-        self.records[origin as usize].add(DECAY, expected, accepted as f64);
+    fn settle(&mut self, origin: Origin, long: bool, expected: f64, accepted: usize) {
+        self.records[origin as usize][long as usize].add(DECAY, expected, accepted as f64);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The default options with this path bar.
+    fn bar_at(min_path_prob: f64) -> DraftOptions {
+        DraftOptions {
+            min_path_prob,
+            ..DraftOptions::default()
+        }
+    }
 
     fn chain(tokens: &[u32], probs: &[f64]) -> DraftTree {
         DraftTree {
@@ -253,11 +288,11 @@ mod tests {
     #[test]
     fn missed_drafts_shrink_the_source_and_spare_the_other() {
         let mut c = Calibration::default();
-        assert_eq!(c.factor(Origin::Index), PRIOR.factor());
+        assert_eq!(c.factor(Origin::Index, false), PRIOR.factor());
         // Three chains of certain tokens, each rejected at its first token: one checked token
         // expected (probability 1), none accepted.
         for _ in 0..3 {
-            let d = c.calibrate(Origin::Index, chain(&[5, 6], &[1.0, 1.0]), 0.0);
+            let d = c.calibrate(Origin::Index, chain(&[5, 6], &[1.0, 1.0]), &bar_at(0.0));
             c.drafted(Origin::Index, d);
             c.appended(9);
         }
@@ -265,10 +300,10 @@ mod tests {
         for _ in 0..3 {
             (e, a) = (DECAY * e + 1.0, DECAY * a);
         }
-        assert!((c.factor(Origin::Index) - a / e).abs() < 1e-12);
-        assert_eq!(c.factor(Origin::Prompt), PRIOR.factor());
+        assert!((c.factor(Origin::Index, false) - a / e).abs() < 1e-12);
+        assert_eq!(c.factor(Origin::Prompt, false), PRIOR.factor());
         // 1.0 · 0.24 passes a 0.2 bar, the second token's path (0.24 · 0.24) does not.
-        let d = c.calibrate(Origin::Index, chain(&[5, 6], &[1.0, 1.0]), 0.2);
+        let d = c.calibrate(Origin::Index, chain(&[5, 6], &[1.0, 1.0]), &bar_at(0.2));
         assert_eq!(d.tree.token_ids, vec![5]);
         assert!((d.tree.probs[0] - a / e).abs() < 1e-12);
     }
@@ -277,7 +312,11 @@ mod tests {
     #[test]
     fn a_source_without_a_record_is_not_taken_at_its_word() {
         let c = Calibration::default();
-        let d = c.calibrate(Origin::Live, chain(&[1, 2, 3, 4, 5, 6], &[1.0; 6]), 0.2);
+        let d = c.calibrate(
+            Origin::Live,
+            chain(&[1, 2, 3, 4, 5, 6], &[1.0; 6]),
+            &bar_at(0.2),
+        );
         // .7, .49, .34, .24 pass; .17 does not.
         assert_eq!(d.tree.token_ids, vec![1, 2, 3, 4]);
     }
@@ -286,21 +325,30 @@ mod tests {
     /// certain scores more: for a fresh record, a shrunk one and one above 1 (capped at 1).
     #[test]
     fn no_chain_scores_above_its_bound() {
+        // After a short match (the short record, which the drafts below settle) and a long one.
         let check = |c: &Calibration| {
-            for depth in 0..8 {
-                for bar in [0.0, 0.2, 0.5] {
-                    let bound = c.chain_bound(Origin::Live, depth, bar);
-                    let certain = chain(&[1; 8][..depth], &[1.0; 8][..depth]);
-                    let scored = |t| c.calibrate(Origin::Live, t, bar).tree.score;
-                    assert_eq!(scored(certain), bound, "depth {depth} bar {bar}");
-                    let unsure: Vec<f64> = (1..=depth).map(|k| 0.97f64.powi(k as i32)).collect();
-                    assert!(scored(chain(&[1; 8][..depth], &unsure)) <= bound);
-                }
+            let cases = (0..8).flat_map(|d| [0.0, 0.2, 0.5].map(|b| [3, 20].map(|m| (d, b, m))));
+            for (depth, bar, match_len) in cases.flatten() {
+                let opts = bar_at(bar);
+                let bound = c.chain_bound(Origin::Live, match_len, depth, &opts);
+                let after_match = |probs: &[f64]| DraftTree {
+                    match_len,
+                    ..chain(&[1; 8][..depth], probs)
+                };
+                let scored = |t| c.calibrate(Origin::Live, t, &opts).tree.score;
+                let certain = after_match(&[1.0; 8][..depth]);
+                assert_eq!(
+                    scored(certain),
+                    bound,
+                    "depth {depth} bar {bar} match {match_len}"
+                );
+                let unsure: Vec<f64> = (1..=depth).map(|k| 0.97f64.powi(k as i32)).collect();
+                assert!(scored(after_match(&unsure)) <= bound);
             }
         };
         // Settles one draft of `probs` on tokens 5, 6, followed by `taken`.
         let settle = |c: &mut Calibration, probs: &[f64], taken: [u32; 3]| {
-            let d = c.calibrate(Origin::Live, chain(&[5, 6], probs), 0.0);
+            let d = c.calibrate(Origin::Live, chain(&[5, 6], probs), &bar_at(0.0));
             c.drafted(Origin::Live, d);
             for t in taken {
                 c.appended(t);
@@ -310,17 +358,17 @@ mod tests {
         let mut c = Calibration::default();
         check(&c);
         settle(&mut c, &[1.0, 1.0], [9, 9, 9]);
-        assert!(c.factor(Origin::Live) < PRIOR.factor());
+        assert!(c.factor(Origin::Live, false) < PRIOR.factor());
         check(&c);
         // Unlikely drafts accepted whole, until the record is above 1.
         for _ in 0..50 {
-            if c.factor(Origin::Live) > 1.0 {
+            if c.factor(Origin::Live, false) > 1.0 {
                 break;
             }
             settle(&mut c, &[0.5, 0.25], [5, 6, 9]);
         }
-        assert!(c.factor(Origin::Live) > 1.0);
-        assert_eq!(c.chain_bound(Origin::Live, 3, 0.0), 3.0);
+        assert!(c.factor(Origin::Live, false) > 1.0);
+        assert_eq!(c.chain_bound(Origin::Live, 3, 3, &bar_at(0.0)), 3.0);
         check(&c);
     }
 
@@ -328,8 +376,8 @@ mod tests {
     #[test]
     fn open_drafts_of_both_sources_settle_on_their_own() {
         let mut c = Calibration::default();
-        let index = c.calibrate(Origin::Index, chain(&[5, 6], &[1.0, 1.0]), 0.0);
-        let prompt = c.calibrate(Origin::Prompt, chain(&[7, 8], &[1.0, 1.0]), 0.0);
+        let index = c.calibrate(Origin::Index, chain(&[5, 6], &[1.0, 1.0]), &bar_at(0.0));
+        let prompt = c.calibrate(Origin::Prompt, chain(&[7, 8], &[1.0, 1.0]), &bar_at(0.0));
         c.drafted(Origin::Index, index);
         c.drafted(Origin::Prompt, prompt);
         // The target takes 5 then 6, then its own 9: the index draft is accepted whole, the
@@ -339,53 +387,100 @@ mod tests {
         }
         c.release();
         let missed = (DECAY * PRIOR.accepted) / (DECAY * PRIOR.expected + 1.0);
-        assert!((c.factor(Origin::Prompt) - missed).abs() < 1e-12);
+        assert!((c.factor(Origin::Prompt, false) - missed).abs() < 1e-12);
         let taken = (DECAY * PRIOR.accepted + 2.0) / (DECAY * PRIOR.expected + 2.0);
-        assert!((c.factor(Origin::Index) - taken).abs() < 1e-12);
+        assert!((c.factor(Origin::Index, false) - taken).abs() < 1e-12);
+    }
+
+    /// Misses after short matches leave the long-match record as it was, and a long match's
+    /// accepted draft raises only its own; with `long_match` 0 a source has one record.
+    #[test]
+    fn long_matches_keep_a_record_of_their_own() {
+        let after_long = |tokens: &[u32]| DraftTree {
+            match_len: 20,
+            ..chain(tokens, &vec![1.0; tokens.len()])
+        };
+        let miss_three_short = |c: &mut Calibration, opts: &DraftOptions| {
+            for _ in 0..3 {
+                let d = c.calibrate(Origin::Live, chain(&[5, 6], &[1.0, 1.0]), opts);
+                c.drafted(Origin::Live, d);
+                c.appended(9);
+            }
+        };
+        let apart = bar_at(0.2);
+        assert_eq!(apart.long_match, 12);
+        let mut c = Calibration::default();
+        miss_three_short(&mut c, &apart);
+        assert!(c.factor(Origin::Live, false) < 0.25);
+        assert_eq!(c.factor(Origin::Live, true), PRIOR.factor());
+        assert_eq!(c.best_factor(Origin::Live), PRIOR.factor());
+        // A long match's certain chain drafts as a fresh record lets it: .7, .49, .34, .24.
+        let d = c.calibrate(Origin::Live, after_long(&[1, 2, 3, 4, 5, 6]), &apart);
+        assert_eq!(d.tree.token_ids, vec![1, 2, 3, 4]);
+        let short_before = c.factor(Origin::Live, false);
+        c.drafted(Origin::Live, d);
+        for t in [1, 2, 3, 4, 7] {
+            c.appended(t);
+        }
+        assert!(c.factor(Origin::Live, true) > PRIOR.factor());
+        assert_eq!(c.factor(Origin::Live, false), short_before);
+        // One record: the short matches' misses cut the long match's draft to one token.
+        let one = DraftOptions {
+            long_match: 0,
+            ..apart
+        };
+        let mut c = Calibration::default();
+        miss_three_short(&mut c, &one);
+        let d = c.calibrate(Origin::Live, after_long(&[1, 2, 3, 4, 5, 6]), &one);
+        assert_eq!(d.tree.token_ids, vec![1]);
     }
 
     #[test]
     fn a_draft_asked_for_again_counts_for_nothing() {
         let mut c = Calibration::default();
         for _ in 0..3 {
-            let d = c.calibrate(Origin::Index, chain(&[5, 6], &[1.0, 1.0]), 0.0);
+            let d = c.calibrate(Origin::Index, chain(&[5, 6], &[1.0, 1.0]), &bar_at(0.0));
             c.drafted(Origin::Index, d);
         }
         c.release();
-        assert_eq!(c.factor(Origin::Index), PRIOR.factor());
+        assert_eq!(c.factor(Origin::Index, false), PRIOR.factor());
     }
 
     #[test]
     fn a_redraft_after_accepted_tokens_counts_only_the_checked_levels() {
         let mut c = Calibration::default();
-        let d = c.calibrate(Origin::Index, chain(&[5, 6, 7], &[0.8, 0.4, 0.2]), 0.0);
+        let d = c.calibrate(
+            Origin::Index,
+            chain(&[5, 6, 7], &[0.8, 0.4, 0.2]),
+            &bar_at(0.0),
+        );
         c.drafted(Origin::Index, d);
         c.appended(5);
         c.release();
         // One level checked (.8 expected), one token accepted.
         let want = (DECAY * PRIOR.accepted + 1.0) / (DECAY * PRIOR.expected + 0.8);
-        assert!((c.factor(Origin::Index) - want).abs() < 1e-12);
+        assert!((c.factor(Origin::Index, false) - want).abs() < 1e-12);
     }
 
     #[test]
     fn a_silenced_source_drifts_back() {
         let mut c = Calibration::default();
         for _ in 0..10 {
-            let d = c.calibrate(Origin::Prompt, chain(&[5], &[1.0]), 0.0);
+            let d = c.calibrate(Origin::Prompt, chain(&[5], &[1.0]), &bar_at(0.0));
             c.drafted(Origin::Prompt, d);
             c.appended(9);
         }
-        let low = c.factor(Origin::Prompt);
+        let low = c.factor(Origin::Prompt, false);
         assert!(low < 0.3, "{low}");
         for _ in 0..300 {
-            let d = c.calibrate(Origin::Prompt, chain(&[5], &[1.0]), 1.1);
+            let d = c.calibrate(Origin::Prompt, chain(&[5], &[1.0]), &bar_at(1.1));
             assert!(d.tree.is_empty());
             c.idle(Origin::Prompt);
         }
         assert!(
-            c.factor(Origin::Prompt) > 0.5,
+            c.factor(Origin::Prompt, false) > 0.5,
             "{}",
-            c.factor(Origin::Prompt)
+            c.factor(Origin::Prompt, false)
         );
     }
 
@@ -394,7 +489,7 @@ mod tests {
         let mut c = Calibration::default();
         // Root children 5 (p .6) and 7 (p .2); 5 → 6 (path .36, so .6 given 5).
         let tree = fork([0.6, 0.2, 0.36]);
-        let draft = c.calibrate(Origin::Prompt, tree.clone(), 0.0);
+        let draft = c.calibrate(Origin::Prompt, tree.clone(), &bar_at(0.0));
         assert_eq!(
             (&draft.tree.token_ids, &draft.tree.parents),
             (&tree.token_ids, &tree.parents)
@@ -405,9 +500,9 @@ mod tests {
         }
         // Checked: the root's children (.6 + .2), then 5's child (.6); 6 has none. Two accepted.
         let want = (PRIOR.accepted * DECAY + 2.0) / (PRIOR.expected * DECAY + 1.4);
-        assert!((c.factor(Origin::Prompt) - want).abs() < 1e-12);
+        assert!((c.factor(Origin::Prompt, false) - want).abs() < 1e-12);
         // Scaled by 3.26 / 3.2, capped at 1 per token: 5 → .61, 7 → .20, 6 → .61 · .61 = .37.
-        let t = c.calibrate(Origin::Prompt, tree, 0.3).tree;
+        let t = c.calibrate(Origin::Prompt, tree, &bar_at(0.3)).tree;
         assert_eq!(
             (t.token_ids.clone(), t.parents.clone()),
             (vec![5, 6], vec![-1, 0])
@@ -418,7 +513,9 @@ mod tests {
     #[test]
     fn a_pruned_parent_takes_its_children() {
         let c = Calibration::default();
-        let t = c.calibrate(Origin::Index, fork([0.2, 0.5, 0.2]), 0.3).tree;
+        let t = c
+            .calibrate(Origin::Index, fork([0.2, 0.5, 0.2]), &bar_at(0.3))
+            .tree;
         assert_eq!((t.token_ids, t.parents), (vec![7], vec![-1]));
     }
 }

@@ -60,6 +60,12 @@ pub struct DraftOptions {
     /// Adaptive length: at most this many draft tokens per matched token (0: off). Short matches
     /// predict poorly, so they get short drafts, and a rejected draft costs little.
     pub match_len_factor: f64,
+    /// A source keeps two records (`calibration`): of its drafts after matches of at least this
+    /// many tokens, and of the rest (0: one record). Misses after short matches, common and cheap,
+    /// say little of a long match's draft, which is repeated text and runs true for dozens of
+    /// tokens; with one record, a few of them cut the long drafts to a token or two. 12 measured
+    /// best in the workload replays, chosen leave-one-workload-out (eval/RESULTS.md).
+    pub long_match: usize,
     /// Occurrences of the matched suffix read from the index.
     pub index_samples: usize,
     pub source: DraftSource,
@@ -74,6 +80,7 @@ impl Default for DraftOptions {
             min_token_prob: 0.4,
             min_path_prob: 0.2,
             match_len_factor: 1.0,
+            long_match: 12,
             index_samples: 64,
             source: DraftSource::All,
         }
@@ -108,6 +115,11 @@ impl DraftOptions {
             return self.max_tokens;
         }
         ((self.match_len_factor * match_len as f64).ceil() as usize).min(self.max_tokens)
+    }
+
+    /// Whether a draft after a match of `match_len` tokens counts in its source's long-match record.
+    pub fn is_long(&self, match_len: usize) -> bool {
+        self.long_match > 0 && match_len >= self.long_match
     }
 
     /// The draft the continuations of a match of `match_len` tokens make, as these options shape it.
