@@ -28,12 +28,36 @@ fi
 # the dependencies far slower for little speed in the targets.
 FUZZ_FLAGS=(--sanitizer none --codegen-units 16 --target-dir "$CACHE/fuzz-target")
 cargo +nightly fuzz build "${FUZZ_FLAGS[@]}"
-for target in $(cargo +nightly fuzz list); do
+# libFuzzer runs a target on one core: targets run side by side, one a core, each for FUZZ_SECONDS,
+# and each one's output is printed whole when it ends.
+FUZZ_JOBS="${FUZZ_JOBS:-$(nproc)}"
+print_lock="$(mktemp)"
+fuzz_one() {
+  local target=$1 new_inputs log status=0
   new_inputs="$(mktemp -d)"
-  echo "fuzz: $target for ${FUZZ_SECONDS}s"
-  dict=()
+  log="$(mktemp)"
+  local dict=()
   if [ -f "fuzz/$target.dict" ]; then dict=(-dict="fuzz/$target.dict"); fi
   RUST_BACKTRACE=1 cargo +nightly fuzz run "${FUZZ_FLAGS[@]}" "$target" "$new_inputs" "fuzz/corpus/$target" -- \
-    -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -timeout=30 -print_final_stats=1 "${dict[@]}"
-  rm -rf "$new_inputs"
+    -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -timeout=30 -print_final_stats=1 "${dict[@]}" \
+    >"$log" 2>&1 || status=$?
+  flock "$print_lock" sh -c 'echo "fuzz: $1 for $2 s, exit status $3"; cat "$4"' _ "$target" "$FUZZ_SECONDS" "$status" "$log"
+  rm -rf "$new_inputs" "$log"
+  return "$status"
+}
+failed=0
+running=0
+for target in $(cargo +nightly fuzz list); do
+  if [ "$running" -ge "$FUZZ_JOBS" ]; then
+    wait -n || failed=1
+    running=$((running - 1))
+  fi
+  fuzz_one "$target" &
+  running=$((running + 1))
 done
+while [ "$running" -gt 0 ]; do
+  wait -n || failed=1
+  running=$((running - 1))
+done
+rm -f "$print_lock"
+exit "$failed"
