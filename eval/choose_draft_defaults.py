@@ -7,8 +7,8 @@ greedy outputs, and workload.json, whose simulated replays include SuffixDecodin
 configurations when the run was given `--suffix-decoding-python`). Every setting of the grid is
 replayed over every workload's outputs (`eval workload --replay`, all sources, the same cost model);
 then, for each workload, the setting with the best geometric mean of warm speed-ups over the *other*
-workloads is the one it is judged by. The setting best over all workloads is the one to make the
-default. Writes loo.json and loo.md to --out-dir. Usage:
+workloads is the one it is judged by. The setting best over all workloads is the candidate for the
+defaults (src/draft/mod.rs says which are kept, and why). Writes loo.json and loo.md to --out-dir. Usage:
 
   python3 eval/choose_draft_defaults.py --binary target/release/infini-sidecar --model SmolLM2.gguf \
     --index INDEX --workload agentic=eval/workloads/agentic.jsonl:eval/results/workload ... \
@@ -60,7 +60,9 @@ def replay(args, workload, replay_json, setting):
             "--long-match", str(setting["long_match"]),
             "--row-cost", str(args.row_cost),
         ] + (["--tree"] if setting["tree"] else [])
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
         with open(os.path.join(out, "simulated.json")) as f:
             rows = json.load(f)["simulated"]
     return {r["part"]: r["speedup"] for r in rows if r["configuration"] == "ours: all"}
@@ -104,7 +106,9 @@ def main():
         sys.exit("leaving one out needs at least two workloads")
     settings = [dict(zip(GRID, values)) for values in itertools.product(*GRID.values())]
     results = []  # per setting: {workload: {part: speed-up}}
-    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+    # A failed replay ends the run at once: the replays not yet begun are dropped.
+    pool = concurrent.futures.ThreadPoolExecutor(args.jobs)
+    try:
         pending = [
             {
                 name: pool.submit(replay, args, path, os.path.join(folder, "replay.json"), setting)
@@ -117,6 +121,8 @@ def main():
             results.append(per)
             warm = ", ".join(f"{n} {p['warm']:.2f}×" for n, p in per.items())
             print(f"[{i + 1}/{len(settings)}] {name_of(setting)}: {warm}", file=sys.stderr, flush=True)
+    finally:
+        pool.shutdown(cancel_futures=True)
 
     def best_over(names):
         return max(range(len(settings)), key=lambda s: geomean([results[s][n]["warm"] for n in names]))
@@ -161,7 +167,7 @@ def main():
             f"| {row['suffix_decoding_best'].removeprefix('suffix-decoding ')} "
             f"| {s['warm']:.2f}× ({s['cold']:.2f}×, {s['all']:.2f}×) | {row['ratio_warm']:.3f} |"
         )
-    md += ["", f"Best over every workload (the default): {name_of(settings[default])}."]
+    md += ["", f"Best over every workload: {name_of(settings[default])}."]
     with open(os.path.join(args.out_dir, "loo.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))

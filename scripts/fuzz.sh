@@ -28,10 +28,17 @@ fi
 # the dependencies far slower for little speed in the targets.
 FUZZ_FLAGS=(--sanitizer none --codegen-units 16 --target-dir "$CACHE/fuzz-target")
 cargo +nightly fuzz build "${FUZZ_FLAGS[@]}"
-# libFuzzer runs a target on one core: targets run side by side, one a core, each for FUZZ_SECONDS,
-# and each one's output is printed whole when it ends.
+# libFuzzer runs a target on one core: targets run side by side, FUZZ_JOBS at once (default one a
+# core), each for FUZZ_SECONDS, and each one's output is printed whole when it ends. Stopped early,
+# the run stops the targets still running.
 FUZZ_JOBS="${FUZZ_JOBS:-$(nproc)}"
+if ! [[ "$FUZZ_JOBS" =~ ^[1-9][0-9]*$ ]]; then
+  echo "fuzz: FUZZ_JOBS=$FUZZ_JOBS: a number of targets at once, at least 1" >&2
+  exit 2
+fi
 print_lock="$(mktemp)"
+# Each target's cargo is a child of its job (its fuzzer, a child of cargo, ends by FUZZ_SECONDS).
+trap 'for job in $(jobs -p); do pkill -P "$job"; kill "$job"; done 2>/dev/null; rm -f "$print_lock"' EXIT
 fuzz_one() {
   local target=$1 new_inputs log status=0
   new_inputs="$(mktemp -d)"
@@ -41,7 +48,8 @@ fuzz_one() {
   RUST_BACKTRACE=1 cargo +nightly fuzz run "${FUZZ_FLAGS[@]}" "$target" "$new_inputs" "fuzz/corpus/$target" -- \
     -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -timeout=30 -print_final_stats=1 "${dict[@]}" \
     >"$log" 2>&1 || status=$?
-  flock "$print_lock" sh -c 'echo "fuzz: $1 for $2 s, exit status $3"; cat "$4"' _ "$target" "$FUZZ_SECONDS" "$status" "$log"
+  flock "$print_lock" sh -c 'echo "fuzz: $1 for $2 s, exit status $3"; cat "$4"' _ "$target" "$FUZZ_SECONDS" "$status" "$log" \
+    || cat "$log"
   rm -rf "$new_inputs" "$log"
   return "$status"
 }
@@ -59,5 +67,4 @@ while [ "$running" -gt 0 ]; do
   wait -n || failed=1
   running=$((running - 1))
 done
-rm -f "$print_lock"
 exit "$failed"

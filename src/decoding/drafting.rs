@@ -34,14 +34,12 @@ impl Sequence {
             if !opts.source.includes(origin) || !self.has(origin) {
                 continue;
             }
-            // A source whose record keeps even a certain token under the bar is not consulted
-            // (its reads cost more than a drafted token is worth), only nudged back towards trust.
-            let mut nothing_to_read = self.calibration.best_factor(origin) < opts.min_path_prob;
-            if origin == Origin::Index && !opts.tree {
-                let matched = self.matched_tokens();
-                let bound =
-                    self.calibration
-                        .chain_bound(origin, matched, opts.depth_for(matched), opts);
+            // The index's match is known before it is read; the other sources find theirs in
+            // the read.
+            let known_match = (origin == Origin::Index).then(|| self.matched_tokens());
+            let mut nothing_to_read = !self.calibration.may_draft(origin, known_match, opts);
+            if let (Some(matched), false) = (known_match, opts.tree) {
+                let bound = self.calibration.chain_bound(origin, matched, opts);
                 let outscored = |(_, d): &(Origin, Calibrated)| d.tree.score > bound;
                 if bound > 0.0 && offers.iter().any(outscored) {
                     continue;

@@ -130,9 +130,17 @@ impl Calibration {
         self.records[origin as usize][long as usize].factor()
     }
 
-    /// The higher of `origin`'s two factors: what its next draft can at best be scaled by.
-    pub fn best_factor(&self, origin: Origin) -> f64 {
-        self.factor(origin, false).max(self.factor(origin, true))
+    /// Whether `origin` can draft anything worth its row, as far as its records tell before it is
+    /// read: after a match of `match_len` tokens where that is known beforehand (the index's,
+    /// followed as the sequence grows), else after either kind of match. A source that cannot is
+    /// not read (its reads cost more than a drafted token is worth), only nudged back.
+    pub fn may_draft(&self, origin: Origin, match_len: Option<usize>, opts: &DraftOptions) -> bool {
+        let factor = match match_len {
+            Some(len) => self.factor(origin, opts.is_long(len)),
+            None if opts.long_match == 0 => self.factor(origin, false),
+            None => self.factor(origin, false).max(self.factor(origin, true)),
+        };
+        factor >= opts.min_path_prob
     }
 
     /// Scales `tree`'s per-token probabilities by its source's factor for the tree's match (capped
@@ -154,17 +162,12 @@ impl Calibration {
         }
     }
 
-    /// The highest score a chain of `depth` tokens from `origin` after a match of `match_len`
-    /// tokens can have after [`Self::calibrate`]: every token certain. Path probabilities are
-    /// multiplied in the same order as there, so the bound holds in floating point too.
-    pub fn chain_bound(
-        &self,
-        origin: Origin,
-        match_len: usize,
-        depth: usize,
-        opts: &DraftOptions,
-    ) -> f64 {
-        let min_path_prob = opts.min_path_prob;
+    /// The highest score a chain from `origin` after a match of `match_len` tokens can have after
+    /// [`Self::calibrate`]: as deep as the options let it be, every token certain. Path
+    /// probabilities are multiplied in the same order as there, so the bound holds in floating
+    /// point too.
+    pub fn chain_bound(&self, origin: Origin, match_len: usize, opts: &DraftOptions) -> f64 {
+        let (depth, min_path_prob) = (opts.depth_for(match_len), opts.min_path_prob);
         let step = self.factor(origin, opts.is_long(match_len)).min(1.0);
         let (mut path, mut score) = (1.0f64, 0.0);
         for _ in 0..depth {
@@ -325,12 +328,17 @@ mod tests {
     /// certain scores more: for a fresh record, a shrunk one and one above 1 (capped at 1).
     #[test]
     fn no_chain_scores_above_its_bound() {
-        // After a short match (the short record, which the drafts below settle) and a long one.
+        // After a short match and a long one: each record as the drafts below settle it.
         let check = |c: &Calibration| {
             let cases = (0..8).flat_map(|d| [0.0, 0.2, 0.5].map(|b| [3, 20].map(|m| (d, b, m))));
             for (depth, bar, match_len) in cases.flatten() {
-                let opts = bar_at(bar);
-                let bound = c.chain_bound(Origin::Live, match_len, depth, &opts);
+                // As deep as `depth` whatever the match.
+                let opts = DraftOptions {
+                    max_tokens: depth,
+                    match_len_factor: 0.0,
+                    ..bar_at(bar)
+                };
+                let bound = c.chain_bound(Origin::Live, match_len, &opts);
                 let after_match = |probs: &[f64]| DraftTree {
                     match_len,
                     ..chain(&[1; 8][..depth], probs)
@@ -346,9 +354,14 @@ mod tests {
                 assert!(scored(after_match(&unsure)) <= bound);
             }
         };
-        // Settles one draft of `probs` on tokens 5, 6, followed by `taken`.
-        let settle = |c: &mut Calibration, probs: &[f64], taken: [u32; 3]| {
-            let d = c.calibrate(Origin::Live, chain(&[5, 6], probs), &bar_at(0.0));
+        // Settles one draft of `probs` on tokens 5, 6 after a match of `match_len`, followed by
+        // `taken`.
+        let settle = |c: &mut Calibration, match_len, probs: &[f64], taken: [u32; 3]| {
+            let after_match = DraftTree {
+                match_len,
+                ..chain(&[5, 6], probs)
+            };
+            let d = c.calibrate(Origin::Live, after_match, &bar_at(0.0));
             c.drafted(Origin::Live, d);
             for t in taken {
                 c.appended(t);
@@ -357,19 +370,26 @@ mod tests {
         };
         let mut c = Calibration::default();
         check(&c);
-        settle(&mut c, &[1.0, 1.0], [9, 9, 9]);
+        // The short record shrinks, then the long one.
+        settle(&mut c, 3, &[1.0, 1.0], [9, 9, 9]);
         assert!(c.factor(Origin::Live, false) < PRIOR.factor());
         check(&c);
-        // Unlikely drafts accepted whole, until the record is above 1.
-        for _ in 0..50 {
-            if c.factor(Origin::Live, false) > 1.0 {
-                break;
-            }
-            settle(&mut c, &[0.5, 0.25], [5, 6, 9]);
-        }
-        assert!(c.factor(Origin::Live, false) > 1.0);
-        assert_eq!(c.chain_bound(Origin::Live, 3, 3, &bar_at(0.0)), 3.0);
+        settle(&mut c, 20, &[1.0, 1.0], [9, 9, 9]);
+        assert!(c.factor(Origin::Live, true) < PRIOR.factor());
         check(&c);
+        // Unlikely drafts accepted whole, until the long record is above 1, then the short one.
+        for long in [true, false] {
+            for _ in 0..50 {
+                if c.factor(Origin::Live, long) > 1.0 {
+                    break;
+                }
+                settle(&mut c, if long { 20 } else { 3 }, &[0.5, 0.25], [5, 6, 9]);
+            }
+            check(&c);
+        }
+        assert!(c.factor(Origin::Live, true) > 1.0);
+        assert!(c.factor(Origin::Live, false) > 1.0);
+        assert_eq!(c.chain_bound(Origin::Live, 3, &bar_at(0.0)), 3.0);
     }
 
     /// Drafts of both sources handed out as one union: each is followed and settled on its own.
@@ -413,7 +433,15 @@ mod tests {
         miss_three_short(&mut c, &apart);
         assert!(c.factor(Origin::Live, false) < 0.25);
         assert_eq!(c.factor(Origin::Live, true), PRIOR.factor());
-        assert_eq!(c.best_factor(Origin::Live), PRIOR.factor());
+        // At a bar above the short record: not read after a short match known beforehand; read
+        // where the match is not known, as it may be long.
+        let above_short = DraftOptions {
+            min_path_prob: 0.3,
+            ..apart
+        };
+        assert!(!c.may_draft(Origin::Live, Some(3), &above_short));
+        assert!(c.may_draft(Origin::Live, Some(20), &above_short));
+        assert!(c.may_draft(Origin::Live, None, &above_short));
         // A long match's certain chain drafts as a fresh record lets it: .7, .49, .34, .24.
         let d = c.calibrate(Origin::Live, after_long(&[1, 2, 3, 4, 5, 6]), &apart);
         assert_eq!(d.tree.token_ids, vec![1, 2, 3, 4]);
@@ -433,6 +461,13 @@ mod tests {
         miss_three_short(&mut c, &one);
         let d = c.calibrate(Origin::Live, after_long(&[1, 2, 3, 4, 5, 6]), &one);
         assert_eq!(d.tree.token_ids, vec![1]);
+        // With one record a source the bar silences is not read, whatever its match.
+        let silenced = DraftOptions {
+            min_path_prob: 0.3,
+            ..one
+        };
+        assert!(!c.may_draft(Origin::Live, None, &silenced));
+        assert!(!c.may_draft(Origin::Live, Some(20), &silenced));
     }
 
     #[test]

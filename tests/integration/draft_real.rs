@@ -164,7 +164,7 @@ fn an_all_sources_chain_is_the_best_single_source_chain() {
             checked += 1;
             // Where the prompt's chain outscores the best the index's could: not read.
             let matched = SuffixMatch::of(&*index, tokens).unwrap().suffix_len();
-            let bound = fresh.chain_bound(Origin::Index, matched, opts.depth_for(matched), &opts);
+            let bound = fresh.chain_bound(Origin::Index, matched, &opts);
             skipped += usize::from(bound > 0.0 && from_prompt.score > bound);
             index_won +=
                 usize::from(!from_index.is_empty() && from_index.score >= from_prompt.score);
