@@ -5,8 +5,11 @@
 # round-robin over two engines; then the table. vLLM on CPU computes on one core and keeps the
 # other for the rest (here, the sidecar).
 # Results: eval/results/vllm/ (one JSON per run, table.md). Environment: WORKLOAD (default the
-# agentic workload), OUT, CONCURRENCY (default "1 8"), REPLICAS (default 1: the two-engine runs;
-# 0 skips them); extra arguments go to every run (e.g. --limit 40, --dtype float32).
+# agentic workload), OUT, CONCURRENCY (default "1 8"; empty: none), METHODS (default "plain ngram suffix
+# sidecar"), REPLICAS (default 1: the two-engine runs of plain, suffix and the sidecar; 0 skips
+# them), ROUNDS (default 1: more runs every method in turn again, named NAME-round2 and so on, so
+# methods compared on a noisy host alternate); extra arguments go to every run (e.g. --limit 40,
+# --dtype float32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -22,18 +25,23 @@ run() {
   shift
   # Each sidecar run learns into a namespace of its own, as each vLLM engine starts empty.
   "$VLLM_PYTHON" eval/vllm_sidecar.py run --model "$VLLM_MODEL" --workload "$WORKLOAD" \
-    --addr 127.0.0.1:50078 --namespace "$name" --out "$OUT/$name.json" "$@" | tail -1
+    --addr 127.0.0.1:50078 --sidecar-pid "$SIDECAR_PID" --namespace "$name" --out "$OUT/$name.json" "$@" | tail -1
 }
-for concurrency in ${CONCURRENCY:-1 8}; do
-  for method in plain ngram suffix sidecar; do
-    run "$method-c$concurrency" --method "$method" --concurrency "$concurrency" "$@"
+METHODS="${METHODS:-plain ngram suffix sidecar}"
+for round in $(seq "${ROUNDS:-1}"); do
+  suffix=""
+  [ "$round" = 1 ] || suffix="-round$round"
+  for concurrency in ${CONCURRENCY-1 8}; do
+    for method in $METHODS; do
+      run "$method-c$concurrency$suffix" --method "$method" --concurrency "$concurrency" "$@"
+    done
   done
+  if [ "${REPLICAS:-1}" = 1 ]; then
+    for method in $METHODS; do
+      [ "$method" = ngram ] || run "$method-r2$suffix" --method "$method" --replicas 2 "$@"
+    done
+  fi
 done
-if [ "${REPLICAS:-1}" = 1 ]; then
-  for method in plain suffix sidecar; do
-    run "$method-r2" --method "$method" --replicas 2 "$@"
-  done
-fi
-"$VLLM_PYTHON" eval/vllm_sidecar.py table "$OUT"/*-c*.json $(ls "$OUT"/*-r2.json 2>/dev/null) \
+"$VLLM_PYTHON" eval/vllm_sidecar.py table "$OUT"/*-c*.json $(ls "$OUT"/*-r2*.json 2>/dev/null) \
   >"$OUT/table.md"
 cat "$OUT/table.md"

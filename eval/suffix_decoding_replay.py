@@ -23,10 +23,14 @@ import time
 from arctic_inference.suffix_decoding import SuffixDecodingCache
 
 
-def replay(requests, use_global, tree, max_spec, factor, min_prob, row_cost):
-    cache = SuffixDecodingCache(max_tree_depth=64, max_cached_requests=-1 if use_global else 0)
+def replay(requests, use_global, tree, max_spec, factor, min_prob, row_cost, replicas=1):
+    """Each request on one of `replicas` engines in turn, each engine with a cache of its own (its
+    global tree holds what that engine generated), as vLLM's `suffix` runs over replicas."""
+    caches = [SuffixDecodingCache(max_tree_depth=64, max_cached_requests=-1 if use_global else 0)
+              for _ in range(replicas)]
     rows = []
     for rid, (prompt, truth) in enumerate(requests):
+        cache = caches[rid % replicas]
         prompt = list(prompt)
         started = time.perf_counter()
         cache.start_request(rid, prompt)
@@ -106,6 +110,8 @@ def main():
     ap.add_argument("replay", help="replay.json of eval workload")
     ap.add_argument("--max-spec", type=int, nargs="+", default=[15, 32])
     ap.add_argument("--row-cost", type=float, default=0.2, help="a drafted row's share of a step")
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="engines serving the requests in turn, each with its own cache")
     args = ap.parse_args()
     with open(args.replay) as f:
         requests = json.load(f)
@@ -116,8 +122,10 @@ def main():
                 name = (
                     f"suffix-decoding {'global+prompt' if use_global else 'prompt only'}, "
                     f"{'tree' if tree else 'chain'}, max_spec {max_spec}"
+                    + (f", {args.replicas} replicas" if args.replicas > 1 else "")
                 )
-                rows = replay(requests, use_global, tree, max_spec, 1.0, 0.1, args.row_cost)
+                rows = replay(requests, use_global, tree, max_spec, 1.0, 0.1, args.row_cost,
+                              args.replicas)
                 results += summarize(name, rows)
     print(json.dumps(results, indent=1))
 

@@ -13,8 +13,9 @@ engine, the same machine and the same workload.
 `--replicas 2` runs two engines (two vLLM processes) and sends the requests to them in turn, one at
 a time: with `suffix` each has its own tree, with the sidecar they share one live index. Each run
 records per request its tokens and seconds, and for the whole run, the cold (first fifth) and warm
-(last fifth) parts: tokens/s, acceptance (vLLM's spec-decode counters), and the sidecar's time per
-engine step (the proposer's own counters). Needs a sidecar on --addr serving an index of the model's
+(last fifth) parts: tokens/s, acceptance (vLLM's spec-decode counters), the CPU seconds of this
+process, of vLLM's engine processes and (with --sidecar-pid) of the sidecar, and the sidecar's time
+per engine step (the proposer's own counters). Needs a sidecar on --addr serving an index of the model's
 tokenizer (eval/run_vllm.sh starts one) and vLLM (scripts/env.sh: ensure_vllm, ensure_vllm_model).
 """
 from __future__ import annotations
@@ -74,6 +75,39 @@ def engine(model: str, method: str, k: int, dtype: str, concurrency: int, addr: 
                **kwargs)
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """The user and system CPU seconds of process `pid` so far (0 once it has gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (vLLM's engine processes), from /proc's children lists."""
+    found, todo = [], [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found += children
+            todo += children
+    return found
+
+
+def cpu_seconds(sidecar_pid: int | None) -> dict[str, float]:
+    """CPU seconds so far of this process (the engine's front end), of the processes it started
+    (vLLM's engine cores) and of the sidecar's process: where each part's time went."""
+    cpu = {"front_end": process_cpu_seconds(os.getpid()),
+           "engines": sum(process_cpu_seconds(p) for p in descendants(os.getpid()))}
+    if sidecar_pid:
+        cpu["sidecar"] = process_cpu_seconds(sidecar_pid)
+    return cpu
+
+
 def spec_counters(llm) -> tuple[int, int]:
     """(drafted, accepted) tokens so far, from vLLM's counters."""
     drafted = accepted = 0
@@ -130,14 +164,15 @@ def serve(llm, tokenizer, requests: list[dict], concurrency: int, answers: dict[
             answers[output.request_id] = done.text
 
 
-def part(records: list[dict], counters: list[tuple[int, int]]) -> dict:
+def part(records: list[dict], counters: list[tuple[int, int]], cpu: list[dict[str, float]]) -> dict:
     tokens = sum(len(r["output"]) for r in records)
     span = max(r["ended"] for r in records) - min(r["started"] for r in records)
     drafted = counters[-1][0] - counters[0][0]
     accepted = counters[-1][1] - counters[0][1]
     return {"requests": len(records), "tokens": tokens, "seconds": span, "tokens_per_s": tokens / span,
             "drafted": drafted, "accepted": accepted,
-            "acceptance": accepted / drafted if drafted else None}
+            "acceptance": accepted / drafted if drafted else None,
+            "cpu_seconds": {k: cpu[-1][k] - cpu[0][k] for k in cpu[0]}}
 
 
 def run(args) -> None:
@@ -163,27 +198,34 @@ def run(args) -> None:
     fifth = max(1, len(requests) // 5)
     marks = {0, fifth, len(requests) - fifth}
     counters_at: dict[int, tuple[int, int]] = {}
+    cpu_at: dict[int, dict[str, float]] = {}
 
     def counters() -> tuple[int, int]:
         totals = [spec_counters(llm) for llm in llms]
         return sum(t[0] for t in totals), sum(t[1] for t in totals)
+
+    def mark(i: int) -> None:
+        counters_at[i] = counters()
+        cpu_at[i] = cpu_seconds(args.sidecar_pid)
 
     began = time.perf_counter()
     if args.replicas == 1:
         # Counters at the fifths' edges: requests go in order, so these bound the parts.
         cuts = sorted(marks)
         for a, b in zip(cuts, cuts[1:] + [len(requests)]):
-            counters_at[a] = counters()
+            mark(a)
             serve(llms[0], tokenizer, requests[a:b], args.concurrency, answers, records)
-        counters_at[len(requests)] = counters()
     else:
-        counters_at[0] = counters()
         for i, request in enumerate(requests):
             if i in marks:
-                counters_at[i] = counters()
+                mark(i)
             serve(llms[i % args.replicas], tokenizer, [request], 1, answers, records)
-        counters_at[len(requests)] = counters()
+    mark(len(requests))
     wall = time.perf_counter() - began
+
+    def at(a: int, b: int) -> tuple[list, list]:
+        return [counters_at[a], counters_at[b]], [cpu_at[a], cpu_at[b]]
+
     ordered = [records[r["id"]] for r in requests]
     sidecar = []
     for path in sorted(Path(stats).glob("*.json")):
@@ -192,10 +234,9 @@ def run(args) -> None:
         "cpu": cpu_name(), "method": args.method, "k": args.k, "dtype": args.dtype,
         "concurrency": args.concurrency, "replicas": args.replicas, "workload": args.workload,
         "wall_seconds": wall,
-        "all": part(ordered, [counters_at[0], counters_at[len(requests)]]),
-        "cold": part(ordered[:fifth], [counters_at[0], counters_at[fifth]]),
-        "warm": part(ordered[len(requests) - fifth:],
-                     [counters_at[len(requests) - fifth], counters_at[len(requests)]]),
+        "all": part(ordered, *at(0, len(requests))),
+        "cold": part(ordered[:fifth], *at(0, fifth)),
+        "warm": part(ordered[len(requests) - fifth:], *at(len(requests) - fifth, len(requests))),
         "sidecar": sidecar,
         "requests": [{"id": r["id"], **{k: v for k, v in records[r["id"]].items()
                                         if k not in ("started", "ended")}} for r in requests],
@@ -209,8 +250,8 @@ def table(args) -> None:
     plain = {(r["concurrency"], r["replicas"]): r for r in runs if r["method"] == "plain"}
     print(f"CPU: {runs[0]['cpu']}; dtype {runs[0]['dtype']}; {runs[0]['workload']}\n")
     print("| method | concurrency | replicas | tok/s all | warm tok/s | speed-up all | speed-up warm | "
-          "acceptance warm | identical to plain | sidecar µs/step | µs/row |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "acceptance warm | identical to plain | sidecar µs/step | µs/row | warm CPU s: engines, sidecar |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         base = plain.get((r["concurrency"], r["replicas"]))
         same = "–"
@@ -226,9 +267,11 @@ def table(args) -> None:
                    if sc else "–")
         us_row = (f"{sum(s['seconds'] for s in sc) * 1e6 / max(1, sum(s['rows'] for s in sc)):.0f}"
                   if sc else "–")
+        cpu = r["warm"].get("cpu_seconds", {})
+        cpu_cell = ", ".join(f"{cpu[k]:.1f}" if k in cpu else "–" for k in ("engines", "sidecar"))
         print(f"| {r['method']} | {r['concurrency']} | {r['replicas']} | {r['all']['tokens_per_s']:.1f} | "
               f"{r['warm']['tokens_per_s']:.1f} | {up('all')} | {up('warm')} | "
-              f"{'–' if acc is None else f'{acc:.2f}'} | {same} | {us_step} | {us_row} |")
+              f"{'–' if acc is None else f'{acc:.2f}'} | {same} | {us_step} | {us_row} | {cpu_cell} |")
 
 
 CHECK_PROMPTS = [
@@ -328,6 +371,7 @@ def main() -> None:
     r.add_argument("--addr", default="127.0.0.1:50051")
     r.add_argument("--namespace", default="vllm")
     r.add_argument("--min-path-prob", type=float)
+    r.add_argument("--sidecar-pid", type=int, help="the sidecar's process, whose CPU time each part reports")
     r.add_argument("--out", required=True)
     t = sub.add_parser("table")
     t.add_argument("runs", nargs="+")
