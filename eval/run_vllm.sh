@@ -28,6 +28,10 @@ run() {
     --addr 127.0.0.1:50078 --sidecar-pid "$SIDECAR_PID" --namespace "$name" --out "$OUT/$name.json" "$@" | tail -1
 }
 METHODS="${METHODS:-plain ngram suffix sidecar}"
+if ! [[ "${ROUNDS:-1}" =~ ^[1-9][0-9]*$ ]]; then
+  echo "run_vllm.sh: ROUNDS=$ROUNDS: a number of rounds, at least 1" >&2
+  exit 2
+fi
 for round in $(seq "${ROUNDS:-1}"); do
   suffix=""
   [ "$round" = 1 ] || suffix="-round$round"
@@ -42,6 +46,10 @@ for round in $(seq "${ROUNDS:-1}"); do
     done
   fi
 done
-"$VLLM_PYTHON" eval/vllm_sidecar.py table "$OUT"/*-c*.json $(ls "$OUT"/*-r2*.json 2>/dev/null) \
-  >"$OUT/table.md"
-cat "$OUT/table.md"
+# The table: every run in OUT, this call's and any kept there before.
+shopt -s nullglob
+runs=("$OUT"/*-c*.json "$OUT"/*-r2*.json)
+if [ "${#runs[@]}" -gt 0 ]; then
+  "$VLLM_PYTHON" eval/vllm_sidecar.py table "${runs[@]}" >"$OUT/table.md"
+  cat "$OUT/table.md"
+fi

@@ -113,6 +113,8 @@ def main():
     ap.add_argument("--replicas", type=int, default=1,
                     help="engines serving the requests in turn, each with its own cache")
     args = ap.parse_args()
+    if args.replicas < 1:
+        ap.error("--replicas: at least 1")
     with open(args.replay) as f:
         requests = json.load(f)
     results = []

@@ -98,11 +98,11 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def cpu_seconds(sidecar_pid: int | None) -> dict[str, float]:
-    """CPU seconds so far of this process (the engine's front end), of the processes it started
-    (vLLM's engine cores) and of the sidecar's process: where each part's time went."""
+def cpu_seconds(engine_pids: list[int], sidecar_pid: int | None) -> dict[str, float]:
+    """CPU seconds so far of this process (the engine's front end), of vLLM's engine processes
+    (`engine_pids`, found once) and of the sidecar's process: where each part's time went."""
     cpu = {"front_end": process_cpu_seconds(os.getpid()),
-           "engines": sum(process_cpu_seconds(p) for p in descendants(os.getpid()))}
+           "engines": sum(process_cpu_seconds(p) for p in engine_pids)}
     if sidecar_pid:
         cpu["sidecar"] = process_cpu_seconds(sidecar_pid)
     return cpu
@@ -193,6 +193,9 @@ def run(args) -> None:
     for llm in llms:
         llm.generate({"prompt_token_ids": tokenizer.encode("Hello")}, SamplingParams(max_tokens=4),
                      use_tqdm=False)
+    engine_pids = descendants(os.getpid())
+    if not engine_pids:
+        raise SystemExit("no engine processes found under /proc/PID/task/*/children")
     answers: dict[str, str] = {}
     records: dict[str, dict] = {}
     fifth = max(1, len(requests) // 5)
@@ -206,7 +209,7 @@ def run(args) -> None:
 
     def mark(i: int) -> None:
         counters_at[i] = counters()
-        cpu_at[i] = cpu_seconds(args.sidecar_pid)
+        cpu_at[i] = cpu_seconds(engine_pids, args.sidecar_pid)
 
     began = time.perf_counter()
     if args.replicas == 1:
@@ -247,13 +250,16 @@ def run(args) -> None:
 
 def table(args) -> None:
     runs = [json.loads(Path(p).read_text()) for p in args.runs]
-    plain = {(r["concurrency"], r["replicas"]): r for r in runs if r["method"] == "plain"}
+    names = [Path(p).stem for p in args.runs]
+    # A run of run_vllm.sh's round N is named NAME-roundN; it is compared with its round's plain run.
+    rounds = [n.split("-round")[1] if "-round" in n else "1" for n in names]
+    plain = {(k, r["concurrency"], r["replicas"]): r for k, r in zip(rounds, runs) if r["method"] == "plain"}
     print(f"CPU: {runs[0]['cpu']}; dtype {runs[0]['dtype']}; {runs[0]['workload']}\n")
-    print("| method | concurrency | replicas | tok/s all | warm tok/s | speed-up all | speed-up warm | "
+    print("| run | method | concurrency | replicas | tok/s all | warm tok/s | speed-up all | speed-up warm | "
           "acceptance warm | identical to plain | sidecar µs/step | µs/row | warm CPU s: engines, sidecar |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in runs:
-        base = plain.get((r["concurrency"], r["replicas"]))
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, round_, r in zip(names, rounds, runs):
+        base = plain.get((round_, r["concurrency"], r["replicas"]))
         same = "–"
         if base is not None:
             want = {q["id"]: q["output"] for q in base["requests"]}
@@ -269,7 +275,7 @@ def table(args) -> None:
                   if sc else "–")
         cpu = r["warm"].get("cpu_seconds", {})
         cpu_cell = ", ".join(f"{cpu[k]:.1f}" if k in cpu else "–" for k in ("engines", "sidecar"))
-        print(f"| {r['method']} | {r['concurrency']} | {r['replicas']} | {r['all']['tokens_per_s']:.1f} | "
+        print(f"| {name} | {r['method']} | {r['concurrency']} | {r['replicas']} | {r['all']['tokens_per_s']:.1f} | "
               f"{r['warm']['tokens_per_s']:.1f} | {up('all')} | {up('warm')} | "
               f"{'–' if acc is None else f'{acc:.2f}'} | {same} | {us_step} | {us_row} | {cpu_cell} |")
 
@@ -364,7 +370,7 @@ def main() -> None:
     r.add_argument("--workload", required=True)
     r.add_argument("--method", required=True, choices=["plain", "ngram", "suffix", "sidecar"])
     r.add_argument("--concurrency", type=int, default=1)
-    r.add_argument("--replicas", type=int, default=1)
+    r.add_argument("--replicas", type=int, default=1, choices=range(1, 9), metavar="1..8")
     r.add_argument("--k", type=int, default=16, help="num_speculative_tokens")
     r.add_argument("--dtype", default="bfloat16")
     r.add_argument("--limit", type=int, help="the first N requests only")
