@@ -2,8 +2,8 @@
 # vLLM with the sidecar beside it (eval/vllm_sidecar.py): a sidecar on the default index and mixing
 # file, then a workload through vLLM's engine with plain decoding, vLLM's `ngram` and `suffix`
 # drafters and the sidecar's (`infini_sidecar.vllm.SidecarProposer`), at concurrency 1 and 8, and
-# round-robin over two engines; then the table. vLLM on CPU computes on one core and keeps the
-# other for the rest (here, the sidecar).
+# round-robin over two engines; then the table. vLLM's CPU build binds its model worker to one core
+# and its engine loop polls on either while it waits; the sidecar shares the machine with both.
 # Results: eval/results/vllm/ (one JSON per run, table.md). Environment: WORKLOAD (default the
 # agentic workload), OUT, CONCURRENCY (default "1 8"; empty: none), METHODS (default "plain ngram suffix
 # sidecar"), REPLICAS (default 1: the two-engine runs of plain, suffix and the sidecar; 0 skips
