@@ -107,14 +107,29 @@ pub struct BuildReport {
     pub decontamination: Option<DecontaminationRecord>,
 }
 
-/// Bytes per token while a part is sorted: its tokens plus the 32-bit suffix array (for a
-/// compressed part, the suffix sorter's work array; 4-byte tokens take their suffix array and
-/// two more copies, for want of a sorter that gives their transform).
-fn build_bytes_per_token(width: TokenWidth, compressed: bool) -> u64 {
-    match (width, compressed) {
-        (TokenWidth::U32, true) => 16,
-        _ => width.bytes() as u64 + 4,
-    }
+/// Bytes per token a part needs at its peak: while it is sorted, its tokens plus the 32-bit
+/// suffix array. A compressed part's sorter (the transform of 1- or 2-byte tokens) also writes the
+/// row of every `sample_every`-th suffix (4 bytes each) and, for the reduced problem of its
+/// recursion, may allocate a bucket array of its own: 0.24 bytes a token over 1.68 G bytes of
+/// reversed Debian sources, where the peak passed an 8 GiB budget by 0.38 GiB before this was
+/// counted (measured, not a bound). 4-byte tokens take their suffix array and two more copies, for
+/// want of a sorter that gives their transform. After the sort a compressed part holds its
+/// transform, 24 bytes a sample (rows, then rows with positions, sorted) and its tree's words raw
+/// and compressed (each at most the transform's size): more than the sort only at rates below 8.
+fn build_bytes_per_token(width: TokenWidth, compressed: Option<u64>) -> f64 {
+    /// The compressed sorter's own bucket array, a token.
+    const SORTER_OWN: f64 = 0.25;
+    let w = width.bytes() as f64;
+    let Some(rate) = compressed else {
+        return w + 4.0;
+    };
+    let rate = rate as f64;
+    let sorting = match width {
+        TokenWidth::U32 => 16.0 + 8.0 / rate,
+        _ => w + 4.0 + SORTER_OWN + 4.0 / rate,
+    };
+    let after = 3.0 * w + 24.0 / rate;
+    sorting.max(after)
 }
 
 /// Memory kept aside from the budget for batches, buffers and the program itself.
@@ -131,8 +146,11 @@ pub fn part_token_limit(opts: &BuildOptions) -> Result<u64> {
              a part needs at least 2 (a separator and one token)"
         )));
     }
+    if let Some(rate) = opts.compressed {
+        fm::check_sample_every(rate)?;
+    }
     let usable = opts.memory_budget.saturating_sub(RESERVED_BYTES);
-    let limit = (usable / build_bytes_per_token(opts.width, opts.compressed.is_some()))
+    let limit = ((usable as f64 / build_bytes_per_token(opts.width, opts.compressed)) as u64)
         .min(MAX_PART_TOKENS);
     if limit < 2 {
         return Err(IndexError::Invalid(format!(

@@ -32,7 +32,7 @@ use crate::index::{Index, IndexError, Result};
 use crate::tokenizer::Tokenizer;
 use file::{recorded_checksum, WordReader, Words, MAGIC};
 use part::FmPart;
-pub use part::{PartText, DEFAULT_SAMPLE_EVERY, SAMPLE_EVERY_RANGE};
+pub use part::{check_sample_every, PartText, DEFAULT_SAMPLE_EVERY, SAMPLE_EVERY_RANGE};
 
 /// The file of compressed part `n`.
 pub fn part_file(dir: &Path, n: usize) -> PathBuf {

@@ -144,13 +144,40 @@ fn byte_order(width: TokenWidth, token: u32) -> u32 {
     }
 }
 
+/// Refuses a sampling rate a part cannot keep: a power of two in [`SAMPLE_EVERY_RANGE`] (what the
+/// suffix sorter samples).
+pub fn check_sample_every(sample_every: u64) -> Result<()> {
+    if !sample_every.is_power_of_two() || !SAMPLE_EVERY_RANGE.contains(&sample_every) {
+        return Err(IndexError::Invalid(format!(
+            "a sampling rate of {sample_every}: a power of two from {} to {} is needed",
+            SAMPLE_EVERY_RANGE.start(),
+            SAMPLE_EVERY_RANGE.end()
+        )));
+    }
+    Ok(())
+}
+
 /// What the transform's symbol counts give, derived from the tree when a part is built or read.
 struct SymbolCounts {
-    /// `(symbol, first row of the rows it starts)`, sorted by symbol.
-    first_rows: Vec<(u32, u64)>,
+    /// `(symbol, the rows of the one-token query of it)`, sorted by symbol.
+    token_rows: Vec<(u32, RankRange)>,
     /// Every token's count, in the suffix array's order: the full range's next tokens, which
     /// the empty prompt and the gate's first position ask for (σ descents otherwise).
     unigram: Vec<(NextKey, u64)>,
+    /// Over bytes, the rows of every two-byte query (`pairs[a << 8 | b]` for "a b"; empty
+    /// where it does not occur), 1 MiB: a query's first two LF steps, each a chain of missed
+    /// ranks over a large index, are read from it (a 16-byte count takes 14 steps, not 16).
+    /// Empty over wider tokens.
+    pairs: Vec<RankRange>,
+}
+
+impl SymbolCounts {
+    fn token_rows(&self, symbol: u32) -> Option<RankRange> {
+        let rows = &self.token_rows;
+        rows.binary_search_by_key(&symbol, |&(s, _)| s)
+            .ok()
+            .map(|i| rows[i].1)
+    }
 }
 
 /// The symbol counts of a transform, from the tree's counts less the stand-in at `end_row`:
@@ -172,19 +199,65 @@ fn symbol_counts(
         *count -= u64::from(*symbol == separator);
     }
     counts.retain(|&(_, c)| c > 0);
+    // A symbol no token of the width can be comes from a damaged file (the tables index by it).
+    if counts.iter().any(|&(s, _)| s as u64 >= width.capacity()) {
+        return None;
+    }
     counts.sort_unstable_by_key(|&(s, _)| byte_order(width, s));
-    let mut first = Vec::with_capacity(counts.len());
+    let mut token_rows = Vec::with_capacity(counts.len());
     let mut row = 1u64;
     for &(symbol, count) in &counts {
-        first.push((symbol, row));
+        token_rows.push((
+            symbol,
+            RankRange {
+                lo: row,
+                hi: row + count,
+            },
+        ));
         row += count;
     }
-    first.sort_unstable();
+    if row != n + 1 {
+        return None;
+    }
+    token_rows.sort_unstable_by_key(|&(s, _)| s);
     let unigram = counts.into_iter().map(|(s, c)| (s as NextKey, c)).collect();
-    (row == n + 1).then_some(SymbolCounts {
-        first_rows: first,
+    let mut symbols = SymbolCounts {
+        token_rows,
         unigram,
-    })
+        pairs: Vec::new(),
+    };
+    if width == TokenWidth::U8 {
+        symbols.pairs = pair_rows(&symbols, bwt, end_row, separator);
+    }
+    Some(symbols)
+}
+
+/// The rows of every two-byte query (see [`SymbolCounts::pairs`]): each byte's rows stepped by
+/// every byte that follows it in one descent (256 descents).
+fn pair_rows(
+    symbols: &SymbolCounts,
+    bwt: &HuffmanWavelet,
+    end_row: u64,
+    separator: u32,
+) -> Vec<RankRange> {
+    let mut pairs = vec![RankRange::default(); 1 << 16];
+    let mut ranks = Vec::new();
+    for &(a, rows) in &symbols.token_rows {
+        ranks.clear();
+        bwt.ranks_in(rows.lo, rows.hi, &mut ranks);
+        for &(b, lo, hi) in &ranks {
+            let Some(first) = symbols.token_rows(b) else {
+                continue;
+            };
+            // The separator standing in at the end row is not an occurrence.
+            let stand_in = |row: u64| u64::from(b == separator && end_row < row);
+            pairs[(a as usize) << 8 | b as usize] = RankRange {
+                lo: first.lo + lo - stand_in(rows.lo),
+                hi: first.lo + hi - stand_in(rows.hi),
+            };
+        }
+    }
+    pairs
 }
 
 /// What a part is built from: its tokens (starting with a separator), the token offset of each
@@ -314,13 +387,7 @@ impl FmPart {
                 "a part of {n} tokens exceeds {MAX_PART_TOKENS}"
             )));
         }
-        if !sample_every.is_power_of_two() || !SAMPLE_EVERY_RANGE.contains(&sample_every) {
-            return Err(IndexError::Invalid(format!(
-                "a sampling rate of {sample_every}: a power of two from {} to {} is needed",
-                SAMPLE_EVERY_RANGE.start(),
-                SAMPLE_EVERY_RANGE.end()
-            )));
-        }
+        check_sample_every(sample_every)?;
         tokens.reverse();
         let transform = Transform::of(tokens, sample_every, threads)?;
         let end_row = transform.end_row;
@@ -402,10 +469,7 @@ impl FmPart {
     }
 
     fn first_row(&self, symbol: u32) -> Option<u64> {
-        let rows = &self.symbols.first_rows;
-        rows.binary_search_by_key(&symbol, |&(s, _)| s)
-            .ok()
-            .map(|i| rows[i].1)
+        self.symbols.token_rows(symbol).map(|rows| rows.lo)
     }
 
     /// The rows of the matches in `range` followed by `token`: one LF step.
@@ -447,10 +511,17 @@ impl FmPart {
     }
 
     /// The rows of `ids`'s matches in each part, read left to right, the parts stepping
-    /// together.
+    /// together: the first token's rows (over bytes, the first two's) from the part's counts,
+    /// then an LF step a token.
     pub fn find_all(parts: &[FmPart], ids: &[u32]) -> Vec<RankRange> {
-        let mut ranges: Vec<RankRange> = parts.iter().map(FmPart::full_range).collect();
-        for &token in ids {
+        let starts: Vec<(RankRange, usize)> = parts.iter().map(|part| part.start(ids)).collect();
+        let taken = starts.first().map_or(0, |&(_, tokens)| tokens);
+        debug_assert!(
+            starts.iter().all(|&(_, t)| t == taken),
+            "parts of one width"
+        );
+        let mut ranges: Vec<RankRange> = starts.into_iter().map(|(rows, _)| rows).collect();
+        for &token in &ids[taken..] {
             if ranges.iter().all(RankRange::is_empty) {
                 break;
             }
@@ -462,6 +533,18 @@ impl FmPart {
             }
         }
         ranges
+    }
+
+    /// The rows of the first tokens of `ids` read without a rank, and how many tokens that
+    /// took (the same for every part of an index: it depends on the token width only).
+    fn start(&self, ids: &[u32]) -> (RankRange, usize) {
+        match *ids {
+            [a, b, ..] if self.width == TokenWidth::U8 && a < 256 && b < 256 => {
+                (self.symbols.pairs[(a as usize) << 8 | b as usize], 2)
+            }
+            [a, ..] => (self.symbols.token_rows(a).unwrap_or_default(), 1),
+            [] => (self.full_range(), 0),
+        }
     }
 
     /// What follows the matches in `range`: `(token or END, count)` pairs, END once when the
@@ -673,7 +756,10 @@ impl FmPart {
                 .as_ref()
                 .map_or(0, |(b, o)| b.len() as u64 + 8 * o.len() as u64);
         [
-            ("transform", self.bwt.size_bytes()),
+            (
+                "transform",
+                self.bwt.size_bytes() + 16 * self.symbols.pairs.len() as u64,
+            ),
             (
                 "samples",
                 self.sampled.size_bytes() + self.samples.size_bytes() + self.windows.size_bytes(),
@@ -768,18 +854,50 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// A byte part whose tree names a symbol no byte can be, its file otherwise whole, is
+    /// refused when read (its tables are indexed by the symbols).
+    #[test]
+    fn a_symbol_beyond_the_token_width_is_corrupt() {
+        let width = TokenWidth::U8;
+        let tokens = [255u32, 1, 2, 3, 1, 2, 255, 3, 3, 1];
+        let mut buf = TokenBuf::new(width);
+        buf.extend(&tokens);
+        let doc_starts = vec![0, 6];
+        let text = PartText {
+            tokens: buf,
+            doc_starts,
+            metadata: None,
+        };
+        let mut words = Words::default();
+        FmPart::build(width, text, 2, 1).unwrap().write(&mut words);
+        let mut bytes = words.into_bytes();
+        assert!(FmPart::read(&mut WordReader::new(&bytes, "part")).is_ok());
+        let leaf = |symbol: u64| (crate::index::fm::wavelet::LEAF_TAG | symbol).to_le_bytes();
+        let at = bytes
+            .chunks(8)
+            .position(|w| w == leaf(3))
+            .expect("a leaf of 3")
+            * 8;
+        bytes[at..at + 8].copy_from_slice(&leaf(259));
+        let err = FmPart::read(&mut WordReader::new(&bytes, "part"))
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("corrupt"), "{err}");
+    }
+
     proptest! {
         /// Every width (1 and 2 bytes from the sorter's transform, 4 from a suffix array) and
         /// sampling rate against counting: where matches end, and any window of any document.
         #[test]
         fn matches_and_windows_agree_with_the_text(
             body in proptest::collection::vec(prop_oneof![8 => 0u32..4, 1 => Just(u32::MAX)], 0..700),
-            pattern in proptest::collection::vec(0u32..4, 1..4),
+            pattern in proptest::collection::vec(prop_oneof![16 => 0u32..4, 2 => Just(u32::MAX), 1 => Just(300u32)], 1..4),
             width in prop_oneof![Just(TokenWidth::U8), Just(TokenWidth::U16), Just(TokenWidth::U32)],
             rate_log in 1u32..7,
             window in (0u64..800, 0u64..800),
         ) {
             let separator = width.separator();
+            let pattern: Vec<u32> = pattern.iter().map(|&t| if t == u32::MAX { separator } else { t }).collect();
             let mut tokens = vec![separator];
             tokens.extend(body.iter().map(|&t| if t == u32::MAX { separator } else { t }));
             let doc_starts: Vec<u64> = (0..tokens.len() as u64).filter(|&i| tokens[i as usize] == separator).collect();

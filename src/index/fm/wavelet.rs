@@ -20,7 +20,8 @@ enum Link {
     Leaf(u32),
 }
 
-const LEAF_TAG: u64 = 1 << 63;
+/// Marks a link word as a leaf (its symbol in the low bits) rather than an inner node.
+pub(super) const LEAF_TAG: u64 = 1 << 63;
 
 impl Link {
     fn word(self) -> u64 {
@@ -258,18 +259,33 @@ impl HuffmanWavelet {
     }
 
     /// Every symbol occurring in `[lo, hi)` with its count, in no particular order; or at
-    /// least the first `limit` found, when only whether there are that many matters. The tree
-    /// is walked depth first, the ranks of up to [`PAIRS_TOGETHER`] nodes from the top of the
-    /// stack taken together, so that a range of many symbols waits for memory once a batch, not
-    /// once a node, and a small `limit` still stops after about one descent's batches.
+    /// least the first `limit` found, when only whether there are that many matters.
     pub fn counts_in(&self, lo: u64, hi: u64, limit: usize, out: &mut Vec<(u32, u64)>) {
+        self.descend(lo, hi, limit, |symbol, lo, hi| out.push((symbol, hi - lo)));
+    }
+
+    /// Every symbol occurring in `[lo, hi)` with its occurrences before `lo` and before `hi`
+    /// (`(symbol, rank at lo, rank at hi)`), in no particular order: one LF step of the range
+    /// by every symbol that extends it, in one descent.
+    pub fn ranks_in(&self, lo: u64, hi: u64, out: &mut Vec<(u32, u64, u64)>) {
+        self.descend(lo, hi, usize::MAX, |symbol, lo, hi| {
+            out.push((symbol, lo, hi))
+        });
+    }
+
+    /// Calls `leaf(symbol, rank at lo, rank at hi)` for the symbols of `[lo, hi)`, at least
+    /// `limit` of them or all when fewer. The tree is walked depth first, the ranks of up to
+    /// [`PAIRS_TOGETHER`] nodes from the top of the stack taken together, so that a range of
+    /// many symbols waits for memory once a batch, not once a node, and a small `limit` still
+    /// stops after about one descent's batches.
+    fn descend(&self, lo: u64, hi: u64, limit: usize, mut leaf: impl FnMut(u32, u64, u64)) {
         if lo >= hi {
             return;
         }
-        let start = out.len();
+        let mut found = 0;
         let mut stack = vec![(0usize, lo, hi)];
         let (mut asks, mut ones) = (Vec::new(), Vec::new());
-        while !stack.is_empty() && out.len() - start < limit {
+        while !stack.is_empty() && found < limit {
             let batch = stack.split_off(stack.len().saturating_sub(PAIRS_TOGETHER));
             asks.clear();
             asks.extend(
@@ -285,7 +301,10 @@ impl HuffmanWavelet {
                     if lo < hi {
                         match *link {
                             Link::Node(child) => stack.push((child as usize, lo, hi)),
-                            Link::Leaf(symbol) => out.push((symbol, hi - lo)),
+                            Link::Leaf(symbol) => {
+                                leaf(symbol, lo, hi);
+                                found += 1;
+                            }
                         }
                     }
                 }
