@@ -246,18 +246,31 @@ fn pair_rows(
         ranks.clear();
         bwt.ranks_in(rows.lo, rows.hi, &mut ranks);
         for &(b, lo, hi) in &ranks {
-            let Some(first) = symbols.token_rows(b) else {
-                continue;
-            };
-            // The separator standing in at the end row is not an occurrence.
-            let stand_in = |row: u64| u64::from(b == separator && end_row < row);
-            pairs[(a as usize) << 8 | b as usize] = RankRange {
-                lo: first.lo + lo - stand_in(rows.lo),
-                hi: first.lo + hi - stand_in(rows.hi),
-            };
+            if let Some(first) = symbols.token_rows(b) {
+                pairs[(a as usize) << 8 | b as usize] =
+                    lf_step(rows, b, first.lo, (lo, hi), end_row, separator);
+            }
         }
     }
     pairs
+}
+
+/// One LF step: the rows of the matches in `range` followed by `token`, from the token's first
+/// row and its occurrences in the transform before `range`'s two ends. The separator standing in
+/// at `end_row` is not an occurrence, so a rank that counts it gives it back.
+fn lf_step(
+    range: RankRange,
+    token: u32,
+    first: u64,
+    (before_lo, before_hi): (u64, u64),
+    end_row: u64,
+    separator: u32,
+) -> RankRange {
+    let stand_in = |row: u64| u64::from(token == separator && end_row < row);
+    RankRange {
+        lo: first + before_lo - stand_in(range.lo),
+        hi: first + before_hi - stand_in(range.hi),
+    }
 }
 
 /// What a part is built from: its tokens (starting with a separator), the token offset of each
@@ -500,13 +513,15 @@ impl FmPart {
         rank_pairs(&mut asks);
         for (&(p, first), ask) in firsts.iter().zip(&asks) {
             let (part, range) = (&parts[p], &mut ranges[p]);
-            // The separator standing in at the end row is not an occurrence.
-            let stand_in =
-                |row: u64| u64::from(token == part.width.separator() && part.end_row < row);
-            *range = RankRange {
-                lo: first + ask.lo - stand_in(range.lo),
-                hi: first + ask.hi - stand_in(range.hi),
-            };
+            let separator = part.width.separator();
+            *range = lf_step(
+                *range,
+                token,
+                first,
+                (ask.lo, ask.hi),
+                part.end_row,
+                separator,
+            );
         }
     }
 
