@@ -5,7 +5,7 @@
 #   sa            index build --bytes                      the suffix-array index
 #   fm-compress   index compress of it                     the compressed index, the suffix-array route
 #   fm            index build --bytes --compressed         the compressed index built directly
-# then the two compressed indexes compared file for file, queries on fm against sa warm and cold
+# then the two compressed indexes compared by what they hold, queries on fm against sa warm and cold
 # (the page cache dropped first) with `cargo bench --bench compressed`, and `eval contamination` of
 # the mini-Pile test split over fm; last, bits per byte of SmolLM2 and Gemma-3 mixed with a
 # decontaminated gigabyte index (built both ways again, timed side by side). Steps whose output
@@ -26,19 +26,30 @@ BIN="$CARGO_TARGET_DIR/release/infini-sidecar"
 INPUT=("$A/minipile/train.jsonl" "$TEXT")
 
 # `timed NAME command...`: the command's output in $OUT/NAME.log, its time and peak memory in
-# $OUT/NAME.time.
+# $OUT/NAME.time; with CORE=k set, pinned to core k.
 timed() {
-  local name=$1
+  local name=$1 pin=()
   shift
-  /usr/bin/time -v -o "$OUT/$name.time" "$@" > "$OUT/$name.log" 2>&1
+  [ -z "${CORE:-}" ] || pin=(taskset -c "$CORE")
+  "${pin[@]}" /usr/bin/time -v -o "$OUT/$name.time" "$@" > "$OUT/$name.log" 2>&1
+}
+# `same_content A B`: two compressed indexes hold the same documents and tokens. Their files differ
+# where their parts do: a compressed part's budget is 5.4 bytes a token, a suffix-array part's 5
+# (the test suite compares the files byte for byte where the parts agree).
+same_content() {
+  diff <("$BIN" index info --index "$1" | grep -o "holds.* tokens") \
+    <("$BIN" index info --index "$2" | grep -o "holds.* tokens")
+}
+# `cpu NAME...`: the CPU seconds (user and system) of timed steps, summed.
+cpu() {
+  for name in "$@"; do cat "$OUT/$name.time"; done |
+    awk -F': ' '/User time|System time/ {s += $2} END {printf "%.0f", s}'
 }
 [ -d "$SCALE/sa" ] || timed build-sa "$BIN" index build --bytes --input "${INPUT[@]}" --out "$SCALE/sa"
 [ -d "$SCALE/fm" ] || timed build-direct "$BIN" index build --bytes --compressed --input "${INPUT[@]}" --out "$SCALE/fm"
 [ -d "$SCALE/fm-compress" ] || timed build-compress "$BIN" index compress --index "$SCALE/sa" --out "$SCALE/fm-compress"
-for part in "$SCALE"/fm/fm.*; do
-  cmp "$part" "$SCALE/fm-compress/$(basename "$part")"
-done
-echo "the compressed index is the same built both ways"
+same_content "$SCALE/fm" "$SCALE/fm-compress"
+echo "the compressed index holds the same built both ways"
 
 export INFINI_SIDECAR_BENCH_INDEX="$SCALE/sa" INFINI_SIDECAR_BENCH_COMPRESSED="$SCALE/fm"
 INFINI_SIDECAR_BENCH_LABEL=scale-warm cargo bench --bench compressed | tee "$OUT/bench-warm.log"
@@ -67,9 +78,7 @@ DECON=(--decontaminate "$A/minipile/test.jsonl" "$A/minipile/validation.jsonl" -
   --input "${INPUT[@]}" --out "$SCALE/sa-decon" "${DECON[@]}"
 if [ ! -f "$OUT/build-compress-decon.time" ]; then
   timed build-compress-decon "$BIN" index compress --index "$SCALE/sa-decon" --out "$SCALE/fm-decon-compress"
-  for part in "$SCALE"/fm-decon/fm.*; do
-    cmp "$part" "$SCALE/fm-decon-compress/$(basename "$part")"
-  done
+  same_content "$SCALE/fm-decon" "$SCALE/fm-decon-compress"
   rm -r "$SCALE/fm-decon-compress"
 fi
 WORK="$CACHE/standalone"
@@ -84,3 +93,47 @@ for pair in "smollm2:$SMOLLM2_GGUF" "gemma3:$A/gemma3/gemma-3-270m-q4_k_m.gguf";
     --out-dir "$OUT/bpb-$name"
 done
 python3 eval/scale_bpb_table.py eval/results/standalone "$OUT" | tee "$OUT/bpb.md"
+
+# The throughput line side by side, one thread each: the suffix-array build and the direct build
+# of the decontaminated text at once, each pinned to a core of its own, then `index compress` of
+# the suffix array alone. With FILING_BIN (52ae37d, issue 51's day, built release), also the route
+# as the issue measured it beside this binary's direct build, without decontamination (that
+# binary's checked 0.5 MB a second); its `index compress` holds about 20 bytes a token, so its
+# parts are 700 M tokens. Needs 2 cores, about 18 GB of RAM and 25 GB of disk under $SCALE.
+SIDE="$SCALE/side-by-side"
+mkdir -p "$SIDE"
+if [ ! -f "$OUT/side-summary.txt" ]; then
+  rm -rf "$SIDE/sa" "$SIDE/fm" "$SIDE/fm-compress"
+  CORE=0 timed side-sa "$BIN" index build --bytes --threads 1 --input "${INPUT[@]}" "${DECON[@]}" \
+    --out "$SIDE/sa" &
+  sa=$!
+  CORE=1 timed side-direct "$BIN" index build --bytes --compressed --sample-every 32 --threads 1 \
+    --input "${INPUT[@]}" "${DECON[@]}" --out "$SIDE/fm" &
+  wait "$!"
+  wait "$sa"
+  CORE=0 timed side-compress "$BIN" index compress --sample-every 32 --threads 1 \
+    --index "$SIDE/sa" --out "$SIDE/fm-compress"
+  same_content "$SIDE/fm" "$SIDE/fm-compress"
+  rm -r "$SIDE/sa" "$SIDE/fm-compress"
+  echo "today's route: suffix array $(cpu side-sa) + compress $(cpu side-compress) CPU s;" \
+    "direct $(cpu side-direct); ratio $(python3 -c "print(round($(cpu side-sa side-compress) / $(cpu side-direct), 2))")" \
+    | tee "$OUT/side-summary.txt"
+fi
+if [ -n "${FILING_BIN:-}" ] && ! grep -q "52ae37d" "$OUT/side-summary.txt"; then
+  rm -rf "$SIDE/filing-sa" "$SIDE/filing-fm" "$SIDE/fm-plain"
+  CORE=0 timed side-direct-plain "$BIN" index build --bytes --compressed --sample-every 32 \
+    --threads 1 --input "${INPUT[@]}" --out "$SIDE/fm-plain" &
+  direct=$!
+  (
+    CORE=1 timed side-filing-sa "$FILING_BIN" index build --bytes --threads 1 \
+      --max-part-tokens 700000000 --input "${INPUT[@]}" --out "$SIDE/filing-sa"
+    CORE=1 timed side-filing-compress "$FILING_BIN" index compress --threads 1 \
+      --index "$SIDE/filing-sa" --out "$SIDE/filing-fm"
+  ) &
+  wait "$!"
+  wait "$direct"
+  rm -r "$SIDE/filing-sa"
+  echo "52ae37d's route: suffix array $(cpu side-filing-sa) + compress $(cpu side-filing-compress)" \
+    "CPU s; direct $(cpu side-direct-plain); ratio $(python3 -c "print(round($(cpu side-filing-sa side-filing-compress) / $(cpu side-direct-plain), 2))")" \
+    | tee -a "$OUT/side-summary.txt"
+fi

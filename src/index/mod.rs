@@ -17,6 +17,7 @@ pub mod fm;
 pub mod format;
 pub mod hints;
 pub mod info;
+mod pages;
 pub mod query;
 pub mod ranks;
 pub mod read;

@@ -9,6 +9,7 @@ use std::io::Write;
 use libsais::{SuffixArrayConstruction, ThreadCount};
 
 use crate::index::format::TokenWidth;
+use crate::index::pages;
 use crate::index::{IndexError, Result};
 
 /// A part's tokens in RAM while it is built, in their own width.
@@ -30,6 +31,24 @@ impl TokenBuf {
         }
     }
 
+    /// Tokens from their little-endian bytes (a `tokenized.N` file); a partial token at the end
+    /// is left out.
+    pub fn from_le_bytes(width: TokenWidth, bytes: &[u8]) -> Self {
+        match width {
+            TokenWidth::U8 => TokenBuf::U8(bytes.to_vec()),
+            TokenWidth::U16 => TokenBuf::U16(
+                (bytes.chunks_exact(2))
+                    .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                    .collect(),
+            ),
+            TokenWidth::U32 => TokenBuf::U32(
+                (bytes.chunks_exact(4))
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            ),
+        }
+    }
+
     pub fn len(&self) -> usize {
         match self {
             TokenBuf::U8(v) => v.len(),
@@ -42,7 +61,6 @@ impl TokenBuf {
         self.len() == 0
     }
 
-    /// Appends tokens; the caller has checked that they fit the width.
     /// Token `i`.
     pub fn get(&self, i: usize) -> u32 {
         match self {
@@ -61,6 +79,7 @@ impl TokenBuf {
         }
     }
 
+    /// Appends tokens; the caller has checked that they fit the width.
     pub fn extend(&mut self, tokens: &[u32]) {
         match self {
             TokenBuf::U8(v) => v.extend(tokens.iter().map(|&t| t as u8)),
@@ -92,7 +111,27 @@ impl TokenBuf {
         Ok(())
     }
 
-    /// Consumes the tokens and returns their suffix array (token positions).
+    /// The tokens in memory advised for huge pages (a copy), reversed when `reversed`: a suffix
+    /// sorter reads its text at random. Made before the sorter's own memory, so the copy stays
+    /// within a build's budget.
+    pub fn for_random_reads(self, reversed: bool) -> TokenBuf {
+        fn copy<T: Copy>(tokens: Vec<T>, reversed: bool) -> Vec<T> {
+            let mut out = pages::for_random_reads(tokens.len());
+            match reversed {
+                true => out.extend(tokens.iter().rev()),
+                false => out.extend_from_slice(&tokens),
+            }
+            out
+        }
+        match self {
+            TokenBuf::U8(v) => TokenBuf::U8(copy(v, reversed)),
+            TokenBuf::U16(v) => TokenBuf::U16(copy(v, reversed)),
+            TokenBuf::U32(v) => TokenBuf::U32(copy(v, reversed)),
+        }
+    }
+
+    /// Consumes the tokens and returns their suffix array (token positions), built in memory
+    /// advised for huge pages.
     pub fn into_suffix_array(self, threads: u16) -> Result<Vec<i32>> {
         if self.len() as u64 > MAX_PART_TOKENS {
             return Err(IndexError::Invalid(format!(
@@ -100,38 +139,47 @@ impl TokenBuf {
                 self.len()
             )));
         }
+        let n = self.len();
         let threads = ThreadCount::fixed(threads.max(1));
         let sais_error =
             |e| IndexError::Invalid(format!("suffix array construction failed: {e:?}"));
-        match self {
+        // Room beyond the array that libsais recommends for an integer alphabet's recursion.
+        let extra = match self {
+            TokenBuf::U32(_) => <i32 as libsais::InputElement>::RECOMMENDED_EXTRA_SPACE,
+            _ => 0,
+        };
+        let mut sa = pages::zeroed_for_random_writes(n + extra);
+        match self.for_random_reads(false) {
             TokenBuf::U8(text) => SuffixArrayConstruction::for_text(&text[..])
-                .in_owned_buffer32()
+                .in_borrowed_buffer(&mut sa[..])
                 .multi_threaded(threads)
                 .run()
-                .map(|r| r.into_vec())
-                .map_err(sais_error),
+                .map(drop)
+                .map_err(sais_error)?,
             TokenBuf::U16(mut text) => {
                 text.iter_mut().for_each(|t| *t = t.swap_bytes());
                 SuffixArrayConstruction::for_text(&text[..])
-                    .in_owned_buffer32()
+                    .in_borrowed_buffer(&mut sa[..])
                     .multi_threaded(threads)
                     .run()
-                    .map(|r| r.into_vec())
-                    .map_err(sais_error)
+                    .map(drop)
+                    .map_err(sais_error)?
             }
             TokenBuf::U32(text) => {
                 let (mut ranks, alphabet) = dense_byte_order_ranks(text);
                 let construction = SuffixArrayConstruction::for_text_mut(&mut ranks[..])
-                    .in_owned_buffer32()
+                    .in_borrowed_buffer(&mut sa[..])
                     .multi_threaded(threads);
                 // SAFETY: `dense_byte_order_ranks` yields values in 0..alphabet only.
                 let construction = unsafe {
                     construction
                         .with_alphabet_size(libsais::suffix_array::AlphabetSize::new(alphabet))
                 };
-                construction.run().map(|r| r.into_vec()).map_err(sais_error)
+                construction.run().map(drop).map_err(sais_error)?
             }
         }
+        sa.truncate(n);
+        Ok(sa)
     }
 }
 

@@ -13,7 +13,7 @@
 mod line_sum;
 
 use crate::index::fm::file::{WordReader, Words};
-use crate::index::fm::pages;
+use crate::index::pages;
 use crate::index::Result;
 
 const BLOCK: u64 = 64;

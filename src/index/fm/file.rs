@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::index::fm::pages;
+use crate::index::pages;
 use crate::index::{IndexError, Result};
 
 /// The first word of every compressed part file.

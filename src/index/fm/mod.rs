@@ -12,7 +12,6 @@
 
 pub mod bits;
 pub mod file;
-mod pages;
 pub mod part;
 pub mod query;
 pub mod suffix;
@@ -178,8 +177,7 @@ impl CompressedIndex {
             if crate::interrupt::interrupted() {
                 return Err(IndexError::Interrupted);
             }
-            let mut tokens = TokenBuf::new(width);
-            tokens.extend(&part.tokens_between(0, part.ds_size()));
+            let tokens = TokenBuf::from_le_bytes(width, part.token_bytes());
             let docs = 0..part.doc_cnt();
             let text = PartText {
                 tokens,

@@ -9,6 +9,8 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+mod place;
+
 use crate::index::fm::bits::{CompressedBits, PAIRS_TOGETHER};
 use crate::index::fm::file::{WordReader, Words};
 use crate::index::Result;
@@ -86,40 +88,26 @@ impl HuffmanWavelet {
         // Inner nodes numbered depth first from the root, as `read` renumbers them.
         let mut links = Vec::new();
         tree.number(&forest, root, Code::default(), &mut links);
-        // Each symbol's code and the inner nodes it passes (root first), and the bits each node
-        // receives (the counts of the symbols below it), so every node's words are allocated once.
-        let mut paths = Paths::default();
+        // The bits each node receives: the counts of the symbols below it.
         let mut sizes = vec![0u64; links.len()];
+        let mut codes = Vec::with_capacity(counts.len());
         for &(symbol, count) in &counts {
             let code = tree.code(symbol).unwrap_or_default();
             let mut node = 0usize;
-            let start = paths.nodes.len() as u32;
             for level in 0..code.len {
-                paths.nodes.push(node as u32);
                 sizes[node] += count;
                 if let Link::Node(next) = links[node][(code.bits >> level & 1) as usize] {
                     node = next as usize;
                 }
             }
-            paths.insert(symbol, (code, start));
+            codes.push((symbol, code));
         }
-        let mut words: Vec<Vec<u64>> = sizes
-            .iter()
-            .map(|&n| vec![0; n.div_ceil(64) as usize])
-            .collect();
-        let mut filled = vec![0u64; links.len()];
-        symbols.for_each(|s| {
-            let Some((code, start)) = paths.get(s) else {
-                return;
-            };
-            let path = &paths.nodes[start as usize..start as usize + code.len as usize];
-            for (level, &node) in path.iter().enumerate() {
-                let node = node as usize;
-                let at = filled[node];
-                filled[node] += 1;
-                words[node][(at / 64) as usize] |= (code.bits >> level & 1) << (at % 64);
-            }
-        });
+        let shape = place::Shape {
+            codes,
+            links: &links,
+            sizes: &sizes,
+        };
+        let words = place::place(symbols, &shape);
         tree.nodes = words
             .into_iter()
             .zip(sizes)
@@ -394,35 +382,6 @@ impl HuffmanWavelet {
     }
 }
 
-/// Each symbol's code and where its path of inner nodes starts in `nodes`, while a tree is built:
-/// in a table below `DENSE_SYMBOLS`, in a map above.
-#[derive(Default)]
-struct Paths {
-    dense: Vec<Option<(Code, u32)>>,
-    rare: std::collections::HashMap<u32, (Code, u32)>,
-    nodes: Vec<u32>,
-}
-
-impl Paths {
-    fn insert(&mut self, symbol: u32, path: (Code, u32)) {
-        if symbol < DENSE_SYMBOLS {
-            if self.dense.len() <= symbol as usize {
-                self.dense.resize(symbol as usize + 1, None);
-            }
-            self.dense[symbol as usize] = Some(path);
-        } else {
-            self.rare.insert(symbol, path);
-        }
-    }
-
-    fn get(&self, symbol: u32) -> Option<(Code, u32)> {
-        match symbol < DENSE_SYMBOLS {
-            true => self.dense.get(symbol as usize).copied().flatten(),
-            false => self.rare.get(&symbol).copied(),
-        }
-    }
-}
-
 /// Where the rows before `lo` and before `hi` of a node fall in its two children, given the ones
 /// before each: the zeros' side, then the ones'.
 fn branches((lo, hi): (u64, u64), (ones_lo, ones_hi): (u64, u64)) -> [(u64, u64); 2] {
@@ -521,6 +480,34 @@ fn huffman(counts: &[(u32, u64)]) -> (Vec<Tree>, usize) {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use rand::{Rng, SeedableRng};
+
+    /// Checks every position's symbol and rank against a running count.
+    fn assert_answers_as_counting_does(symbols: &[u32]) {
+        let tree = HuffmanWavelet::new(symbols.iter().copied());
+        let mut seen = std::collections::HashMap::<u32, u64>::new();
+        for (i, &s) in symbols.iter().enumerate() {
+            let before = seen.entry(s).or_default();
+            assert_eq!(tree.symbol_and_rank(i as u64), (s, *before), "at {i}");
+            *before += 1;
+        }
+    }
+
+    /// Sequences longer than the placing's block, so that nodes are filled across blocks from
+    /// unaligned bits: a skewed byte alphabet (one-byte indexes) and one of more than 65,536
+    /// symbols with the end marker (four-byte indexes).
+    #[test]
+    fn sequences_of_several_blocks_answer_as_counting_does() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let n = (1 << 18) * 2 + 12_345;
+        let bytes: Vec<u32> = (0..n)
+            .map(|_| (rng.random::<f64>().powi(3) * 256.0) as u32)
+            .collect();
+        assert_answers_as_counting_does(&bytes);
+        let mut wide: Vec<u32> = (0..n).map(|_| rng.random_range(0..70_000)).collect();
+        wide[n / 3] = u32::MAX;
+        assert_answers_as_counting_does(&wide);
+    }
 
     proptest! {
         #[test]

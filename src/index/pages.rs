@@ -1,19 +1,29 @@
-//! Memory for what queries read at random. A rank over a gigabyte index lands on a new 4 KiB page
+//! Memory read or written at random: a compressed index's ranks, and a build's text and suffix
+//! sorter. A rank over a gigabyte index, or a suffix sorter's bucket, lands on a new 4 KiB page
 //! nearly every time, and each miss of the TLB costs a walk of the page tables (two-dimensional
 //! under a hypervisor), so on Linux such memory is advised to be backed by 2 MiB pages. Advice
 //! changes how memory is backed, never what it holds: where the kernel declines, nothing else
 //! changes.
 
 /// An empty vector with room for `capacity` items, its memory advised for huge pages.
-pub(super) fn for_random_reads<T>(capacity: usize) -> Vec<T> {
+pub(crate) fn for_random_reads<T>(capacity: usize) -> Vec<T> {
     let v: Vec<T> = Vec::with_capacity(capacity);
     advise_huge_pages(v.as_ptr().cast(), capacity * size_of::<T>());
     v
 }
 
+/// `n` zeros whose memory is advised for huge pages: a build's suffix sorter writes them at random.
+/// A zeroed allocation this large is fresh pages that no one has touched, so the advice holds
+/// from their first write.
+pub(crate) fn zeroed_for_random_writes(n: usize) -> Vec<i32> {
+    let v = vec![0i32; n];
+    advise_huge_pages(v.as_ptr().cast(), n * size_of::<i32>());
+    v
+}
+
 /// Starts reading `item` into the cache without waiting for it, so that the misses of reads
 /// known together (the two ends of a range, a rank's line then its offsets) overlap.
-pub(super) fn prefetch<T>(item: &T) {
+pub(crate) fn prefetch<T>(item: &T) {
     // SAFETY: a prefetch is a hint that reads nothing the program sees and cannot fault; SSE,
     // which it needs, is part of every x86_64 CPU.
     #[cfg(target_arch = "x86_64")]
@@ -89,5 +99,9 @@ mod tests {
         let flags = flags_at(small.as_ptr() as usize).expect("the vector's mapping is listed");
         assert!(!flags.split_whitespace().any(|f| f == "hg"), "{flags}");
         assert_eq!(small.iter().sum::<u64>(), 999 * 1000 / 2);
+        let zeroed = zeroed_for_random_writes(4 << 20); // 16 MiB
+        let flags = flags_at(zeroed.as_ptr() as usize + (8 << 20)).expect("listed");
+        assert!(flags.split_whitespace().any(|f| f == "hg"), "{flags}");
+        assert!(zeroed.iter().all(|&z| z == 0));
     }
 }
