@@ -112,8 +112,8 @@ impl TokenBuf {
     }
 
     /// The tokens in memory advised for huge pages (a copy), reversed when `reversed`: a suffix
-    /// sorter reads its text at random. Made before the sorter's own memory, so the copy stays
-    /// within a build's budget.
+    /// sorter reads its text at random. Made before the sorter writes its own memory (a zeroed
+    /// allocation this large takes none until written), so the copy stays within a build's budget.
     pub fn for_random_reads(self, reversed: bool) -> TokenBuf {
         fn copy<T: Copy>(tokens: Vec<T>, reversed: bool) -> Vec<T> {
             let mut out = pages::for_random_reads(tokens.len());
@@ -143,9 +143,8 @@ impl TokenBuf {
         let threads = ThreadCount::fixed(threads.max(1));
         let sais_error =
             |e| IndexError::Invalid(format!("suffix array construction failed: {e:?}"));
-        // Room beyond the array that libsais recommends for an integer alphabet's recursion.
         let extra = match self {
-            TokenBuf::U32(_) => <i32 as libsais::InputElement>::RECOMMENDED_EXTRA_SPACE,
+            TokenBuf::U32(_) => integer_alphabet_room(n),
             _ => 0,
         };
         let mut sa = pages::zeroed_for_random_writes(n + extra);
@@ -181,6 +180,13 @@ impl TokenBuf {
         sa.truncate(n);
         Ok(sa)
     }
+}
+
+/// Room beyond `n` suffixes that libsais recommends for an integer alphabet's recursion, short
+/// of what an i32 can count (a part may hold up to `MAX_PART_TOKENS`).
+fn integer_alphabet_room(n: usize) -> usize {
+    let room = <i32 as libsais::InputElement>::RECOMMENDED_EXTRA_SPACE;
+    room.min((i32::MAX as usize).saturating_sub(n))
 }
 
 /// Re-codes u32 tokens, in place, as their rank among the distinct byte-swapped values: the same
@@ -226,6 +232,17 @@ pub fn write_table(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A part of the most tokens an i32 can count still gets a suffix array buffer it can count.
+    #[test]
+    fn an_integer_alphabet_room_stays_within_i32() {
+        let most = MAX_PART_TOKENS as usize;
+        assert!(most + integer_alphabet_room(most) <= i32::MAX as usize);
+        assert_eq!(
+            integer_alphabet_room(1_000),
+            <i32 as libsais::InputElement>::RECOMMENDED_EXTRA_SPACE
+        );
+    }
 
     /// Brute force: sort token positions by the bytes of the little-endian suffix.
     fn brute(tokens: &[u32], width: TokenWidth) -> Vec<i32> {

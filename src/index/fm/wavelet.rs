@@ -494,8 +494,8 @@ mod tests {
     }
 
     /// Sequences longer than the placing's block, so that nodes are filled across blocks from
-    /// unaligned bits: a skewed byte alphabet (one-byte indexes) and one of more than 65,536
-    /// symbols with the end marker (four-byte indexes).
+    /// unaligned bits: a skewed byte alphabet (one-byte indexes), 1,000 symbols (two-byte) and
+    /// more than 65,536 with the end marker (four-byte indexes).
     #[test]
     fn sequences_of_several_blocks_answer_as_counting_does() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
@@ -504,6 +504,8 @@ mod tests {
             .map(|_| (rng.random::<f64>().powi(3) * 256.0) as u32)
             .collect();
         assert_answers_as_counting_does(&bytes);
+        let words: Vec<u32> = (0..n).map(|_| rng.random_range(0..1_000)).collect();
+        assert_answers_as_counting_does(&words);
         let mut wide: Vec<u32> = (0..n).map(|_| rng.random_range(0..70_000)).collect();
         wide[n / 3] = u32::MAX;
         assert_answers_as_counting_does(&wide);

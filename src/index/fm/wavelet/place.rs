@@ -1,8 +1,7 @@
 //! Placing a sequence's symbols in the bit vectors of its Huffman-shaped wavelet tree.
 //!
-//! One symbol at a time down its path (a store into every node it passes, a loop of its code's
-//! length) spent 16 ns a byte on a part of source code: the loop's exit mispredicted and each
-//! node's fill count waited on its last store. Here a block of the sequence at a time goes down
+//! One symbol at a time down its path (a loop of its code's length, a read-modify-write of every
+//! node's fill count and word it passes) spent 16 ns a byte on a part of source code. Here a block of the sequence at a time goes down
 //! one level at a time, stably partitioned by node, as a wavelet tree is defined: at each level a
 //! node's symbols lie together, so its bits are packed in a register, and each symbol is copied
 //! into both children's runs, only the one it belongs to moving on (no branch, no select). Four
