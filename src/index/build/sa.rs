@@ -148,7 +148,12 @@ impl TokenBuf {
             _ => 0,
         };
         let mut sa = pages::zeroed_for_random_writes(n + extra);
-        match self.for_random_reads(false) {
+        // 4-byte tokens are re-coded into a new, advised array anyway; others are copied into one.
+        let text = match self {
+            TokenBuf::U32(_) => self,
+            narrower => narrower.for_random_reads(false),
+        };
+        match text {
             TokenBuf::U8(text) => SuffixArrayConstruction::for_text(&text[..])
                 .in_borrowed_buffer(&mut sa[..])
                 .multi_threaded(threads)
@@ -165,7 +170,8 @@ impl TokenBuf {
                     .map_err(sais_error)?
             }
             TokenBuf::U32(text) => {
-                let (mut ranks, alphabet) = dense_byte_order_ranks(text);
+                let (mut ranks, alphabet) = dense_byte_order_ranks(&text);
+                drop(text);
                 let construction = SuffixArrayConstruction::for_text_mut(&mut ranks[..])
                     .in_borrowed_buffer(&mut sa[..])
                     .multi_threaded(threads);
@@ -189,9 +195,9 @@ fn integer_alphabet_room(n: usize) -> usize {
     room.min((i32::MAX as usize).saturating_sub(n))
 }
 
-/// Re-codes u32 tokens, in place, as their rank among the distinct byte-swapped values: the same
-/// order, an alphabet as small as the vocabulary actually used.
-fn dense_byte_order_ranks(text: Vec<u32>) -> (Vec<i32>, i32) {
+/// Re-codes u32 tokens as their rank among the distinct byte-swapped values (the same order, an
+/// alphabet as small as the vocabulary actually used), in memory advised for huge pages.
+fn dense_byte_order_ranks(text: &[u32]) -> (Vec<i32>, i32) {
     let mut distinct: Vec<u32> = {
         let mut seen = std::collections::HashSet::new();
         text.iter().for_each(|t| {
@@ -205,7 +211,8 @@ fn dense_byte_order_ranks(text: Vec<u32>) -> (Vec<i32>, i32) {
         .enumerate()
         .map(|(i, &v)| (v, i as i32))
         .collect();
-    let ranks = text.into_iter().map(|t| rank[&t.swap_bytes()]).collect();
+    let mut ranks = pages::for_random_reads(text.len());
+    ranks.extend(text.iter().map(|t| rank[&t.swap_bytes()]));
     (ranks, distinct.len() as i32)
 }
 
