@@ -59,12 +59,7 @@ fn evict(_: &Path) {
 
 /// Major page faults of this process so far: pages read from the device.
 fn page_reads() -> i64 {
-    // SAFETY: getrusage writes the struct we pass and nothing else.
-    unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage.ru_majflt
-    }
+    common::rusage().ru_majflt
 }
 
 /// `Count` of the window's last 4 tokens, or the ∞-gram of the whole window.

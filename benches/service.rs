@@ -4,11 +4,15 @@
 //! the cost of a `Session` step (append one token, mix) at context 40 and 4,000 against resending
 //! the context in a unary `Mix`, and a `Batch` engine step at batch 1 to 128 (each sequence a real
 //! document: one token appended, then a top-64 mix or a chain draft), split into a fixed and a
-//! per-sequence part. Writes `eval/results/service.json`; eval/SERVICE.md discusses it.
+//! per-sequence part, with the CPU the steps took (client and server together), how busy the cores
+//! were, and what protobuf alone costs a step. Writes `eval/results/service.json`; eval/SERVICE.md
+//! discusses it.
 
 mod common;
 
 use common::measure;
+
+use prost::Message;
 
 use std::cell::Cell;
 use std::path::PathBuf;
@@ -176,14 +180,15 @@ impl BatchWork {
 }
 
 /// `Batch` steps of `batch` sequences (documents of `docs`, started after 64 tokens), each step
-/// appending every sequence's next token and asking for `work`.
+/// appending every sequence's next token and asking for `work`; with the timings, one more step
+/// and its answer (not timed), whose encoding [`codec_cost`] measures.
 async fn batch_steps(
     client: &mut SidecarClient<Channel>,
     docs: &[Vec<u32>],
     batch: usize,
     work: BatchWork,
     steps: usize,
-) -> serde_json::Value {
+) -> (serde_json::Value, pb::BatchStep, pb::BatchStepResult) {
     let (tx, rx) = mpsc::channel(2);
     let mut replies = client
         .batch(ReceiverStream::new(rx))
@@ -203,25 +208,69 @@ async fn batch_steps(
     tx.send(pb::BatchStep { sequences: start }).await.unwrap();
     replies.message().await.unwrap().unwrap();
     let next = Cell::new(0);
-    let replies = tokio::sync::Mutex::new(&mut replies);
-    let tx = &tx;
-    measure(steps, |_| {
-        let t = next.replace(next.get() + 1);
-        let sequences = (0..batch)
+    let step = |t: usize| pb::BatchStep {
+        sequences: (0..batch)
             .map(|b| {
                 let doc = &docs[b];
                 work.part(b as u64, doc[64 + t % (doc.len() - 64)])
             })
-            .collect();
-        let replies = &replies;
-        async move {
-            tx.send(pb::BatchStep { sequences }).await.unwrap();
-            let answer = replies.lock().await.message().await.unwrap().unwrap();
-            assert_eq!(answer.sequences.len(), batch);
-            assert!(answer.sequences.iter().all(|s| s.error.is_none()));
+            .collect(),
+    };
+    let (cpu_before, started) = (common::cpu_seconds(), Instant::now());
+    let mut timed = {
+        let replies = tokio::sync::Mutex::new(&mut replies);
+        let (tx, replies, step) = (&tx, &replies, &step);
+        measure(steps, |_| {
+            let request = step(next.replace(next.get() + 1));
+            async move {
+                tx.send(request).await.unwrap();
+                let answer = replies.lock().await.message().await.unwrap().unwrap();
+                assert_eq!(answer.sequences.len(), batch);
+                assert!(answer.sequences.iter().all(|s| s.error.is_none()));
+            }
+        })
+        .await
+    };
+    // Client and server share this process: its CPU time is all the work of the steps, and over
+    // their wall-clock time it says how busy the cores were.
+    let (cpu, wall) = (common::cpu_seconds() - cpu_before, started.elapsed());
+    let calls = next.get() as f64;
+    timed["cpu_us_per_sequence"] = json!(cpu * 1e6 / (calls * batch as f64));
+    timed["cores_busy"] = json!(cpu / wall.as_secs_f64());
+    let last = step(steps);
+    tx.send(last.clone()).await.unwrap();
+    let answer = replies.message().await.unwrap().unwrap();
+    (timed, last, answer)
+}
+
+/// What encoding and decoding a step and its answer cost in one thread (µs), the work of
+/// protobuf alone: a floor under every step of this size whatever the sidecar computes, paid
+/// once on each side of the connection.
+fn codec_cost(step: &pb::BatchStep, answer: &pb::BatchStepResult) -> serde_json::Value {
+    const ROUNDS: u32 = 300;
+    let timed = |f: &dyn Fn()| {
+        let start = Instant::now();
+        for _ in 0..ROUNDS {
+            f();
         }
+        start.elapsed().as_secs_f64() * 1e6 / ROUNDS as f64
+    };
+    let (step_bytes, answer_bytes) = (step.encode_to_vec(), answer.encode_to_vec());
+    let encode = timed(&|| {
+        std::hint::black_box((step.encode_to_vec(), answer.encode_to_vec()));
+    });
+    let decode = timed(&|| {
+        let step = pb::BatchStep::decode(step_bytes.as_slice()).unwrap();
+        let answer = pb::BatchStepResult::decode(answer_bytes.as_slice()).unwrap();
+        std::hint::black_box((step, answer));
+    });
+    json!({
+        "step_bytes": step_bytes.len(),
+        "answer_bytes": answer_bytes.len(),
+        "encode_us": encode,
+        "decode_us": decode,
+        "per_sequence_us": (encode + decode) / step.sequences.len() as f64,
     })
-    .await
 }
 
 /// Mean step time (µs) at each batch size fitted as fixed + per-sequence × batch (least squares).
@@ -249,13 +298,18 @@ async fn batch_report(
         let mut sizes = serde_json::Map::new();
         for batch in [1, 8, 32, 64, 128] {
             let steps = (4_000 / batch).clamp(60, 600);
-            let m = batch_steps(client, &docs, batch, work, steps).await;
+            let (m, step, answer) = batch_steps(client, &docs, batch, work, steps).await;
             let mean = 1e6 / m["per_second"].as_f64().unwrap();
-            println!("Batch {} at {batch}: {m}, mean {mean:.0} µs", work.name());
+            let codec = codec_cost(&step, &answer);
+            println!(
+                "Batch {} at {batch}: {m}, mean {mean:.0} µs; protobuf alone {codec}",
+                work.name()
+            );
             points.push((batch, mean));
             sizes.insert(
                 batch.to_string(),
-                json!({"step": m, "mean_us": mean, "per_sequence_us": mean / batch as f64}),
+                json!({"step": m, "mean_us": mean, "per_sequence_us": mean / batch as f64,
+                       "protobuf": codec}),
             );
         }
         let (fixed, per_sequence) = fixed_and_per_sequence(&points);

@@ -99,6 +99,23 @@ where
     })
 }
 
+/// This process's resource use so far (CPU time, page faults).
+pub fn rusage() -> libc::rusage {
+    // SAFETY: getrusage writes the struct we pass and nothing else.
+    unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    }
+}
+
+/// CPU seconds this process has used so far, user and system, over all its threads.
+pub fn cpu_seconds() -> f64 {
+    let usage = rusage();
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+}
+
 /// The floor under every figure of a call on loopback: p50 (µs) of `n` round trips of 32 bytes over
 /// a plain TCP connection to an echo thread, with both sides blocked in `read` while they wait (as
 /// gRPC's threads park), and with both sides polling a non-blocking socket instead. On a VM whose
