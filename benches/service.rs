@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::measure;
+use common::{assets, measure};
 
 use prost::Message;
 
@@ -29,14 +29,6 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
-
-fn assets() -> PathBuf {
-    std::env::var_os("INFINI_SIDECAR_ASSETS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/infini-sidecar/assets")
-        })
-}
 
 fn config() -> ServeConfig {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -180,8 +172,8 @@ impl BatchWork {
 }
 
 /// `Batch` steps of `batch` sequences (documents of `docs`, started after 64 tokens), each step
-/// appending every sequence's next token and asking for `work`; with the timings, one more step
-/// and its answer (not timed), whose encoding [`codec_cost`] measures.
+/// appending every sequence's next token and asking for `work`; with the timings, one more such
+/// step and its answer (not timed), whose encoding and decoding [`codec_cost`] measures.
 async fn batch_steps(
     client: &mut SidecarClient<Channel>,
     docs: &[Vec<u32>],
@@ -216,44 +208,52 @@ async fn batch_steps(
             })
             .collect(),
     };
-    let (cpu_before, started) = (common::cpu_seconds(), Instant::now());
+    let answered = |answer: &pb::BatchStepResult| {
+        assert_eq!(answer.sequences.len(), batch);
+        assert!(answer.sequences.iter().all(|s| s.error.is_none()));
+    };
     let mut timed = {
         let replies = tokio::sync::Mutex::new(&mut replies);
-        let (tx, replies, step) = (&tx, &replies, &step);
+        let (tx, replies, step, answered) = (&tx, &replies, &step, &answered);
         measure(steps, |_| {
             let request = step(next.replace(next.get() + 1));
             async move {
                 tx.send(request).await.unwrap();
-                let answer = replies.lock().await.message().await.unwrap().unwrap();
-                assert_eq!(answer.sequences.len(), batch);
-                assert!(answer.sequences.iter().all(|s| s.error.is_none()));
+                answered(&replies.lock().await.message().await.unwrap().unwrap());
             }
         })
         .await
     };
-    // Client and server share this process: its CPU time is all the work of the steps, and over
-    // their wall-clock time it says how busy the cores were.
-    let (cpu, wall) = (common::cpu_seconds() - cpu_before, started.elapsed());
-    let calls = next.get() as f64;
-    timed["cpu_us_per_sequence"] = json!(cpu * 1e6 / (calls * batch as f64));
-    timed["cores_busy"] = json!(cpu / wall.as_secs_f64());
-    let last = step(steps);
+    // The process's CPU over the timed steps (client and server, with the client building each
+    // request and idle workers spinning), a sequence's share.
+    timed["cpu_us_per_sequence"] = json!(timed["cpu_us_per_call"].as_f64().unwrap() / batch as f64);
+    let last = step(next.get());
     tx.send(last.clone()).await.unwrap();
     let answer = replies.message().await.unwrap().unwrap();
+    answered(&answer);
     (timed, last, answer)
 }
 
 /// What encoding and decoding a step and its answer cost in one thread (µs), the work of
 /// protobuf alone: a floor under every step of this size whatever the sidecar computes, paid
-/// once on each side of the connection.
+/// once on each side of the connection. The median of several repeats, after one unmeasured, as
+/// the server may still be closing the step's stream on the other core.
 fn codec_cost(step: &pb::BatchStep, answer: &pb::BatchStepResult) -> serde_json::Value {
-    const ROUNDS: u32 = 300;
+    const ROUNDS: u32 = 100;
+    const REPEATS: usize = 7;
     let timed = |f: &dyn Fn()| {
-        let start = Instant::now();
-        for _ in 0..ROUNDS {
-            f();
-        }
-        start.elapsed().as_secs_f64() * 1e6 / ROUNDS as f64
+        let mut repeats: Vec<f64> = (0..=REPEATS)
+            .map(|_| {
+                let start = Instant::now();
+                for _ in 0..ROUNDS {
+                    f();
+                }
+                start.elapsed().as_secs_f64() * 1e6 / ROUNDS as f64
+            })
+            .skip(1)
+            .collect();
+        repeats.sort_by(f64::total_cmp);
+        repeats[REPEATS / 2]
     };
     let (step_bytes, answer_bytes) = (step.encode_to_vec(), answer.encode_to_vec());
     let encode = timed(&|| {

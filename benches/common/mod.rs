@@ -82,13 +82,13 @@ where
         call(i).await;
     }
     let mut micros = Vec::with_capacity(n);
-    let start = Instant::now();
+    let (start, cpu_before) = (Instant::now(), cpu_seconds());
     for i in 0..n {
         let t = Instant::now();
         call(i).await;
         micros.push(t.elapsed().as_secs_f64() * 1e6);
     }
-    let total = start.elapsed();
+    let (total, cpu) = (start.elapsed(), cpu_seconds() - cpu_before);
     micros.sort_by(f64::total_cmp);
     let at = |p: f64| micros[((micros.len() - 1) as f64 * p).round() as usize];
     json!({
@@ -96,20 +96,25 @@ where
         "p50_us": at(0.5),
         "p99_us": at(0.99),
         "per_second": n as f64 / total.as_secs_f64(),
+        "cpu_us_per_call": cpu * 1e6 / n as f64,
+        "cores_busy": cpu / total.as_secs_f64(),
     })
 }
 
 /// This process's resource use so far (CPU time, page faults).
 pub fn rusage() -> libc::rusage {
     // SAFETY: getrusage writes the struct we pass and nothing else.
-    unsafe {
+    let (rc, usage) = unsafe {
         let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    }
+        (libc::getrusage(libc::RUSAGE_SELF, &mut usage), usage)
+    };
+    assert_eq!(rc, 0, "getrusage: {}", std::io::Error::last_os_error());
+    usage
 }
 
-/// CPU seconds this process has used so far, user and system, over all its threads.
+/// CPU seconds this process has used so far, user and system, over all its threads: a bench that
+/// serves itself on loopback counts client and server alike, so over the wall-clock time it says
+/// how much of the machine a call kept busy, not only how long it waited.
 pub fn cpu_seconds() -> f64 {
     let usage = rusage();
     let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
