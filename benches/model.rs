@@ -9,6 +9,8 @@
 //! (eval/bench_model.py runs it with 1 and 2); flavour: `INFINI_SIDECAR_CPU`. `--ours-only` skips
 //! the quantized-only window and candle-transformers (the slow parts).
 
+mod common;
+
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -16,6 +18,8 @@ use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 use infini_sidecar::cpu::{CpuInfo, KernelFlavour};
 use infini_sidecar::model::{load_transformer, DeviceChoice, Transformer, WindowOptions};
+
+use common::median;
 
 const WINDOW: usize = 1024;
 const DECODE_STEPS: usize = 64;
@@ -51,11 +55,6 @@ fn median_seconds(mut run: impl FnMut()) -> f64 {
         times.push(t.elapsed().as_secs_f64());
     }
     median(times)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn report(runtime: &str, what: &str, model: &str, value: f64, unit: &str) {

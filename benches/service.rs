@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{assets, measure};
+use common::{assets, measure, median};
 
 use prost::Message;
 
@@ -242,18 +242,14 @@ fn codec_cost(step: &pb::BatchStep, answer: &pb::BatchStepResult) -> serde_json:
     const ROUNDS: u32 = 100;
     const REPEATS: usize = 7;
     let timed = |f: &dyn Fn()| {
-        let mut repeats: Vec<f64> = (0..=REPEATS)
-            .map(|_| {
-                let start = Instant::now();
-                for _ in 0..ROUNDS {
-                    f();
-                }
-                start.elapsed().as_secs_f64() * 1e6 / ROUNDS as f64
-            })
-            .skip(1)
-            .collect();
-        repeats.sort_by(f64::total_cmp);
-        repeats[REPEATS / 2]
+        let repeats = (0..=REPEATS).map(|_| {
+            let start = Instant::now();
+            for _ in 0..ROUNDS {
+                f();
+            }
+            start.elapsed().as_secs_f64() * 1e6 / ROUNDS as f64
+        });
+        median(repeats.skip(1).collect())
     };
     let (step_bytes, answer_bytes) = (step.encode_to_vec(), answer.encode_to_vec());
     let encode = timed(&|| {

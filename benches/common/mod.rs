@@ -72,7 +72,8 @@ pub fn test_documents(
         .collect()
 }
 
-/// p50/p99 (µs) and calls per second of `n` sequential calls.
+/// p50/p99 (µs) and calls per second of `n` sequential calls, with the process's CPU a call and
+/// the cores it kept busy over them ([`cpu_seconds`]).
 pub async fn measure<F, Fut>(n: usize, mut call: F) -> serde_json::Value
 where
     F: FnMut(usize) -> Fut,
@@ -99,6 +100,12 @@ where
         "cpu_us_per_call": cpu * 1e6 / n as f64,
         "cores_busy": cpu / total.as_secs_f64(),
     })
+}
+
+/// The middle value of `v` (the upper one of an even count).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// This process's resource use so far (CPU time, page faults).
