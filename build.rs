@@ -15,6 +15,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out.join("sidecar_v1_descriptor.bin"),
         prost::Message::encode_to_vec(&descriptors),
     )?;
-    tonic_prost_build::configure().compile_fds(descriptors)?;
+    // The caller's neural distributions have protobuf code of their own (src/server/neural_pb.rs).
+    tonic_prost_build::configure()
+        .extern_path(
+            ".sidecar.v1.NeuralTopK",
+            "crate::server::neural_pb::NeuralTopK",
+        )
+        .extern_path(
+            ".sidecar.v1.NeuralLogits",
+            "crate::server::neural_pb::NeuralLogits",
+        )
+        .compile_fds(descriptors)?;
     Ok(())
 }

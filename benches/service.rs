@@ -150,9 +150,11 @@ impl BatchWork {
         }
     }
 
-    fn part(self, id: u64, token: u32) -> pb::SequenceStep {
+    /// Sequence `id`'s part of a step after `token`, with the caller's `top` log-probs (copied, as
+    /// an engine copies its own into each step).
+    fn part(self, id: u64, token: u32, top: &pb::NeuralTopK) -> pb::SequenceStep {
         let mix = |lambda| pb::SessionMix {
-            neural: Some(session_mix::Neural::TopKLogprobs(top_64())),
+            neural: Some(session_mix::Neural::TopKLogprobs(top.clone())),
             lambda,
             top_k: 16,
             max_match: 0,
@@ -200,11 +202,12 @@ async fn batch_steps(
     tx.send(pb::BatchStep { sequences: start }).await.unwrap();
     replies.message().await.unwrap().unwrap();
     let next = Cell::new(0);
+    let top = top_64();
     let step = |t: usize| pb::BatchStep {
         sequences: (0..batch)
             .map(|b| {
                 let doc = &docs[b];
-                work.part(b as u64, doc[64 + t % (doc.len() - 64)])
+                work.part(b as u64, doc[64 + t % (doc.len() - 64)], &top)
             })
             .collect(),
     };

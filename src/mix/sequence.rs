@@ -109,10 +109,12 @@ impl AdaptiveSequence {
         if self.pending.as_ref().is_some_and(|p| p.position > length) {
             self.pending = None;
         }
-        let keep = self.history.partition_point(|o| o.position < length);
-        if keep == self.history.len() {
+        // Every step asks, and almost always nothing is to be cut: the last observation tells so
+        // without a search through a history that is out of the cache by the next step.
+        if self.history.last().is_none_or(|o| o.position < length) {
             return;
         }
+        let keep = self.history.partition_point(|o| o.position < length);
         self.history.truncate(keep);
         while self.checkpoints.last().is_some_and(|(n, _)| *n > keep) {
             self.checkpoints.pop();

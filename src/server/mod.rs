@@ -11,6 +11,7 @@ mod listen;
 pub mod metrics;
 mod mix_sequences;
 mod mixing;
+mod neural_pb;
 mod observe;
 mod open;
 mod pool;
@@ -81,6 +82,7 @@ mod proto {
     pub mod sidecar {
         pub mod v1 {
             tonic::include_proto!("sidecar.v1");
+            pub use crate::server::neural_pb::{NeuralLogits, NeuralTopK};
             /// For gRPC reflection.
             pub const FILE_DESCRIPTOR_SET: &[u8] =
                 tonic::include_file_descriptor_set!("sidecar_v1_descriptor");

@@ -52,7 +52,10 @@ pub fn ordered_runs(
         return Ok(());
     }
     let key = |rank| part.next_key(rank, query_bytes);
-    let mut stack = vec![(range.lo, range.hi, key(range.lo), key(range.hi - 1))];
+    // Depth first, the stack holds at most one range a level (a half to come back to), and ranges
+    // halve: 64 places outlast any range of fewer than 2^63 ranks.
+    let mut stack = Vec::with_capacity(64);
+    stack.push((range.lo, range.hi, key(range.lo), key(range.hi - 1)));
     let (mut reads, mut checked) = (2u64, 0u64);
     while let Some((lo, hi, first, last)) = stack.pop() {
         if reads - checked >= INTERRUPT_EVERY {
