@@ -59,9 +59,10 @@ impl prost::Message for NeuralTopK {
     }
 
     fn encoded_len(&self) -> usize {
-        let rest_mass = match self.rest_mass != 0.0 {
-            true => encoding::double::encoded_len(3, &self.rest_mass),
-            false => 0,
+        let rest_mass = if self.rest_mass != 0.0 {
+            encoding::double::encoded_len(3, &self.rest_mass)
+        } else {
+            0
         };
         encoding::uint32::encoded_len_packed(1, &self.tokens)
             + encoding::float::encoded_len_packed(2, &self.logprobs)
@@ -193,6 +194,8 @@ fn read_floats(body: &[u8], values: &mut Vec<f32>) -> bool {
 /// per this many bytes, not one call per element.
 const STAGED_BYTES: usize = 1024;
 
+/// Field `tag` as packed little-endian floats, a staging buffer at a time (none when empty, as
+/// proto3 writes it).
 fn put_packed_floats(tag: u32, values: &[f32], buf: &mut impl BufMut) {
     if values.is_empty() {
         return;
@@ -208,6 +211,7 @@ fn put_packed_floats(tag: u32, values: &[f32], buf: &mut impl BufMut) {
     }
 }
 
+/// Field `tag` as packed varints, a staging buffer at a time (none when empty).
 fn put_packed_varints(tag: u32, values: &[u32], buf: &mut impl BufMut) {
     if values.is_empty() {
         return;

@@ -53,8 +53,9 @@ pub fn ordered_runs(
     }
     let key = |rank| part.next_key(rank, query_bytes);
     // Depth first, the stack holds at most one range a level (a half to come back to), and ranges
-    // halve: 64 places outlast any range of fewer than 2^63 ranks.
-    let mut stack = Vec::with_capacity(64);
+    // halve: 32 places (1 KiB, which glibc's per-thread cache keeps) last any range of
+    // fewer than 2^31 ranks, and it grows past that.
+    let mut stack = Vec::with_capacity(32);
     stack.push((range.lo, range.hi, key(range.lo), key(range.hi - 1)));
     let (mut reads, mut checked) = (2u64, 0u64);
     while let Some((lo, hi, first, last)) = stack.pop() {
