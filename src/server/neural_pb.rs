@@ -5,8 +5,8 @@
 //! They carry most of a mixing request's bytes: a `Batch` step's top-64 log-probs for each
 //! sequence, or every logit of the vocabulary. prost's generated code decodes a packed field one
 //! element at a time, each through its own call, into a `Vec` it never reserves, and encodes it one
-//! element at a time: for a `Batch` step of 64 top-64 sequences that was most of the step's
-//! decoding, and an allocator's work more than the bytes' (eval/SERVICE.md has the figures). Here a
+//! element at a time: for a `Batch` step of 64 top-64 sequences those fields are most of the
+//! request, and a third of its decoding was the allocator's (eval/SERVICE.md has the figures). Here a
 //! packed field that lies whole in the buffer's current chunk (always, for tonic's) is read in one
 //! pass into a vector of the right size, and written from a buffer of its bytes. Anything else (a
 //! field split across chunks, the unpacked encoding, a malformed field) goes to prost's own code,
