@@ -15,7 +15,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out.join("sidecar_v1_descriptor.bin"),
         prost::Message::encode_to_vec(&descriptors),
     )?;
-    // The caller's neural distributions have protobuf code of their own (src/server/neural_pb.rs).
+    // The caller's neural distributions and the mixing answer have protobuf code of their own
+    // (src/server/neural_pb.rs, src/server/mix_pb.rs, which declares `TokenProb` too).
     tonic_prost_build::configure()
         .extern_path(
             ".sidecar.v1.NeuralTopK",
@@ -25,6 +26,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ".sidecar.v1.NeuralLogits",
             "crate::server::neural_pb::NeuralLogits",
         )
+        .extern_path(
+            ".sidecar.v1.MixResponse",
+            "crate::server::mix_pb::MixResponse",
+        )
+        .extern_path(".sidecar.v1.TokenProb", "crate::server::mix_pb::TokenProb")
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -9,11 +9,13 @@ mod drafting;
 mod engine;
 mod listen;
 pub mod metrics;
+mod mix_pb;
 mod mix_sequences;
 mod mixing;
 mod neural_pb;
 mod observe;
 mod open;
+mod packed;
 mod pool;
 mod router;
 mod score;
@@ -82,6 +84,7 @@ mod proto {
     pub mod sidecar {
         pub mod v1 {
             tonic::include_proto!("sidecar.v1");
+            pub use crate::server::mix_pb::{MixResponse, TokenProb};
             pub use crate::server::neural_pb::{NeuralLogits, NeuralTopK};
             /// For gRPC reflection.
             pub const FILE_DESCRIPTOR_SET: &[u8] =
