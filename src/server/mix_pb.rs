@@ -201,33 +201,47 @@ fn read_token_prob(mut body: &[u8], entries: &mut Vec<TokenProb>) -> bool {
     const TOKEN: u8 = 1 << 3;
     const PROB: u8 = 2 << 3 | 1;
     const CONT_CNT: u8 = 3 << 3;
-    let mut t = TokenProb::default();
-    if let Some((&TOKEN, rest)) = body.split_first() {
-        body = rest;
-        match encoding::decode_varint(&mut body) {
-            Ok(v) => t.token = v as u32,
-            Err(_) => return false,
-        }
-    }
-    if let Some((&PROB, rest)) = body.split_first() {
-        let Some((bytes, rest)) = rest.split_first_chunk::<8>() else {
-            return false;
-        };
-        t.prob = f64::from_le_bytes(*bytes);
-        body = rest;
-    }
-    if let Some((&CONT_CNT, rest)) = body.split_first() {
-        body = rest;
-        match encoding::decode_varint(&mut body) {
-            Ok(v) => t.cont_cnt = v,
-            Err(_) => return false,
-        }
-    }
+    let (Some(token), Some(prob), Some(cont_cnt)) = (
+        varint_field(&mut body, TOKEN),
+        fixed64_field(&mut body, PROB),
+        varint_field(&mut body, CONT_CNT),
+    ) else {
+        return false;
+    };
     if !body.is_empty() {
         return false;
     }
-    entries.push(t);
+    entries.push(TokenProb {
+        token: token.map_or(0, |v| v as u32),
+        prob: prob.map_or(0.0, f64::from_le_bytes),
+        cont_cnt: cont_cnt.unwrap_or(0),
+    });
     true
+}
+
+/// The varint after `key` if `body` starts with it (`Some(None)` if it does not; `None` if the
+/// varint is malformed), `body` moved past it.
+fn varint_field(body: &mut &[u8], key: u8) -> Option<Option<u64>> {
+    match body.split_first() {
+        Some((&k, rest)) if k == key => {
+            *body = rest;
+            encoding::decode_varint(body).ok().map(Some)
+        }
+        _ => Some(None),
+    }
+}
+
+/// The 8 bytes after `key` if `body` starts with it (`Some(None)` if it does not; `None` if they
+/// are cut short), `body` moved past them.
+fn fixed64_field(body: &mut &[u8], key: u8) -> Option<Option<[u8; 8]>> {
+    match body.split_first() {
+        Some((&k, rest)) if k == key => {
+            let (bytes, rest) = rest.split_first_chunk::<8>()?;
+            *body = rest;
+            Some(Some(*bytes))
+        }
+        _ => Some(None),
+    }
 }
 
 #[cfg(test)]
