@@ -26,6 +26,14 @@ pub struct Allocator;
 
 static TUNED: AtomicBool = AtomicBool::new(false);
 
+/// Tunes mimalloc unless it has been.
+#[inline]
+fn tuned() {
+    if !TUNED.load(Ordering::Relaxed) {
+        tune();
+    }
+}
+
 /// Sets mimalloc's options as defaults, which its environment variables override.
 #[cold]
 fn tune() {
@@ -44,18 +52,14 @@ fn tune() {
 unsafe impl GlobalAlloc for Allocator {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if !TUNED.load(Ordering::Relaxed) {
-            tune();
-        }
+        tuned();
         // SAFETY: the caller's contract is passed on unchanged.
         unsafe { MiMalloc.alloc(layout) }
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if !TUNED.load(Ordering::Relaxed) {
-            tune();
-        }
+        tuned();
         // SAFETY: as in `alloc`.
         unsafe { MiMalloc.alloc_zeroed(layout) }
     }
@@ -79,19 +83,23 @@ mod tests {
     use super::*;
     use libmimalloc_sys::mi_option_get;
 
-    /// The two option numbers are mimalloc's own: its defaults for them (2 and 1000) are unlike
-    /// those of their neighbours in its table (1, 1 and 1, 0), and this process never tunes.
-    #[test]
-    fn option_numbers_are_mimallocs() {
+    /// mimalloc's two options as it reads them now.
+    fn options() -> (std::ffi::c_long, std::ffi::c_long) {
         // SAFETY: reading an option has no precondition.
-        let (eager, delay) = unsafe {
+        unsafe {
             (
                 mi_option_get(ARENA_EAGER_COMMIT),
                 mi_option_get(PURGE_DELAY),
             )
-        };
+        }
+    }
+
+    /// The two option numbers are mimalloc's own: its defaults for them (2 and 1000) are unlike
+    /// those of their neighbours in its table (1, 1 and 1, 0), and this process never tunes.
+    #[test]
+    fn option_numbers_are_mimallocs() {
         assert_eq!(
-            (eager, delay),
+            options(),
             (2, 1000),
             "mimalloc's option table moved, or one of MIMALLOC_ARENA_EAGER_COMMIT, \
              MIMALLOC_PURGE_DELAY (or their old names, MIMALLOC_EAGER_REGION_COMMIT and \
@@ -106,14 +114,7 @@ mod tests {
     fn tuning_sets_defaults_the_environment_overrides() {
         if let Some(expected) = std::env::var_os("ALLOCATOR_TEST_EXPECT") {
             tune();
-            // SAFETY: reading an option has no precondition.
-            let seen = unsafe {
-                (
-                    mi_option_get(ARENA_EAGER_COMMIT),
-                    mi_option_get(PURGE_DELAY),
-                )
-            };
-            assert_eq!(format!("{seen:?}"), expected.to_string_lossy());
+            assert_eq!(format!("{:?}", options()), expected.to_string_lossy());
             return;
         }
         let me = std::env::current_exe().unwrap();
