@@ -6,7 +6,7 @@
 //! (eval/SERVICE.md, 2026-12-02). With mimalloc's defaults (arenas committed when reserved, a purge
 //! delay of 1 s), though, the live soak's resident set grew 268–327 MB against its 141 MB bound;
 //! with the purge delay alone at 0, 238 MB; with only the eager commit off, 134 MB; with both (a
-//! 10 ms delay), 112–126 MB; as set here, 116–121 MB. `MIMALLOC_ARENA_EAGER_COMMIT` and
+//! 10 ms delay), 112–126 MB; as set here, 116–131 MB. `MIMALLOC_ARENA_EAGER_COMMIT` and
 //! `MIMALLOC_PURGE_DELAY` in the environment still win.
 
 use std::alloc::{GlobalAlloc, Layout};
