@@ -77,7 +77,8 @@ impl Sequence {
         let followed = self.followed.as_ref().ok_or_else(|| {
             MixError::Invalid("a sequence the model decodes alone does not mix".into())
         })?;
-        let infgram = followed.step(&self.tokens, &neural)?;
+        let for_gate = how.rule.per_token(how.params) == LambdaRule::Gate;
+        let infgram = followed.step(&self.tokens, &neural, for_gate)?;
         let first_adaptive = self.adaptive.is_none();
         let adaptive = match (how.rule, how.params) {
             (LambdaRule::Adaptive, Some(p)) => Some(

@@ -196,6 +196,7 @@ impl Followed for FollowedBytes {
         &self,
         _seq: &[u32],
         neural: &NeuralDistribution,
+        _for_gate: bool,
     ) -> Result<StepInfgram, EvidenceError> {
         let ByteSource { index, tokenizer } = &*self.source;
         Ok(followed_step(index, tokenizer, &self.text, neural))

@@ -129,9 +129,9 @@ pub struct StepLambda {
 pub enum StepInfgram {
     Tokens {
         answer: InfgramNtdResult,
-        /// The gate's subsample of the matched suffix's occurrences, when the exact answer found
-        /// it in passing ([`crate::index::suffix::Occurrences::ntd_and_sample`]): the gate's
-        /// view then reads none of them again.
+        /// The gate's subsample of the matched suffix's occurrences, when the step was asked for
+        /// the gate and the index found it with the exact answer, without searching again
+        /// ([`crate::index::suffix::Occurrences::ntd_and_sample`]).
         gate_sample: Option<NtdResult>,
     },
     Bytes {
@@ -239,10 +239,7 @@ pub fn step_lambda(
         infgram,
         neural,
     } = *step;
-    let base_rule = match (rule, params) {
-        (LambdaRule::Adaptive, Some(p)) => p.adaptive_base(),
-        _ => rule,
-    };
+    let base_rule = rule.per_token(params);
     let features = match base_rule {
         LambdaRule::Gate => {
             let ctx = infgram.gate_context(source, context)?;

@@ -120,8 +120,14 @@ pub trait Followed: Send + Sync {
     fn truncate(&mut self, seq: &[u32]) -> Result<(), IndexError>;
 
     /// What the ∞-gram says of a decoding step after the sequence, whose model distribution is
-    /// `neural` (which a byte-level index reads).
-    fn step(&self, seq: &[u32], neural: &NeuralDistribution) -> Result<StepInfgram, EvidenceError>;
+    /// `neural` (which a byte-level index reads). `for_gate`: the gate will read the step, so an
+    /// index here finds the gate's subsample of the matches with the answer.
+    fn step(
+        &self,
+        seq: &[u32],
+        neural: &NeuralDistribution,
+        for_gate: bool,
+    ) -> Result<StepInfgram, EvidenceError>;
 
     /// What followed the matched suffix of `seq` in the reference data: up to `samples` of its
     /// occurrences, spread evenly, each with at most `depth` following tokens cut at the end of
@@ -202,11 +208,11 @@ where
         &self,
         _seq: &[u32],
         _neural: &NeuralDistribution,
+        for_gate: bool,
     ) -> Result<StepInfgram, EvidenceError> {
         refuse_bytes(&*self.index)?;
-        let (answer, gate_sample) = self
-            .m
-            .infgram_ntd_and_sample(&*self.index, SUPPORT_SAMPLES)?;
+        let cap = for_gate.then_some(SUPPORT_SAMPLES);
+        let (answer, gate_sample) = self.m.infgram_ntd_and_sample(&*self.index, cap)?;
         Ok(StepInfgram::Tokens {
             answer,
             gate_sample,

@@ -53,13 +53,13 @@ pub trait Occurrences {
     /// The next-token distribution after the matches: exact, or under `max_support` the suffix
     /// array's own subsample.
     fn ntd_given(&self, m: &Self::Matches, max_support: Option<u64>) -> Result<NtdResult>;
-    /// The exact distribution after the matches and, where the index finds it without reading
+    /// The exact distribution after the matches and, where the index finds it without searching
     /// again, the subsample `ntd_given` gives under a cap of `cap` matches (more than `cap`
     /// only: at most `cap`, the exact distribution is its own sample).
     fn ntd_and_sample(
         &self,
         m: &Self::Matches,
-        _cap: u64,
+        _cap: Option<u64>,
     ) -> Result<(NtdResult, Option<NtdResult>)> {
         Ok((self.ntd_given(m, None)?, None))
     }
@@ -106,7 +106,11 @@ impl Occurrences for Index {
     fn ntd_given(&self, m: &Matches, max_support: Option<u64>) -> Result<NtdResult> {
         Index::ntd_given(self, m, max_support)
     }
-    fn ntd_and_sample(&self, m: &Matches, cap: u64) -> Result<(NtdResult, Option<NtdResult>)> {
+    fn ntd_and_sample(
+        &self,
+        m: &Matches,
+        cap: Option<u64>,
+    ) -> Result<(NtdResult, Option<NtdResult>)> {
         Index::ntd_and_sample(self, m, cap)
     }
     /// Reads the tokens before each of a few occurrences: every occurrence of a longer suffix
@@ -266,12 +270,12 @@ impl<M: Clone + Counted> SuffixMatch<M> {
     }
 
     /// The ∞-gram distribution after the sequence, as [`Self::infgram_ntd`] gives it exactly, and
-    /// the subsample of `cap` of its matches where the index finds it in passing
-    /// ([`Occurrences::ntd_and_sample`]).
+    /// the subsample of `cap` of its matches where the index finds it without searching again
+    /// ([`Occurrences::ntd_and_sample`]; none without a cap).
     pub fn infgram_ntd_and_sample<I: Occurrences<Matches = M> + ?Sized>(
         &self,
         index: &I,
-        cap: u64,
+        cap: Option<u64>,
     ) -> Result<(InfgramNtdResult, Option<NtdResult>)> {
         let (ntd, sample) = index.ntd_and_sample(&self.matches, cap)?;
         let result = InfgramNtdResult::new(ntd, self.suffix_len(), || {

@@ -76,6 +76,17 @@ fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
+/// λ of each hypothesis, the model alone and the base rule moved by each of `offsets` (on the
+/// logit scale), when the base rule says `base`.
+fn hypotheses(offsets: &[f64], base: f64) -> impl Iterator<Item = f64> + '_ {
+    let base = logit(base.clamp(LAMBDA_MIN, LAMBDA_MAX));
+    std::iter::once(LAMBDA_MIN).chain(
+        offsets
+            .iter()
+            .map(move |b| sigmoid(base + b).clamp(LAMBDA_MIN, LAMBDA_MAX)),
+    )
+}
+
 /// One sequence's posterior. Hypothesis 0 is the model alone; hypothesis i > 0 moves the base λ by
 /// `offsets[i - 1]`.
 #[derive(Debug, Clone, PartialEq)]
@@ -105,19 +116,9 @@ impl SequenceTrust {
         self.observed
     }
 
-    /// λ of each hypothesis when the base rule says `base`.
-    fn hypotheses(&self, base: f64) -> impl Iterator<Item = f64> + '_ {
-        let base = logit(base.clamp(LAMBDA_MIN, LAMBDA_MAX));
-        std::iter::once(LAMBDA_MIN).chain(
-            self.offsets
-                .iter()
-                .map(move |b| sigmoid(base + b).clamp(LAMBDA_MIN, LAMBDA_MAX)),
-        )
-    }
-
     /// The next token's λ: the posterior mean of the hypotheses' λ.
     pub fn lambda(&self, base: f64) -> f64 {
-        self.hypotheses(base)
+        hypotheses(&self.offsets, base)
             .zip(&self.log_weights)
             .map(|(l, w)| l * w.exp())
             .sum::<f64>()
@@ -127,18 +128,16 @@ impl SequenceTrust {
     /// Bayes' rule for the observed token, which the ∞-gram gave `p_infgram` and the model
     /// `p_neural`, at a position where the base rule said `base`.
     pub fn observe(&mut self, base: f64, p_infgram: f64, p_neural: f64) {
-        let updated: Vec<f64> = self
-            .hypotheses(base)
-            .zip(&self.log_weights)
-            .map(|(l, w)| {
-                w + mixed_prob(p_infgram, p_neural, l)
-                    .max(f64::MIN_POSITIVE)
-                    .ln()
-            })
-            .collect();
-        let max = updated.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let norm = max + updated.iter().map(|w| (w - max).exp()).sum::<f64>().ln();
-        self.log_weights = updated.into_iter().map(|w| w - norm).collect();
+        // In place: a sequence observes every token it mixes.
+        let weights = &mut self.log_weights;
+        for (w, l) in weights.iter_mut().zip(hypotheses(&self.offsets, base)) {
+            *w += mixed_prob(p_infgram, p_neural, l)
+                .max(f64::MIN_POSITIVE)
+                .ln();
+        }
+        let max = weights.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let norm = max + weights.iter().map(|w| (w - max).exp()).sum::<f64>().ln();
+        weights.iter_mut().for_each(|w| *w -= norm);
         self.observed += 1;
     }
 

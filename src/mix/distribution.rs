@@ -90,20 +90,21 @@ pub enum NeuralDistribution {
         logprobs: Vec<f32>,
     },
     /// Built by [`NeuralDistribution::from_top_k`], which checks and sorts it.
-    TopK(TopKLogprobs),
+    TopK(TopKProbs),
 }
 
-/// Top-k log-probs plus the rest, sorted by token so a lookup is a binary search (a caller may send
-/// thousands of entries, and `mix` looks up every candidate).
+/// The top-k tokens' probabilities plus the rest, sorted by token: a lookup is a binary search,
+/// and `mix` walks the list along the ∞-gram's support (a caller may send thousands of entries).
+/// The caller's log-probs are exponentiated once, here: a step reads each several times.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TopKLogprobs {
-    entries: Vec<(u32, f32)>,
+pub struct TopKProbs {
+    entries: Vec<(u32, f64)>,
     /// Probability of all other tokens together; spread evenly over them when one is asked for.
     rest_mass: f64,
     vocab_size: usize,
 }
 
-impl TopKLogprobs {
+impl TopKProbs {
     /// The probability of each token outside the list.
     fn other_prob(&self) -> f64 {
         self.rest_mass / (self.vocab_size - self.entries.len()).max(1) as f64
@@ -136,11 +137,10 @@ impl NeuralDistribution {
 
     /// From top-k log-probs and the remaining mass, checked for consistency.
     pub fn from_top_k(
-        mut entries: Vec<(u32, f32)>,
+        entries: Vec<(u32, f32)>,
         rest_mass: f64,
         vocab_size: usize,
     ) -> Result<Self, MixError> {
-        let listed: f64 = entries.iter().map(|(_, lp)| (*lp as f64).exp()).sum();
         if entries
             .iter()
             .any(|(t, lp)| *t as usize >= vocab_size || lp.is_nan() || *lp > 0.0)
@@ -149,6 +149,10 @@ impl NeuralDistribution {
                 "top-k entries need ids inside the vocabulary and log-probs ≤ 0".into(),
             ));
         }
+        let mut entries: Vec<(u32, f64)> = (entries.into_iter())
+            .map(|(t, lp)| (t, (lp as f64).exp()))
+            .collect();
+        let listed: f64 = entries.iter().map(|(_, p)| p).sum();
         if !(0.0..=1.0).contains(&rest_mass) || (listed + rest_mass - 1.0).abs() > 1e-3 {
             return Err(MixError::Invalid(format!(
                 "top-k mass {listed:.6} plus the rest {rest_mass:.6} must be 1"
@@ -165,7 +169,7 @@ impl NeuralDistribution {
                 "a token appears twice in the top-k".into(),
             ));
         }
-        Ok(Self::TopK(TopKLogprobs {
+        Ok(Self::TopK(TopKProbs {
             entries,
             rest_mass,
             vocab_size,
@@ -176,7 +180,7 @@ impl NeuralDistribution {
     pub fn heap_bytes(&self) -> usize {
         match self {
             Self::Full { logprobs } => logprobs.len() * 4,
-            Self::TopK(t) => t.entries.len() * 8,
+            Self::TopK(t) => t.entries.len() * std::mem::size_of::<(u32, f64)>(),
         }
     }
 
@@ -193,9 +197,27 @@ impl NeuralDistribution {
                 .get(token as usize)
                 .map_or(0.0, |lp| (*lp as f64).exp()),
             Self::TopK(t) => match t.entries.binary_search_by_key(&token, |(tok, _)| *tok) {
-                Ok(i) => (t.entries[i].1 as f64).exp(),
+                Ok(i) => t.entries[i].1,
                 Err(_) => t.other_prob(),
             },
+        }
+    }
+
+    /// [`Self::prob`] for tokens asked in ascending order: over top-k input a cursor walks the list
+    /// once, where a search per token cost most of a mix (an ∞-gram's support runs to thousands).
+    fn ascending_prob(&self) -> impl FnMut(u32) -> f64 + '_ {
+        let mut at = 0;
+        move |token| match self {
+            Self::Full { .. } => self.prob(token),
+            Self::TopK(t) => {
+                while t.entries.get(at).is_some_and(|&(listed, _)| listed < token) {
+                    at += 1;
+                }
+                match t.entries.get(at) {
+                    Some(&(listed, p)) if listed == token => p,
+                    _ => t.other_prob(),
+                }
+            }
         }
     }
 
@@ -215,14 +237,13 @@ impl NeuralDistribution {
                     .map(|&t| (t, (logprobs[t as usize] as f64).exp()))
                     .collect()
             }
-            Self::TopK(t) => t
-                .entries
-                .iter()
-                .map(|&(t, lp)| (t, (lp as f64).exp()))
-                .collect(),
+            Self::TopK(t) => t.entries.clone(),
         };
-        all.sort_by(most_likely_first);
+        if k > 0 && k < all.len() {
+            all.select_nth_unstable_by(k - 1, most_likely_first);
+        }
         all.truncate(k);
+        all.sort_by(most_likely_first);
         all
     }
 
@@ -237,8 +258,7 @@ impl NeuralDistribution {
             Self::TopK(t) => {
                 let others = (t.vocab_size - t.entries.len()).max(1) as f64;
                 let (mut e, mut top) = (others * h(t.other_prob()), t.other_prob());
-                for (_, lp) in &t.entries {
-                    let p = (*lp as f64).exp();
+                for &(_, p) in &t.entries {
                     e += h(p);
                     top = top.max(p);
                 }
@@ -288,12 +308,11 @@ pub fn mix(
     };
     let head = neural.top(top_k);
     let mut top: Vec<(u32, f64)> = Vec::with_capacity(infgram.entries.len() + head.len());
+    let mut neural_prob = neural.ascending_prob();
     top.extend(
-        infgram
-            .entries
-            .iter()
+        (infgram.entries.iter())
             .filter(|(t, _)| (*t as usize) < vocab)
-            .map(|&(t, p)| score(t, p, neural.prob(t))),
+            .map(|&(t, p)| score(t, p, neural_prob(t))),
     );
     top.extend(
         head.into_iter()

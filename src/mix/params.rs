@@ -42,6 +42,15 @@ impl LambdaRule {
         }
     }
 
+    /// The per-token rule behind this one: under the adaptive λ the mixing file's
+    /// [`MixingParams::adaptive_base`] (which the adaptive λ moves), else the rule itself.
+    pub fn per_token(self, params: Option<&MixingParams>) -> Self {
+        match (self, params) {
+            (Self::Adaptive, Some(p)) => p.adaptive_base(),
+            (rule, _) => rule,
+        }
+    }
+
     /// The rule a caller gets: the one it asked for (a fixed λ must lie in [0, 1]), else the
     /// mixing file's default for a caller that follows a sequence (a session, a scored document, a
     /// `Mix` with a sequence id), else λ1/λ2. Every rule but a fixed λ needs the mixing file.

@@ -17,8 +17,9 @@ use infini_sidecar::evidence::{EvidenceSource, StepInfgram};
 use infini_sidecar::index::build::decontam::Decontaminator;
 use infini_sidecar::index::build::{build, BuildOptions};
 use infini_sidecar::index::corpus::Corpus;
+use infini_sidecar::index::format::NextTableSpec;
 use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
-use infini_sidecar::mix::features::{step_score, InfgramContext};
+use infini_sidecar::mix::features::{step_score, InfgramContext, SUPPORT_SAMPLES};
 use infini_sidecar::mix::{self, GateOptions, MixingParams, NeuralDistribution};
 use infini_sidecar::model::{DeviceChoice, LoadOptions, Model, WindowOptions};
 
@@ -188,9 +189,10 @@ fn records_agree_with_per_position_queries() {
     }
 }
 
-/// A decoding step's gate view, built with the subsample the step's exact answer found in passing,
-/// is the view searched afresh (`InfgramContext::new`), at every position of real test-split text:
-/// some of its suffixes occur more often than the gate samples.
+/// A decoding step's gate view, built with the subsample the step's exact answer found with it
+/// (in the walked runs, or read where the next-token table answered), is the view searched afresh
+/// (`InfgramContext::new`), at every position of real test-split text: some of its suffixes occur
+/// more often than the gate samples. A step the gate will not read finds no subsample.
 #[test]
 fn a_step_gate_view_is_the_one_searched_afresh() {
     let f = fixture();
@@ -203,20 +205,36 @@ fn a_step_gate_view_is_the_one_searched_afresh() {
     .unwrap();
     let source: Arc<dyn EvidenceSource> = f.index.clone();
     let neural = NeuralDistribution::from_top_k(vec![(0, 0.0)], 0.0, 8).unwrap();
-    let (mut positions, mut sampled) = (0, 0);
+    // The fixture's next-token table (the build's default) holds the suffixes these bound.
+    let table = NextTableSpec::default();
+    let (mut positions, mut sampled, mut tabled) = (0, 0, 0);
     for doc in &docs {
         let mut followed = Arc::clone(&source).follow(&doc.tokens[..1]).unwrap();
         for end in 2..doc.tokens.len() {
             let seq = &doc.tokens[..end];
             followed.advance(seq, end - 1).unwrap();
-            let StepInfgram::Tokens {
-                answer,
-                gate_sample,
-            } = followed.step(seq, &neural).unwrap()
-            else {
-                panic!("a token index gives token steps");
+            let step = |for_gate| match followed.step(seq, &neural, for_gate).unwrap() {
+                StepInfgram::Tokens {
+                    answer,
+                    gate_sample,
+                } => (answer, gate_sample),
+                StepInfgram::Bytes { .. } => panic!("a token index gives token steps"),
             };
-            sampled += usize::from(gate_sample.is_some());
+            let (answer, gate_sample) = step(true);
+            let (alone, none) = step(false);
+            assert_eq!((&alone, none), (&answer, None));
+            let over_cap = answer.suffix_len > 0 && answer.ntd.prompt_cnt > SUPPORT_SAMPLES;
+            assert_eq!(
+                gate_sample.is_some(),
+                over_cap,
+                "document {} at {end}",
+                doc.index
+            );
+            sampled += usize::from(over_cap);
+            tabled += usize::from(
+                answer.suffix_len <= table.max_prompt_tokens as usize
+                    && answer.ntd.prompt_cnt >= table.min_count,
+            );
             positions += 1;
             let in_passing = source
                 .context_after(seq, &answer, gate_sample.as_ref())
@@ -225,8 +243,12 @@ fn a_step_gate_view_is_the_one_searched_afresh() {
             assert_eq!(in_passing, afresh, "document {} at {end}", doc.index);
         }
     }
-    // Most steps match a suffix seen at most 256 times, or one the next-token table answers.
+    // Most steps match a suffix seen at most 256 times; some, one the table answers.
     assert!(sampled >= 10, "{sampled} samples in {positions} steps");
+    assert!(
+        tabled >= 10,
+        "{tabled} of {positions} steps answered by the table"
+    );
 }
 
 fn inputs(split: &str, max_tokens: usize, work_dir: Option<&Path>) -> EvalInputs {

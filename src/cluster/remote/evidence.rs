@@ -306,6 +306,7 @@ impl Followed for FollowedRemote {
         &self,
         _seq: &[u32],
         _neural: &NeuralDistribution,
+        _for_gate: bool,
     ) -> Result<StepInfgram, EvidenceError> {
         Ok(StepInfgram::tokens(self.answer.clone()))
     }

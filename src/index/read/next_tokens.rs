@@ -40,6 +40,10 @@ pub fn collect_runs(
     }
 }
 
+/// Open ranges halved at once. A range's halving waits on its two reads; the reads of several
+/// ranges do not wait on each other, so their cache misses overlap.
+const HALVED_AT_ONCE: usize = 8;
+
 /// The runs of `range` in rank order (divide and conquer, never the table, whose counts are in
 /// token order).
 pub fn ordered_runs(
@@ -52,29 +56,51 @@ pub fn ordered_runs(
         return Ok(());
     }
     let key = |rank| part.next_key(rank, query_bytes);
-    // Depth first, the stack holds at most one range a level (a half to come back to), and ranges
-    // halve: 32 places (1 KiB, which glibc's per-thread cache keeps) last any range of
-    // fewer than 2^31 ranks, and it grows past that.
-    let mut stack = Vec::with_capacity(32);
+    // Ranges with the keys at their ends; the top is the leftmost, so runs leave from the top in
+    // rank order. Depth first, it holds at most a few ranges a level, and ranges halve: 64
+    // places (2 KiB) last most walks, and it grows past that.
+    let mut stack = Vec::with_capacity(64);
     stack.push((range.lo, range.hi, key(range.lo), key(range.hi - 1)));
     let (mut reads, mut checked) = (2u64, 0u64);
-    while let Some((lo, hi, first, last)) = stack.pop() {
+    loop {
         if reads - checked >= INTERRUPT_EVERY {
             checked = reads;
             if crate::interrupt::interrupted() {
                 return Err(IndexError::Interrupted);
             }
         }
-        if first == last {
+        while let Some(&(lo, hi, first, last)) = stack.last() {
+            if first != last {
+                break;
+            }
             runs.push((first, hi - lo));
-            continue;
+            stack.pop();
         }
-        let mid = lo + (hi - lo) / 2;
-        stack.push((mid, hi, key(mid), last));
-        stack.push((lo, mid, first, key(mid - 1)));
-        reads += 2;
+        // The open ranges on top, up to the first run below them, are halved together.
+        let open = (stack.iter().rev().take(HALVED_AT_ONCE))
+            .take_while(|&&(_, _, first, last)| first != last)
+            .count();
+        if open == 0 {
+            return Ok(());
+        }
+        let from = stack.len() - open;
+        let mut ends = [(0, 0); HALVED_AT_ONCE];
+        for (end, &(lo, hi, ..)) in ends.iter_mut().zip(&stack[from..]) {
+            let mid = lo + (hi - lo) / 2;
+            *end = (key(mid - 1), key(mid));
+        }
+        reads += 2 * open as u64;
+        let mut halved = [(0, 0, 0, 0); HALVED_AT_ONCE];
+        halved[..open].copy_from_slice(&stack[from..]);
+        stack.truncate(from);
+        // From the rightmost, so that the leftmost half ends on top.
+        for (&(lo, hi, first, last), &(left_last, right_first)) in halved[..open].iter().zip(&ends)
+        {
+            let mid = lo + (hi - lo) / 2;
+            stack.push((mid, hi, right_first, last));
+            stack.push((lo, mid, first, left_last));
+        }
     }
-    Ok(())
 }
 
 /// The token a next key stands for: the end of the part and a document separator both mean eos.

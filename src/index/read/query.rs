@@ -15,6 +15,9 @@ use crate::index::read::part::{NextKey, Part};
 use crate::index::sampling;
 use crate::index::{Index, Result};
 
+/// Runs reserved before a walk: the runs of most ranges a step walks, without regrowing.
+const RUNS_RESERVED: u64 = 512;
+
 /// What follows a query's matches, walked: every part's runs in one list, part `i`'s at
 /// `parts[i]`.
 struct Walked {
@@ -206,8 +209,9 @@ impl Index {
 
     /// The runs of what follows the prompt's matches in every part.
     fn walked(&self, prompt: &Matches) -> Result<Walked> {
+        // A run per match at most; a wide range's runs are far fewer, and the vector grows.
         let mut walked = Walked {
-            runs: Vec::new(),
+            runs: Vec::with_capacity(prompt.count().min(RUNS_RESERVED) as usize),
             parts: Vec::with_capacity(self.parts.len()),
             in_rank_order: true,
         };
@@ -222,29 +226,34 @@ impl Index {
     }
 
     /// The exact distribution after the prompt's matches and, when they are more than `cap`, the
-    /// subsample [`Index::ntd_given`] reads under that cap, found in the walked runs instead of
-    /// read: `None` when a part's counts came from its next-token table (which keeps no rank
-    /// order) or the prompt is empty.
+    /// subsample [`Index::ntd_given`] reads under that cap: found in the walked runs instead of
+    /// read, or read when a part's counts came from its next-token table (which keeps no rank
+    /// order). `None` without a cap or for the empty prompt.
     pub(crate) fn ntd_and_sample(
         &self,
         prompt: &Matches,
-        cap: u64,
+        cap: Option<u64>,
     ) -> Result<(NtdResult, Option<NtdResult>)> {
         let prompt_cnt = prompt.count();
-        if prompt.bytes.is_empty() || prompt_cnt <= cap {
-            return Ok((self.ntd_given(prompt, None)?, None));
-        }
+        let cap = match cap {
+            Some(cap) if !prompt.bytes.is_empty() && prompt_cnt > cap => cap,
+            _ => return Ok((self.ntd_given(prompt, None)?, None)),
+        };
         let walked = self.walked(prompt)?;
-        let sample = walked.in_rank_order.then(|| {
-            let mut keys = Vec::with_capacity(cap as usize + prompt.ranges.len());
-            for (i, _, offsets) in sample_offsets(prompt, prompt_cnt, cap) {
-                keys_at(&walked.runs[walked.parts[i].clone()], offsets, &mut keys);
+        let dist = match walked.in_rank_order {
+            true => {
+                let mut keys = Vec::with_capacity(cap as usize + prompt.ranges.len());
+                for (i, _, offsets) in sample_offsets(prompt, prompt_cnt, cap) {
+                    keys_at(&walked.runs[walked.parts[i].clone()], offsets, &mut keys);
+                }
+                self.merge_runs(keys)
             }
-            NtdResult {
-                prompt_cnt,
-                dist: self.merge_runs(keys),
-                approx: true,
-            }
+            false => self.sampled(prompt, prompt_cnt, cap),
+        };
+        let sample = Some(NtdResult {
+            prompt_cnt,
+            dist,
+            approx: true,
         });
         let exact = NtdResult {
             prompt_cnt,
@@ -336,9 +345,9 @@ mod tests {
     use crate::index::{Index, OpenOptions, TokenWidth};
     use rand::{Rng, SeedableRng};
 
-    /// The subsample found in the walked runs is the one read from the suffix arrays, over
-    /// several parts, with and without next-token tables; the exact answer is `ntd_given`'s. Only
-    /// a table's counts (token order) or an empty prompt go without one.
+    /// The subsample found in the walked runs, or read where a next-token table answered, is the
+    /// one `ntd_given` reads, over several parts, with and without next-token tables; the exact
+    /// answer is `ntd_given`'s. Only an empty prompt, or a call without a cap, goes without one.
     #[test]
     fn a_sample_found_in_the_runs_is_the_one_read() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
@@ -369,7 +378,7 @@ mod tests {
                 let at = rng.random_range(0..text.len() - len);
                 let m = index.matches_of(&text[at..at + len]);
                 let cap = rng.random_range(1..64);
-                let (exact, sample) = index.ntd_and_sample(&m, cap).unwrap();
+                let (exact, sample) = index.ntd_and_sample(&m, Some(cap)).unwrap();
                 assert_eq!(exact, index.ntd_given(&m, None).unwrap());
                 match sample {
                     Some(sample) => {
@@ -377,11 +386,12 @@ mod tests {
                         found += 1;
                     }
                     None => assert!(
-                        len == 0 || m.count() <= cap || next_table.is_some(),
+                        len == 0 || m.count() <= cap,
                         "no sample of {:?} under {cap}",
                         &text[at..at + len]
                     ),
                 }
+                assert_eq!(index.ntd_and_sample(&m, None).unwrap(), (exact, None));
             }
             assert!(found > 300, "{found} samples found");
         }
