@@ -84,19 +84,16 @@ pub fn ordered_runs(
             return Ok(());
         }
         let from = stack.len() - open;
-        let mut ends = [(0, 0); HALVED_AT_ONCE];
-        for (end, &(lo, hi, ..)) in ends.iter_mut().zip(&stack[from..]) {
+        // Each open range with its middle and the keys either side of it.
+        let mut halved = [(0, 0, 0, 0, (0, 0), 0); HALVED_AT_ONCE];
+        for (half, &(lo, hi, first, last)) in halved.iter_mut().zip(&stack[from..]) {
             let mid = lo + (hi - lo) / 2;
-            *end = (key(mid - 1), key(mid));
+            *half = (lo, mid, hi, first, (key(mid - 1), key(mid)), last);
         }
         reads += 2 * open as u64;
-        let mut halved = [(0, 0, 0, 0); HALVED_AT_ONCE];
-        halved[..open].copy_from_slice(&stack[from..]);
         stack.truncate(from);
         // From the rightmost, so that the leftmost half ends on top.
-        for (&(lo, hi, first, last), &(left_last, right_first)) in halved[..open].iter().zip(&ends)
-        {
-            let mid = lo + (hi - lo) / 2;
+        for &(lo, mid, hi, first, (left_last, right_first), last) in &halved[..open] {
             stack.push((mid, hi, right_first, last));
             stack.push((lo, mid, first, left_last));
         }
