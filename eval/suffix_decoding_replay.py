@@ -23,10 +23,10 @@ import time
 from arctic_inference.suffix_decoding import SuffixDecodingCache
 
 
-def replay(requests, use_global, tree, max_spec, factor, min_prob, row_cost, replicas=1):
+def replay(requests, use_global, tree, max_spec, factor, min_prob, row_cost, replicas=1, depth=64):
     """Each request on one of `replicas` engines in turn, each engine with a cache of its own (its
     global tree holds what that engine generated), as vLLM's `suffix` runs over replicas."""
-    caches = [SuffixDecodingCache(max_tree_depth=64, max_cached_requests=-1 if use_global else 0)
+    caches = [SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=-1 if use_global else 0)
               for _ in range(replicas)]
     rows = []
     for rid, (prompt, truth) in enumerate(requests):
@@ -112,6 +112,8 @@ def main():
     ap.add_argument("--row-cost", type=float, default=0.2, help="a drafted row's share of a step")
     ap.add_argument("--replicas", type=int, default=1,
                     help="engines serving the requests in turn, each with its own cache")
+    ap.add_argument("--tree-depth", type=int, default=64,
+                    help="the trees' depth, which bounds a match plus its draft (vLLM's `suffix`: 24)")
     args = ap.parse_args()
     if args.replicas < 1:
         ap.error("--replicas: at least 1")
@@ -125,9 +127,10 @@ def main():
                     f"suffix-decoding {'global+prompt' if use_global else 'prompt only'}, "
                     f"{'tree' if tree else 'chain'}, max_spec {max_spec}"
                     + (f", {args.replicas} replicas" if args.replicas > 1 else "")
+                    + (f", tree depth {args.tree_depth}" if args.tree_depth != 64 else "")
                 )
                 rows = replay(requests, use_global, tree, max_spec, 1.0, 0.1, args.row_cost,
-                              args.replicas)
+                              args.replicas, args.tree_depth)
                 results += summarize(name, rows)
     print(json.dumps(results, indent=1))
 

@@ -9,14 +9,17 @@ engine, the same machine and the same workload.
     python eval/vllm_sidecar.py table RUN.json ... > TABLE.md
     # the CI check (tests/integration/vllm.rs): the proposer's and the mixer's outputs
     python eval/vllm_sidecar.py check --model DIR
+    # a run's outputs as the replay.json of `eval workload --replay` and suffix_decoding_replay.py
+    python eval/vllm_sidecar.py replay RUN.json --model DIR --out replay.json
 
 `--replicas 2` runs two engines (two vLLM processes) and sends the requests to them in turn, one at
 a time: with `suffix` each has its own tree, with the sidecar they share one live index. Each run
 records per request its tokens and seconds, and for the whole run, the cold (first fifth) and warm
-(last fifth) parts: tokens/s, acceptance (vLLM's spec-decode counters), the CPU seconds of this
-process, of vLLM's engine processes and (with --sidecar-pid) of the sidecar, and the sidecar's time
-per engine step (the proposer's own counters). Needs a sidecar on --addr serving an index of the model's
-tokenizer (eval/run_vllm.sh starts one) and vLLM (scripts/env.sh: ensure_vllm, ensure_vllm_model).
+(last fifth) parts: tokens/s, drafted and accepted tokens and verify steps (vLLM's per-request
+spec-decode counters), the CPU seconds of this process, of vLLM's engine processes and (with
+--sidecar-pid) of the sidecar, and the sidecar's time per engine step (the proposer's own
+counters). Needs a sidecar on --addr serving an index of the model's tokenizer (eval/run_vllm.sh
+starts one) and vLLM (scripts/env.sh: ensure_vllm, ensure_vllm_model).
 """
 from __future__ import annotations
 
@@ -54,7 +57,7 @@ def missing_cpu_feature() -> str | None:
 
 
 def engine(model: str, method: str, k: int, dtype: str, concurrency: int, addr: str,
-           extra: dict | None = None, **kwargs):
+           extra: dict | None = None, suffix_tree_depth: int | None = None, **kwargs):
     from vllm import LLM
 
     spec = None
@@ -63,6 +66,10 @@ def engine(model: str, method: str, k: int, dtype: str, concurrency: int, addr: 
                 "prompt_lookup_min": 2}
     elif method == "suffix":
         spec = {"method": "suffix", "num_speculative_tokens": k}
+        if suffix_tree_depth is not None:
+            # vLLM's default (24) bounds the match plus the draft, and its spec factor (1.0) the
+            # draft by the match: 12 tokens at most.
+            spec["suffix_decoding_max_tree_depth"] = suffix_tree_depth
     elif method == "sidecar":
         spec = {"method": "custom_class", "model": "infini_sidecar.vllm.SidecarProposer",
                 "num_speculative_tokens": k}
@@ -71,8 +78,8 @@ def engine(model: str, method: str, k: int, dtype: str, concurrency: int, addr: 
     additional = {"infini_sidecar": {"addr": addr, **(extra or {})}}
     return LLM(model=model, dtype=dtype, enforce_eager=True, max_model_len=4096,
                max_num_seqs=max(concurrency, 1), kv_cache_memory_bytes=1 << 30, seed=0,
-               speculative_config=spec, additional_config=additional, disable_log_stats=False,
-               **kwargs)
+               speculative_config=spec, additional_config=additional,
+               per_request_spec_decode_metrics="summary" if spec else "none", **kwargs)
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -108,15 +115,17 @@ def cpu_seconds(engine_pids: list[int], sidecar_pid: int | None) -> dict[str, fl
     return cpu
 
 
-def spec_counters(llm) -> tuple[int, int]:
-    """(drafted, accepted) tokens so far, from vLLM's counters."""
-    drafted = accepted = 0
-    for metric in llm.get_metrics():
-        if metric.name == "vllm:spec_decode_num_draft_tokens":
-            drafted = metric.value
-        elif metric.name == "vllm:spec_decode_num_accepted_tokens":
-            accepted = metric.value
-    return int(drafted), int(accepted)
+def spec_counts(completion) -> tuple[int, int, int] | None:
+    """(drafted, accepted, verify steps with drafts) of one finished request, from vLLM's
+    per-request counters; None without speculation. Per request, not vLLM's global counters: a
+    second engine in one process unregisters the first's from the metrics registry, so those
+    would count the last engine's twice over two engines. vLLM counts a step's accepted drafts
+    before it cuts the request at max_tokens, so the last step may count some past the end."""
+    metrics = completion.spec_decode_metrics
+    if metrics is None:
+        return None
+    accepted = sum(j * count for j, count in enumerate(metrics.histogram))
+    return metrics.num_draft_tokens, accepted, sum(metrics.histogram)
 
 
 def read_workload(path: str, limit: int | None) -> list[dict]:
@@ -161,21 +170,24 @@ def serve(llm, tokenizer, requests: list[dict], concurrency: int, answers: dict[
             record["seconds"] = time.perf_counter() - started.pop(output.request_id)
             record["ended"] = time.perf_counter()
             record["output"] = list(done.token_ids)
+            record["spec"] = spec_counts(done)
             answers[output.request_id] = done.text
 
 
-def part(records: list[dict], counters: list[tuple[int, int]], cpu: list[dict[str, float]]) -> dict:
+def part(records: list[dict], cpu: list[dict[str, float]]) -> dict:
     tokens = sum(len(r["output"]) for r in records)
     span = max(r["ended"] for r in records) - min(r["started"] for r in records)
-    drafted = counters[-1][0] - counters[0][0]
-    accepted = counters[-1][1] - counters[0][1]
+    spec = [r["spec"] for r in records if r["spec"] is not None]
+    drafted, accepted, steps = (sum(c[i] for c in spec) for i in range(3)) if spec else (None, None, None)
     return {"requests": len(records), "tokens": tokens, "seconds": span, "tokens_per_s": tokens / span,
-            "drafted": drafted, "accepted": accepted,
+            "drafted": drafted, "accepted": accepted, "spec_steps": steps,
             "acceptance": accepted / drafted if drafted else None,
             "cpu_seconds": {k: cpu[-1][k] - cpu[0][k] for k in cpu[0]}}
 
 
 def run(args) -> None:
+    if args.suffix_tree_depth is not None and args.method != "suffix":
+        raise SystemExit("--suffix-tree-depth is for --method suffix")
     requests = read_workload(args.workload, args.limit)
     stats = tempfile.mkdtemp(prefix="vllm-sidecar-stats-")
     extra = {"namespace": args.namespace, "learn": True, "stats": None}
@@ -185,7 +197,7 @@ def run(args) -> None:
     for replica in range(args.replicas):
         extra["stats"] = os.path.join(stats, f"replica-{replica}.json")
         llms.append(engine(args.model, args.method, args.k, args.dtype, args.concurrency, args.addr,
-                           dict(extra)))
+                           dict(extra), args.suffix_tree_depth))
     tokenizer = llms[0].get_tokenizer()
     # Warm-up, outside the figures: each engine's first pass pays one-time costs.
     from vllm import SamplingParams
@@ -200,20 +212,14 @@ def run(args) -> None:
     records: dict[str, dict] = {}
     fifth = max(1, len(requests) // 5)
     marks = {0, fifth, len(requests) - fifth}
-    counters_at: dict[int, tuple[int, int]] = {}
     cpu_at: dict[int, dict[str, float]] = {}
 
-    def counters() -> tuple[int, int]:
-        totals = [spec_counters(llm) for llm in llms]
-        return sum(t[0] for t in totals), sum(t[1] for t in totals)
-
     def mark(i: int) -> None:
-        counters_at[i] = counters()
         cpu_at[i] = cpu_seconds(engine_pids, args.sidecar_pid)
 
     began = time.perf_counter()
     if args.replicas == 1:
-        # Counters at the fifths' edges: requests go in order, so these bound the parts.
+        # CPU seconds at the fifths' edges: requests go in order, so these bound the parts.
         cuts = sorted(marks)
         for a, b in zip(cuts, cuts[1:] + [len(requests)]):
             mark(a)
@@ -226,8 +232,8 @@ def run(args) -> None:
     mark(len(requests))
     wall = time.perf_counter() - began
 
-    def at(a: int, b: int) -> tuple[list, list]:
-        return [counters_at[a], counters_at[b]], [cpu_at[a], cpu_at[b]]
+    def at(a: int, b: int) -> list[dict[str, float]]:
+        return [cpu_at[a], cpu_at[b]]
 
     ordered = [records[r["id"]] for r in requests]
     sidecar = []
@@ -235,11 +241,12 @@ def run(args) -> None:
         sidecar.append(json.loads(path.read_text()))
     report = {
         "cpu": cpu_name(), "method": args.method, "k": args.k, "dtype": args.dtype,
+        "suffix_tree_depth": args.suffix_tree_depth,
         "concurrency": args.concurrency, "replicas": args.replicas, "workload": args.workload,
         "wall_seconds": wall,
-        "all": part(ordered, *at(0, len(requests))),
-        "cold": part(ordered[:fifth], *at(0, fifth)),
-        "warm": part(ordered[len(requests) - fifth:], *at(len(requests) - fifth, len(requests))),
+        "all": part(ordered, at(0, len(requests))),
+        "cold": part(ordered[:fifth], at(0, fifth)),
+        "warm": part(ordered[len(requests) - fifth:], at(len(requests) - fifth, len(requests))),
         "sidecar": sidecar,
         "requests": [{"id": r["id"], **{k: v for k, v in records[r["id"]].items()
                                         if k not in ("started", "ended")}} for r in requests],
@@ -320,8 +327,9 @@ def check(args) -> None:
     stats = os.path.join(tempfile.mkdtemp(), "proposer.json")
     drafting = engine(args.model, "sidecar", 8, dtype, 4, args.addr,
                       {"namespace": "vllm-check", "learn": True, "stats": stats})
-    got = [list(o.token_ids) for o in outputs(drafting, prompts + prompts, greedy)]
-    drafted, accepted = spec_counters(drafting)
+    drafted_outputs = outputs(drafting, prompts + prompts, greedy)
+    got = [list(o.token_ids) for o in drafted_outputs]
+    drafted, accepted = (sum(spec_counts(o)[i] for o in drafted_outputs) for i in range(2))
     out["proposer"] = {"identical": sum(g == w for g, w in zip(got, want + want)),
                        "requests": len(got), "drafted": drafted, "accepted": accepted}
     del drafting
@@ -362,6 +370,25 @@ def check(args) -> None:
     print(json.dumps(out))
 
 
+def replay(args) -> None:
+    """The run's outputs with their prompts ([[prompt ids, output ids], ...] in request order), so
+    drafters can be replayed over the tokens vLLM decoded; the prompts are built again as `run`
+    built them (a quoted answer is its output's text), and must have the lengths the run recorded."""
+    from transformers import AutoTokenizer
+
+    report = json.loads(Path(args.run).read_text())
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    answers: dict[str, str] = {}
+    pairs = []
+    for request, record in zip(read_workload(report["workload"], None), report["requests"]):
+        ids = prompt_ids(tokenizer, request, answers)
+        if len(ids) != record["prompt_tokens"]:
+            raise SystemExit(f"{request['id']}: {len(ids)} prompt tokens, the run had {record['prompt_tokens']}")
+        pairs.append([list(ids), record["output"]])
+        answers[request["id"]] = tokenizer.decode(record["output"], skip_special_tokens=True)
+    Path(args.out).write_text(json.dumps(pairs))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -372,6 +399,8 @@ def main() -> None:
     r.add_argument("--concurrency", type=int, default=1)
     r.add_argument("--replicas", type=int, default=1, choices=range(1, 9), metavar="1..8")
     r.add_argument("--k", type=int, default=16, help="num_speculative_tokens")
+    r.add_argument("--suffix-tree-depth", type=int,
+                   help="suffix_decoding_max_tree_depth for --method suffix (default vLLM's, 24)")
     r.add_argument("--dtype", default="bfloat16")
     r.add_argument("--limit", type=int, help="the first N requests only")
     r.add_argument("--addr", default="127.0.0.1:50051")
@@ -385,8 +414,12 @@ def main() -> None:
     c.add_argument("--model", required=True)
     c.add_argument("--addr", default="127.0.0.1:50051")
     c.add_argument("--max-tokens", type=int, default=40)
+    p = sub.add_parser("replay")
+    p.add_argument("run")
+    p.add_argument("--model", required=True, help="the model folder, for its tokenizer")
+    p.add_argument("--out", required=True)
     args = parser.parse_args()
-    {"run": run, "table": table, "check": check}[args.command](args)
+    {"run": run, "table": table, "check": check, "replay": replay}[args.command](args)
 
 
 if __name__ == "__main__":
