@@ -12,10 +12,6 @@ use infini_sidecar::index::build::{build, BuildOptions};
 use infini_sidecar::index::corpus::Corpus;
 use infini_sidecar::index::{Index, OpenOptions, TokenWidth};
 
-/// The binary's allocator, so that the benchmarks measure what it runs.
-#[global_allocator]
-static ALLOCATOR: infini_sidecar::allocator::Allocator = infini_sidecar::allocator::Allocator;
-
 /// A Zipf-like token stream: frequent tokens repeat, so matches have realistic lengths.
 fn corpus(docs: usize, len: usize) -> Vec<Vec<u32>> {
     let mut state = 7u64;

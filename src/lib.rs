@@ -2,7 +2,6 @@
 //! service built on it.
 
 pub mod agreement;
-pub mod allocator;
 pub mod cluster;
 pub mod corpus;
 pub mod cpu;

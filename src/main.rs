@@ -33,10 +33,6 @@ use infini_sidecar::tokenizer::Tokenizer;
 
 use cli::text;
 
-/// mimalloc, set to give freed memory back (`infini_sidecar::allocator`).
-#[global_allocator]
-static ALLOCATOR: infini_sidecar::allocator::Allocator = infini_sidecar::allocator::Allocator;
-
 #[derive(Parser)]
 #[command(
     name = "infini-sidecar",

@@ -88,8 +88,11 @@ impl TermLike for LogLines {
     }
 }
 
-/// A byte-counting bar.
-pub fn bytes_bar(total: u64, what: &str) -> ProgressBar {
+/// A byte-counting bar, or a hidden one unless `shown`.
+pub fn bytes_bar(total: u64, what: &str, shown: bool) -> ProgressBar {
+    if !shown {
+        return ProgressBar::hidden();
+    }
     let bar = new_bar(Some(total));
     if let Ok(style) = ProgressStyle::with_template(
         "{msg:>12} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
@@ -112,7 +115,12 @@ pub fn token_bar(total: u64, what: &str) -> ProgressBar {
     bar
 }
 
-pub fn spinner(what: String) -> ProgressBar {
+/// A spinner that ticks on a thread of its own while it lives, or a hidden bar (no thread) unless
+/// `shown`.
+pub fn spinner(what: String, shown: bool) -> ProgressBar {
+    if !shown {
+        return ProgressBar::hidden();
+    }
     let bar = new_bar(None);
     bar.set_message(what);
     bar.enable_steady_tick(std::time::Duration::from_millis(200));

@@ -9,11 +9,6 @@ use infini_sidecar::corpus::{expand_inputs, text_documents, Content};
 use infini_sidecar::tokenizer::Tokenizer;
 use serde_json::json;
 
-/// The binary's allocator, so that the benchmarks measure what it runs (a bench that serves
-/// itself runs its client on it too, which an engine's client does not).
-#[global_allocator]
-static ALLOCATOR: infini_sidecar::allocator::Allocator = infini_sidecar::allocator::Allocator;
-
 /// The assets folder: `$INFINI_SIDECAR_ASSETS`, else `~/.cache/infini-sidecar/assets`.
 pub fn assets() -> std::path::PathBuf {
     std::env::var_os("INFINI_SIDECAR_ASSETS")

@@ -61,6 +61,8 @@ impl Run {
         opts.memory_budget = 1 << 30;
         // Runs are small and rebuilt as they merge: their ranges are short enough to walk.
         opts.next_table = None;
+        // Thousands of small builds in a server's background: no bars, and no ticker threads.
+        opts.progress = false;
         let docs = docs.filter(|d| !d.is_empty()).map(|tokens| {
             Ok(InputDoc {
                 content: Content::Tokens(tokens),

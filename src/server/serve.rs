@@ -83,8 +83,8 @@ impl Drop for AbortOnDrop {
 /// Caps glibc's malloc arenas. By default every thread of the blocking pool that runs the model may
 /// get an arena of its own (up to 8 per core), and the model's large, short-lived buffers then
 /// fragment them all: the load test saw the resident set climb by 400 MB in 30 s, flat with 2 arenas.
-/// Our binary allocates with `crate::allocator` instead; this is for a program that serves the
-/// library on glibc's allocator (the integration tests that serve in-process do).
+/// (mimalloc, tried in its place, let the live soak grow 104–154 MB against 62–79 with this:
+/// eval/SERVICE.md.)
 fn limit_malloc_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets an allocator parameter; it is safe to call at any time.

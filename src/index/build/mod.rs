@@ -63,6 +63,10 @@ pub struct BuildOptions<'a> {
     /// Build a compressed index (an FM-index per part, `index::fm`) with every this-many-th
     /// position sampled, instead of a suffix-array index: no suffix array is kept or written.
     pub compressed: Option<u64>,
+    /// Show progress (a terminal's bars, or lines in the log). Off for builds too small and too
+    /// frequent to report, such as the live index's runs: each shown spinner ticks on a thread of
+    /// its own, and a live soak started 6,700 of them in 40 s (eval/SERVICE.md, stop 78).
+    pub progress: bool,
 }
 
 impl<'a> BuildOptions<'a> {
@@ -83,6 +87,7 @@ impl<'a> BuildOptions<'a> {
             next_table: Some(NextTableSpec::default()),
             shard_set: None,
             compressed: None,
+            progress: true,
         }
     }
 }
@@ -227,7 +232,10 @@ impl PartBuilder {
         }
         drop((self.offsets, self.metadata, self.metaoffs));
 
-        let bar = progress::spinner(format!("part {n}: suffix array of {tok_cnt} tokens"));
+        let bar = progress::spinner(
+            format!("part {n}: suffix array of {tok_cnt} tokens"),
+            opts.progress,
+        );
         let sa = self
             .tokens
             .into_suffix_array(threads.min(u16::MAX as usize) as u16)?;
@@ -238,7 +246,7 @@ impl PartBuilder {
         names.push(&paths.table);
         let started = Instant::now();
         if let Some(spec) = &opts.next_table {
-            let bar = progress::spinner(format!("part {n}: next-token table"));
+            let bar = progress::spinner(format!("part {n}: next-token table"), opts.progress);
             let part = Part::open(&paths, width)?;
             let entries = next_table::build(&part, opts.eos_token_id, spec, &paths.next_tokens)?;
             bar.finish_and_clear();
@@ -262,7 +270,12 @@ impl PartBuilder {
 
 impl PartBuilder {
     /// Builds and writes the part as a compressed index's (`last` when no part follows).
-    fn finish_compressed(self, writer: &mut PartWriter, last: bool) -> Result<PartRecord> {
+    fn finish_compressed(
+        self,
+        writer: &mut PartWriter,
+        last: bool,
+        progress: bool,
+    ) -> Result<PartRecord> {
         let w = writer.width().bytes() as u64;
         let documents = self.offsets.len() as u64;
         let tokens = self.tokens.len() as u64;
@@ -289,7 +302,7 @@ impl PartBuilder {
             metadata,
         };
         let n = writer.written();
-        let bar = progress::spinner(format!("part {n}: transform of {tokens} tokens"));
+        let bar = progress::spinner(format!("part {n}: transform of {tokens} tokens"), progress);
         writer.write(text, last)?;
         bar.finish_and_clear();
         tracing::info!(part = n, documents, tokens, "compressed part written");
@@ -528,7 +541,7 @@ fn build_into(
 ) -> Result<BuildReport> {
     let started = Instant::now();
     let width = opts.width;
-    let bar = progress::bytes_bar(opts.input_bytes, "tokenize");
+    let bar = progress::bytes_bar(opts.input_bytes, "tokenize", opts.progress);
     let mut parts: Vec<PartRecord> = Vec::new();
     let mut current = PartBuilder::new(width);
     let mut seconds_sa = 0.0;
@@ -542,7 +555,7 @@ fn build_into(
         .map(|rate| PartWriter::new(dir, vocabulary, rate, threads));
     // Writes a full part, with the seconds its next-token table took.
     let mut finish = |part: PartBuilder, n: usize, last: bool| match compressed.as_mut() {
-        Some(writer) => Ok((part.finish_compressed(writer, last)?, 0.0)),
+        Some(writer) => Ok((part.finish_compressed(writer, last, opts.progress)?, 0.0)),
         None => part.finish(dir, n, opts),
     };
 
