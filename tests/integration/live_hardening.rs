@@ -13,7 +13,7 @@ use tonic::transport::Channel;
 use tonic::Code;
 
 use crate::common::server::{
-    add, build_index, config, connect, draftable, open_session, permit_comes_back,
+    add, build_index, config, config_file, connect, draftable, open_session, permit_comes_back,
     random_documents, spawn_serve, start, step, with_model, Running, Served,
 };
 
@@ -33,20 +33,6 @@ fn live_config(dir: &Path, data_dir: Option<PathBuf>, budget: u64, freeze: u64) 
         },
         ..config(dir, index, false)
     }
-}
-
-/// A serve config file for the real binary (port 0).
-fn config_file(dir: &Path, index: &Path, data_dir: &Path, extra: &str) -> PathBuf {
-    let path = dir.join("serve.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "bind = \"127.0.0.1:0\"\nindex = {:?}\n[live]\ndata_dir = {:?}\n{extra}",
-            index, data_dir
-        ),
-    )
-    .unwrap();
-    path
 }
 
 fn sigterm(child: &mut std::process::Child) -> std::process::ExitStatus {

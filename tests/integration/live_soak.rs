@@ -17,8 +17,8 @@ use tonic::transport::Channel;
 use tonic::Code;
 
 use crate::common::server::{
-    add, build_index, connect, live_draft_continues, random_document, random_documents,
-    spawn_serve, spawn_serve_by, Served,
+    add, build_index, config_file, connect, live_draft_continues, random_document,
+    random_documents, spawn_serve, spawn_serve_by, Served,
 };
 
 const CLIENTS: usize = 8;
@@ -465,16 +465,12 @@ async fn building_live_runs_starts_no_threads() {
     }
     let dir = tempfile::tempdir().unwrap();
     let index = build_index(dir.path());
-    let config = dir.path().join("serve.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "bind = \"127.0.0.1:0\"\nindex = {:?}\n[live]\ndata_dir = {:?}\nbudget_tokens = 10000000\nfreeze_tokens = 300\n",
-            index,
-            dir.path().join("live")
-        ),
-    )
-    .unwrap();
+    let config = config_file(
+        dir.path(),
+        &index,
+        &dir.path().join("live"),
+        "budget_tokens = 10000000\nfreeze_tokens = 300\n",
+    );
     let mut unshare = std::process::Command::new("unshare");
     unshare
         .args(["--pid", "--fork", "--kill-child"])

@@ -19,6 +19,21 @@ use tonic::transport::Channel;
 
 pub const TOKEN: &str = "s3cret";
 
+/// A serve config file for the real binary (port 0) with a live index in `data_dir`, and `extra` lines
+/// of its `[live]` section.
+pub fn config_file(dir: &Path, index: &Path, data_dir: &Path, extra: &str) -> PathBuf {
+    let path = dir.join("serve.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "bind = \"127.0.0.1:0\"\nindex = {:?}\n[live]\ndata_dir = {:?}\n{extra}",
+            index, data_dir
+        ),
+    )
+    .unwrap();
+    path
+}
+
 /// An index over 200 real mini-Pile train documents, with the SmolLM2 tokenizer.
 pub fn build_index(dir: &Path) -> std::path::PathBuf {
     let tokenizer = super::smollm2_tokenizer();
