@@ -11,6 +11,8 @@ engine, the same machine and the same workload.
     python eval/vllm_sidecar.py check --model DIR
     # a run's outputs as the replay.json of `eval workload --replay` and suffix_decoding_replay.py
     python eval/vllm_sidecar.py replay RUN.json --model DIR --out replay.json
+    # the proposer over those outputs without running vLLM, against a sidecar: steps and drafts per request
+    python eval/vllm_sidecar.py drive replay.json --addr ADDR --k 16 [--replicas 2] --out DRIVE.json
 
 `--replicas 2` runs two engines (two vLLM processes) and sends the requests to them in turn, one at
 a time: with `suffix` each has its own tree, with the sidecar they share one live index. Each run
@@ -389,6 +391,72 @@ def replay(args) -> None:
     Path(args.out).write_text(json.dumps(pairs))
 
 
+def drive(args) -> None:
+    """vLLM's drafter without running vLLM (its package is still imported): `SidecarProposer` over
+    the outputs of a replay.json (`replay`), against the sidecar on --addr, each step verified
+    greedily against the recorded output as vLLM verifies a chain (the draft's agreeing tokens and
+    one more). Request i goes to proposer i % --replicas and runs to its end before the next
+    starts, as `run --replicas` sends them. Seconds instead of a vLLM run: each request's steps and
+    drafts through the proposer's real path (its mirror, one `Batch` stream, the server's live
+    index), to set beside a run's per-request counters or `eval workload --replay`. `accepted`
+    counts the tokens the output kept; vLLM's counter also counts drafts accepted past the end."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from infini_sidecar.vllm import SidecarProposer
+
+    pairs = json.loads(Path(args.replay).read_text())
+    for i, (prompt, output) in enumerate(pairs):
+        if len(prompt) + len(output) > args.max_model_len:
+            raise SystemExit(f"request {i}: {len(prompt) + len(output)} tokens, over --max-model-len")
+    if not pairs:
+        raise SystemExit(f"{args.replay} holds no requests")
+    namespace = args.namespace or f"drive-{os.getpid()}"
+    config = SimpleNamespace(
+        additional_config={"infini_sidecar": {"addr": args.addr, "namespace": namespace,
+                                              "learn": True}},
+        speculative_config=SimpleNamespace(num_speculative_tokens=args.k),
+        model_config=SimpleNamespace(max_model_len=args.max_model_len))
+    proposers = [SidecarProposer(config) for _ in range(args.replicas)]
+    rows = np.zeros((1, args.max_model_len), dtype=np.int64)
+
+    def propose(proposer, prompt: list[int], output: list[int], done: int) -> list[int]:
+        n = len(prompt) + done
+        rows[0, :n] = prompt + output[:done]
+        return proposer.propose([[output[done - 1]]], np.array([n]), rows)[0]
+
+    counts = []
+    for i, (prompt, output) in enumerate(pairs):
+        proposer = proposers[i % args.replicas]
+        c = {"steps": 0, "steps_with_drafts": 0, "drafted": 0, "accepted": 0}
+        # vLLM's prefill gives the first token; the drafter is asked from the second on.
+        done = min(1, len(output))
+        while 0 < done < len(output):
+            draft = propose(proposer, prompt, output, done)
+            agree = 0
+            while (agree < len(draft) and done + agree < len(output)
+                   and draft[agree] == output[done + agree]):
+                agree += 1
+            c["steps"] += 1
+            c["steps_with_drafts"] += bool(draft)
+            c["drafted"] += len(draft)
+            c["accepted"] += agree
+            done += min(agree + 1, len(output) - done)
+        if done:
+            # vLLM asks the drafter once more in the step that ends a request: the sidecar learns
+            # its last tokens. Not a step of the request's.
+            propose(proposer, prompt, output, done)
+        counts.append(c)
+    fifth = max(1, len(pairs) // 5)
+    parts = {"all": counts, "cold": counts[:fifth], "warm": counts[len(pairs) - fifth:]}
+    summary = {part: {key: sum(c[key] for c in chosen) for key in counts[0]}
+               for part, chosen in parts.items()}
+    out = {"replay": args.replay, "k": args.k, "replicas": args.replicas, "namespace": namespace,
+           "summary": summary, "requests": counts}
+    Path(args.out).write_text(json.dumps(out))
+    print(json.dumps(summary))
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -418,8 +486,16 @@ def main() -> None:
     p.add_argument("run")
     p.add_argument("--model", required=True, help="the model folder, for its tokenizer")
     p.add_argument("--out", required=True)
+    d = sub.add_parser("drive")
+    d.add_argument("replay", help="a replay.json (the `replay` command's)")
+    d.add_argument("--addr", default="127.0.0.1:50051")
+    d.add_argument("--namespace", help="the live namespace it learns into (default: a new one)")
+    d.add_argument("--k", type=int, default=16, help="num_speculative_tokens")
+    d.add_argument("--replicas", type=int, default=1, choices=range(1, 9), metavar="1..8")
+    d.add_argument("--max-model-len", type=int, default=4096)
+    d.add_argument("--out", required=True)
     args = parser.parse_args()
-    {"run": run, "table": table, "check": check, "replay": replay}[args.command](args)
+    {"run": run, "table": table, "check": check, "replay": replay, "drive": drive}[args.command](args)
 
 
 if __name__ == "__main__":

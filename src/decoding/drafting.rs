@@ -1,6 +1,7 @@
 //! Drafting for a sequence: each source offers a draft continuing it (the reference index, its own
 //! tokens, its live namespace, its reference text), calibrated by the source's record, and the best
-//! offer (or, for trees, their union) is handed out. The tokens appended next settle the record.
+//! offer (or, for trees, their union) is handed out. The tokens appended next settle every
+//! source's record, its offer handed out or not.
 
 use super::Sequence;
 use crate::draft::calibration::{Calibrated, Origin};
@@ -59,33 +60,34 @@ impl Sequence {
                 .partition_point(|(o, _): &(Origin, Calibrated)| (*o as usize) < (origin as usize));
             offers.insert(at, (origin, draft));
         }
-        if opts.tree && offers.len() > 1 {
-            let union = offers
-                .iter()
+        let handed_out = if opts.tree && offers.len() > 1 {
+            (offers.iter())
                 .map(|(_, d)| &d.tree)
                 .fold(DraftTree::default(), |u, t| u.union(t))
-                .best(opts.tree_budget);
-            for (origin, draft) in offers {
-                self.calibration.drafted(origin, draft);
+                .best(opts.tree_budget)
+        } else {
+            let best = offers.iter().reduce(|a, b| {
+                if b.1.tree.score > a.1.tree.score {
+                    b
+                } else {
+                    a
+                }
+            });
+            match best {
+                Some((origin, draft)) => {
+                    self.last_origin = (!draft.tree.is_empty()).then_some(*origin);
+                    draft.tree.clone()
+                }
+                None => DraftTree::default(),
             }
-            return Ok(union);
+        };
+        // Every offer is followed, not only the one handed out: the tokens appended next show
+        // how far each would have gone, so a source that lost (one early miss can sink its record
+        // below another source's short certain drafts) is still measured and can win again.
+        for (origin, draft) in offers {
+            self.calibration.drafted(origin, draft);
         }
-        let best = offers.into_iter().reduce(|a, b| {
-            if b.1.tree.score > a.1.tree.score {
-                b
-            } else {
-                a
-            }
-        });
-        Ok(match best {
-            Some((origin, draft)) => {
-                let tree = draft.tree.clone();
-                self.last_origin = (!tree.is_empty()).then_some(origin);
-                self.calibration.drafted(origin, draft);
-                tree
-            }
-            None => DraftTree::default(),
-        })
+        Ok(handed_out)
     }
 
     /// Where the last draft came from: `None` for a union of several sources, or no draft.

@@ -365,4 +365,52 @@ mod tests {
         assert_eq!(draft.chain(), vec![5, 1, 2, 3], "prompt lookup's draft");
         assert_eq!(seq.last_origin(), Some(Origin::Prompt));
     }
+
+    /// A source whose draft lost is still measured on what was appended: one early miss after a
+    /// long match sinks the reference's record for long matches, and prompt lookup's short
+    /// certain drafts then outscore it at every step; followed although not handed out, the
+    /// reference's drafts prove right and it wins again. (Followed only when handed out, it never
+    /// did: prompt lookup's four-token drafts won at every step.)
+    #[test]
+    fn a_source_that_lost_is_still_measured_and_wins_again() {
+        let unit = [30, 31, 32, 33];
+        let periodic = |n: usize| unit.iter().copied().cycle().take(n).collect::<Vec<u32>>();
+        // The reference: a passage, then a long run of the unit (an earlier answer that repeated
+        // a line).
+        let passage: Vec<u32> = (50..70).collect();
+        let reference = [passage.clone(), vec![71, 40, 41], periodic(200), vec![42]].concat();
+        let extras = Extras {
+            reference,
+            ..Extras::default()
+        };
+        let mut seq = Sequence::model_only([vec![20, 21], passage].concat())
+            .with_extras(extras)
+            .unwrap();
+        let opts = DraftOptions {
+            max_tokens: 32,
+            ..DraftOptions::default()
+        };
+        // A long match in the reference, and a miss at its first drafted token.
+        let first = seq.draft(&opts).unwrap();
+        assert_eq!(seq.last_origin(), Some(Origin::Reference));
+        assert_eq!(first.chain()[0], 71);
+        seq.append(&[44]).unwrap();
+        // Then the text repeats the unit; each step takes what the draft got right and one token
+        // more, as a verifier does.
+        let mut done = 16;
+        seq.append(&periodic(done)).unwrap();
+        let mut drafts = Vec::new();
+        for _ in 0..8 {
+            let chain = seq.draft(&opts).unwrap().chain();
+            drafts.push((chain.len(), seq.last_origin()));
+            let truth = periodic(done + chain.len() + 1).split_off(done);
+            let accepted = chain.iter().zip(&truth).take_while(|(a, b)| a == b).count();
+            seq.append(&truth[..accepted + 1]).unwrap();
+            done += accepted + 1;
+        }
+        // The reference's record climbs back within a few steps and its long draft wins.
+        let won =
+            |&(n, origin): &(usize, Option<Origin>)| n >= 8 && origin == Some(Origin::Reference);
+        assert!(drafts[..6].iter().any(won), "{drafts:?}");
+    }
 }

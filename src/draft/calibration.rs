@@ -2,7 +2,9 @@
 //! appends after a draft. ∞-gram estimates from short or rare suffixes are overconfident (a suffix
 //! seen once predicts its one continuation with probability 1), and prompt lookup has no
 //! probabilities at all; so each source's per-token probabilities are scaled by the tokens it got
-//! accepted per token it expected, among the tokens the target actually checked. A path's
+//! accepted per token it expected, among the tokens the target produced after its draft (every
+//! source's offer is followed, not only the one handed out: a source that lost is still measured
+//! on what the target did there, and can win again). A path's
 //! probability is then the product of its calibrated tokens', and drafting stops where that falls
 //! below the cost of a verification row: drafts grow with a source's record and shrink to nothing
 //! when it keeps missing. A source keeps one record for its drafts after long matches and one for
@@ -79,7 +81,8 @@ pub struct Calibrated {
     long: bool,
 }
 
-/// A draft handed out and not yet settled: the path the appended tokens have followed so far.
+/// A source's draft not yet settled, whether or not it was the one handed out: the path the
+/// appended tokens have followed so far.
 #[derive(Debug, Clone)]
 struct Outstanding {
     origin: Origin,
@@ -110,7 +113,7 @@ impl Outstanding {
 pub struct Calibration {
     /// Each source's records: after short matches, after long ones.
     records: [[Record; 2]; Origin::ALL.len()],
-    /// Each source's open draft: both are open when their trees were handed out as one union.
+    /// Each source's open draft: every source's offer at the last draft, handed out or not.
     outstanding: Vec<Outstanding>,
 }
 
@@ -188,8 +191,10 @@ impl Calibration {
         }
     }
 
-    /// Remembers the draft handed out for `origin`, replacing its previous one (release the
-    /// previous drafts before calibrating new ones).
+    /// Remembers `origin`'s offer, replacing its previous one (release the previous drafts before
+    /// calibrating new ones). An offer that was not handed out is settled on the tokens appended
+    /// all the same: they are what the target produced there, so they tell what it would have
+    /// accepted of it.
     pub fn drafted(&mut self, origin: Origin, draft: Calibrated) {
         self.outstanding.retain(|o| o.origin != origin);
         if draft.tree.is_empty() {

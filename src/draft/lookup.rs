@@ -1,10 +1,10 @@
-//! Prompt lookup: the request's own tokens (prompt and output so far) as a draft source. Every
-//! earlier position of the last token is a candidate; the ones whose preceding tokens agree longest
-//! with the sequence's end win, and what followed them is the draft.
+//! Prompt lookup: the request's own tokens (prompt and output so far) as a draft source. The
+//! earlier positions of one of the last tokens are candidates (`agreement::lookup`); the ones whose
+//! preceding tokens agree longest with the sequence's end win, and what followed them is the draft.
 
 use std::collections::HashMap;
 
-use crate::agreement::longest_agreements;
+use crate::agreement;
 
 #[derive(Debug, Default)]
 pub struct PromptLookup {
@@ -54,11 +54,10 @@ impl PromptLookup {
         pattern: &[u32],
         depth: usize,
     ) -> (Vec<Vec<u32>>, usize) {
-        let Some(candidates) = pattern.last().and_then(|last| self.positions.get(last)) else {
-            return (Vec::new(), 0);
-        };
-        let candidates = candidates.iter().rev().map(|&p| (tokens, p as usize));
-        longest_agreements(candidates, pattern, depth)
+        let positions = |t: u32| self.positions.get(&t).map_or(&[][..], Vec::as_slice);
+        let held = |t: u32| positions(t).len();
+        let occurrences = |t: u32| positions(t).iter().rev().map(|&p| (tokens, p as usize));
+        agreement::lookup(pattern, depth, held, occurrences)
     }
 }
 

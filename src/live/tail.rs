@@ -1,16 +1,18 @@
 //! A namespace's newest documents, in memory and searchable the moment a token is appended: each
 //! token's occurrences are chained newest to oldest, so a lookup looks back from the most recent
-//! occurrences of the sequence's last token (`agreement`). Appending costs O(new tokens). The tail
+//! occurrences of one of the sequence's last tokens (`agreement`), the one with the fewest.
+//! Appending costs O(new tokens). The tail
 //! grows to the freeze size; then compaction turns it into a suffix-array run and a fresh tail takes
 //! the appends.
 //!
 //! The chain is one vector for every token, not a vector per distinct token: a small vector costs
 //! its allocation's header and rounding, which made a tail of varied text cost 60 bytes a token
-//! against 36 with the chain (`TAIL_WEIGHT`).
+//! against 36 with the chain (`TAIL_WEIGHT`; measured before each distinct token kept its count,
+//! 4 bytes more a distinct token).
 
 use std::collections::HashMap;
 
-use crate::agreement::longest_agreements;
+use crate::agreement;
 
 /// No earlier occurrence, or (as a place in `docs`) one taken back.
 const NONE: u32 = u32::MAX;
@@ -26,6 +28,13 @@ struct Occurrence {
     previous: u32,
 }
 
+/// A token's occurrences: the newest (the head of their chain) and how many are held.
+#[derive(Debug, Clone, Copy)]
+struct TokenChain {
+    newest: u32,
+    count: u32,
+}
+
 #[derive(Debug, Default)]
 pub struct Tail {
     /// The documents in the order they were opened, each with its live document id.
@@ -34,8 +43,8 @@ pub struct Tail {
     slots: HashMap<u64, usize>,
     /// Every token appended, in append order.
     occurrences: Vec<Occurrence>,
-    /// Token → its newest occurrence still held.
-    newest: HashMap<u32, u32>,
+    /// Token → its occurrences still held.
+    chains: HashMap<u32, TokenChain>,
     tokens: usize,
 }
 
@@ -62,7 +71,12 @@ impl Tail {
         let body = &mut self.docs[slot].1;
         for &t in tokens {
             let here = self.occurrences.len() as u32;
-            let previous = self.newest.insert(t, here).unwrap_or(NONE);
+            let chain = self.chains.entry(t).or_insert(TokenChain {
+                newest: NONE,
+                count: 0,
+            });
+            let previous = std::mem::replace(&mut chain.newest, here);
+            chain.count += 1;
             self.occurrences.push(Occurrence {
                 slot: slot as u32,
                 at: body.len() as u32,
@@ -105,11 +119,15 @@ impl Tail {
             self.occurrences[i].slot = NONE;
             left -= 1;
             let token = self.docs[slot].1[o.at as usize];
-            if self.newest.get(&token) == Some(&(i as u32)) {
-                match self.live_from(o.previous) {
-                    Some(p) => self.newest.insert(token, p),
-                    None => self.newest.remove(&token),
-                };
+            let head = (self.chains.get(&token)).is_some_and(|c| c.newest == i as u32);
+            let older = head.then(|| self.live_from(o.previous)).flatten();
+            if let Some(chain) = self.chains.get_mut(&token) {
+                chain.count -= 1;
+                if chain.count == 0 {
+                    self.chains.remove(&token);
+                } else if head {
+                    chain.newest = older.unwrap_or(NONE);
+                }
             }
         }
         self.docs[slot].1.truncate(keep);
@@ -137,16 +155,16 @@ impl Tail {
     /// What followed the occurrences that agree longest with the end of `pattern` (at most `depth`
     /// tokens each, never past a document's end), and the agreement's length.
     pub fn continuations(&self, pattern: &[u32], depth: usize) -> (Vec<Vec<u32>>, usize) {
-        let Some(&newest) = pattern.last().and_then(|t| self.newest.get(t)) else {
-            return (Vec::new(), 0);
+        let held = |t: u32| self.chains.get(&t).map_or(0, |c| c.count as usize);
+        let occurrences = |t: u32| {
+            let mut next = self.chains.get(&t).map(|c| c.newest);
+            std::iter::from_fn(move || {
+                let o = self.occurrences[next? as usize];
+                next = self.live_from(o.previous);
+                Some((self.docs[o.slot as usize].1.as_slice(), o.at as usize))
+            })
         };
-        let mut next = Some(newest);
-        let candidates = std::iter::from_fn(|| {
-            let o = self.occurrences[next? as usize];
-            next = self.live_from(o.previous);
-            Some((self.docs[o.slot as usize].1.as_slice(), o.at as usize))
-        });
-        longest_agreements(candidates, pattern, depth)
+        agreement::lookup(pattern, depth, held, occurrences)
     }
 }
 
@@ -236,13 +254,13 @@ mod tests {
                 tail.append(doc, &tokens);
             }
             let pattern: Vec<u32> = (0..1 + below(4)).map(|_| below(7) as u32).collect();
-            let last = *pattern.last().unwrap();
-            let candidates = order
-                .iter()
-                .rev()
-                .map(|&(d, at)| (docs[&d].as_slice(), at))
-                .filter(|&(body, at)| body[at] == last);
-            let want = longest_agreements(candidates, &pattern, 3);
+            let held = |t: u32| order.iter().filter(|&&(d, at)| docs[&d][at] == t).count();
+            let occurrences = |t: u32| {
+                (order.iter().rev())
+                    .map(|&(d, at)| (docs[&d].as_slice(), at))
+                    .filter(move |&(body, at)| body[at] == t)
+            };
+            let want = agreement::lookup(&pattern, 3, held, occurrences);
             assert_eq!(tail.continuations(&pattern, 3), want, "{pattern:?}");
             assert_eq!(tail.tokens(), order.len());
         }
