@@ -1,9 +1,8 @@
 //! A namespace's newest documents, in memory and searchable the moment a token is appended: each
 //! token's occurrences are chained newest to oldest, so a lookup looks back from the most recent
 //! occurrences of one of the sequence's last tokens (`agreement`), the one with the fewest.
-//! Appending costs O(new tokens). The tail
-//! grows to the freeze size; then compaction turns it into a suffix-array run and a fresh tail takes
-//! the appends.
+//! Appending costs O(new tokens). The tail grows to the freeze size; then compaction turns it into a
+//! suffix-array run and a fresh tail takes the appends.
 //!
 //! The chain is one vector for every token, not a vector per distinct token: a small vector costs
 //! its allocation's header and rounding, which made a tail of varied text cost 60 bytes a token
@@ -157,7 +156,7 @@ impl Tail {
     pub fn continuations(&self, pattern: &[u32], depth: usize) -> (Vec<Vec<u32>>, usize) {
         let held = |t: u32| self.chains.get(&t).map_or(0, |c| c.count as usize);
         let occurrences = |t: u32| {
-            let mut next = self.chains.get(&t).map(|c| c.newest);
+            let mut next = self.chains.get(&t).and_then(|c| self.live_from(c.newest));
             std::iter::from_fn(move || {
                 let o = self.occurrences[next? as usize];
                 next = self.live_from(o.previous);
