@@ -55,7 +55,7 @@ where
 /// before `pattern`'s end, followed there by the pattern's last `back` tokens; the caller lists
 /// them most recent first, and only the first [`MAX_CANDIDATES`] with at least one token after
 /// that end are examined.
-pub fn longest_agreements<'a>(
+fn longest_agreements<'a>(
     candidates: impl Iterator<Item = (&'a [u32], usize)>,
     pattern: &[u32],
     back: usize,
@@ -65,7 +65,6 @@ pub fn longest_agreements<'a>(
     if n <= back || depth == 0 {
         return (Vec::new(), 0);
     }
-    let rest = &pattern[n - back..];
     // The candidates that agree longest so far, by where their match ends; their continuations
     // are copied once, at the end.
     let (mut longest, mut winners) = (0usize, Vec::new());
@@ -74,13 +73,12 @@ pub fn longest_agreements<'a>(
         .filter(|&(doc, end)| end + 1 < doc.len())
         .take(MAX_CANDIDATES)
     {
-        if doc[end + 1 - back..=end] != *rest {
-            continue;
-        }
         let agree = (0..MAX_AGREEMENT.min(end + 1).min(n))
             .take_while(|&k| doc[end - k] == pattern[n - 1 - k])
             .count();
-        if agree == 0 || agree < longest {
+        // Agreeing on no more than the `back` tokens after the candidate: not followed there by
+        // the pattern's end.
+        if agree <= back || agree < longest {
             continue;
         }
         if agree > longest {
