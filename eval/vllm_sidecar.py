@@ -13,6 +13,8 @@ engine, the same machine and the same workload.
     python eval/vllm_sidecar.py replay RUN.json --model DIR --out replay.json
     # the proposer over those outputs without running vLLM, against a sidecar: steps and drafts per request
     python eval/vllm_sidecar.py drive replay.json --addr ADDR --k 16 [--replicas 2] --out DRIVE.json
+    # what a drafted token costs vLLM, as a share of a decode step (runs at concurrency 1)
+    python eval/vllm_sidecar.py costs RUN.json ...
 
 `--replicas 2` runs two engines (two vLLM processes) and sends the requests to them in turn, one at
 a time: with `suffix` each has its own tree, with the sidecar they share one live index. Each run
@@ -429,7 +431,9 @@ def drive(args) -> None:
     counts = []
     for i, (prompt, output) in enumerate(pairs):
         proposer = proposers[i % args.replicas]
-        c = {"steps": 0, "steps_with_drafts": 0, "drafted": 0, "accepted": 0}
+        # plain_steps: the decode steps plain vLLM takes for the same output.
+        c = {"steps": 0, "steps_with_drafts": 0, "drafted": 0, "accepted": 0,
+             "plain_steps": max(0, len(output) - 1)}
         # vLLM's prefill gives the first token; the drafter is asked from the second on.
         done = min(1, len(output))
         while 0 < done < len(output):
@@ -456,6 +460,35 @@ def drive(args) -> None:
            "summary": summary, "requests": counts}
     Path(args.out).write_text(json.dumps(out))
     print(json.dumps(summary))
+
+
+def costs(args) -> None:
+    """What a drafted token costs vLLM, as a share of a decode step: each run's requests' seconds
+    fitted by least squares to a constant, their prompt tokens, decode steps (output tokens after
+    the first, less those drafts supplied) and drafted tokens. The drafter's bars weigh a longer
+    draft against this share (infini_sidecar.vllm.DEFAULTS). Runs whose requests overlapped
+    (concurrency above 1) are refused: a request's seconds are then not its own."""
+    import numpy as np
+
+    for path in args.runs:
+        r = json.loads(Path(path).read_text())
+        if "method" not in r or "requests" not in r:
+            raise SystemExit(f"{path}: not a `run`'s JSON")
+        if r["concurrency"] != 1:
+            raise SystemExit(f"{path}: concurrency {r['concurrency']}; per-request seconds need 1")
+        if r["method"] == "plain":
+            raise SystemExit(f"{path}: plain decoding drafts nothing to fit")
+        rows, seconds = [], []
+        for q in r["requests"]:
+            decoded = len(q["output"]) - 1
+            drafted, accepted, _ = q["spec"]
+            rows.append([1.0, q["prompt_tokens"], decoded - min(accepted, decoded), drafted])
+            seconds.append(q["seconds"])
+        (const, prompt, step, draft), *_ = np.linalg.lstsq(np.array(rows), np.array(seconds), rcond=None)
+        print(f"{Path(path).stem}: {1e3 * const:.0f} ms a request + {1e3 * prompt:.2f} ms a prompt token "
+              f"+ {1e3 * step:.1f} ms a decode step + {1e3 * draft:.2f} ms a drafted token "
+              f"= {draft / step:.3f} of a step ({len(rows)} requests)")
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -494,8 +527,11 @@ def main() -> None:
     d.add_argument("--replicas", type=int, default=1, choices=range(1, 9), metavar="1..8")
     d.add_argument("--max-model-len", type=int, default=4096)
     d.add_argument("--out", required=True)
+    f = sub.add_parser("costs")
+    f.add_argument("runs", nargs="+", help="run JSONs of speculative methods at concurrency 1")
     args = parser.parse_args()
-    {"run": run, "table": table, "check": check, "replay": replay, "drive": drive}[args.command](args)
+    {"run": run, "table": table, "check": check, "replay": replay, "drive": drive,
+     "costs": costs}[args.command](args)
 
 
 if __name__ == "__main__":

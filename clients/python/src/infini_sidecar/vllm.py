@@ -56,9 +56,17 @@ DEFAULTS: dict[str, Any] = {
     # mixer (`infini_sidecar_namespace`).
     "namespace": "",
     "learn": False,
-    # Drafts: "all", "index", "prompt", "live" or "reference"; the path bar (None: the sidecar's).
+    # Drafts: "all", "index", "prompt", "live" or "reference", and the drafter's bars (None: the
+    # sidecar's own). vLLM verifies a drafted token for 5–11% of a decode step on CPU (a fit of its
+    # runs' per-request seconds, `vllm_sidecar.py costs`: 5% on a Xeon with AMX, 9–11% on an AVX2
+    # EPYC), under half of what a row costs in the sidecar's own loop, so drafts here go further on
+    # weaker evidence: a lower path bar, up to twice the matched length, tokens down to 0.2 likely.
+    # Chosen leave-one-workload-out at 5.5% (eval/choose_draft_defaults.py --drive): 3% fewer step
+    # equivalents than the sidecar's own bars there, level with them at 11% (eval/RESULTS.md).
     "source": "all",
-    "min_path_prob": None,
+    "min_path_prob": 0.1,
+    "match_len_factor": 2.0,
+    "min_token_prob": 0.2,
     # Mixing: "request" (the requests whose extra_args ask) or "all"; the default λ rule (None: the
     # sidecar's); the top-k log-probs sent and the mixed top-k returned.
     "mix": "request",
@@ -77,7 +85,7 @@ def _parse(name: str, text: str) -> Any:
         return text.strip().lower() in ("1", "true", "yes", "on")
     if isinstance(default, int):
         return int(text)
-    if isinstance(default, float) or name in ("min_path_prob", "timeout"):
+    if isinstance(default, float):
         return float(text)
     if name == "rule":
         try:
@@ -168,7 +176,9 @@ class SidecarProposer:
 
     def _options(self, room: int) -> pb.DraftOptions:
         return draft_options(max_tokens=room, source=self.conf["source"],
-                             min_path_prob=self.conf["min_path_prob"])
+                             min_path_prob=self.conf["min_path_prob"],
+                             match_len_factor=self.conf["match_len_factor"],
+                             min_token_prob=self.conf["min_token_prob"])
 
     def _match(self, row: int, tokens: list[int], claimed: set) -> int:
         def extends(key: Hashable) -> bool:
