@@ -67,24 +67,30 @@ def name_of(setting):
     )
 
 
-def replay(args, workload, replay_json, setting):
-    """Warm, cold and whole speed-ups of our all-sources replay under `setting`."""
+def run_for_json(cmd_into, name, env=None):
+    """Runs the command `cmd_into(folder)` gives, writing into a fresh folder, and reads the JSON
+    file `name` it wrote there. A failure ends the whole run: its grid point would be missing."""
     with tempfile.TemporaryDirectory() as out:
-        cmd = [
-            args.binary, "eval", "workload", "--model", args.model, "--index", args.index,
-            "--workload", workload, "--replay", replay_json, "--out-dir", out,
-            "--max-draft", str(setting["max_draft"]),
-            "--min-path-prob", str(setting["min_path_prob"]),
-            "--min-token-prob", str(setting["min_token_prob"]),
-            "--match-len-factor", str(setting["match_len_factor"]),
-            "--long-match", str(setting["long_match"]),
-            "--row-cost", str(args.row_cost),
-        ] + (["--tree"] if setting["tree"] else [])
-        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        cmd = cmd_into(out)
+        done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if done.returncode != 0:
             sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
-        with open(os.path.join(out, "simulated.json")) as f:
-            rows = json.load(f)["simulated"]
+        with open(os.path.join(out, name)) as f:
+            return json.load(f)
+
+
+def replay(args, workload, replay_json, setting):
+    """Warm, cold and whole speed-ups of our all-sources replay under `setting`."""
+    rows = run_for_json(lambda out: [
+        args.binary, "eval", "workload", "--model", args.model, "--index", args.index,
+        "--workload", workload, "--replay", replay_json, "--out-dir", out,
+        "--max-draft", str(setting["max_draft"]),
+        "--min-path-prob", str(setting["min_path_prob"]),
+        "--min-token-prob", str(setting["min_token_prob"]),
+        "--match-len-factor", str(setting["match_len_factor"]),
+        "--long-match", str(setting["long_match"]),
+        "--row-cost", str(args.row_cost),
+    ] + (["--tree"] if setting["tree"] else []), "simulated.json")["simulated"]
     return {r["part"]: r["speedup"] for r in rows if r["configuration"] == "ours: all"}
 
 
@@ -93,17 +99,11 @@ def drive(args, replay_json, setting):
     decoding's steps over (steps + row cost × tokens drafted); with the counts, to weigh again at
     another row cost."""
     env = dict(os.environ, **{f"INFINI_SIDECAR_{k.upper()}": str(v) for k, v in setting.items()})
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [
-            args.drive, os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_sidecar.py"),
-            "drive", replay_json, "--addr", args.addr, "--k", str(args.k),
-            "--replicas", str(args.replicas), "--out", os.path.join(out, "drive.json"),
-        ]
-        done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        if done.returncode != 0:
-            sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
-        with open(os.path.join(out, "drive.json")) as f:
-            summary = json.load(f)["summary"]
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_sidecar.py")
+    summary = run_for_json(lambda out: [
+        args.drive, script, "drive", replay_json, "--addr", args.addr, "--k", str(args.k),
+        "--replicas", str(args.replicas), "--out", os.path.join(out, "drive.json"),
+    ], "drive.json", env)["summary"]
     speedups = {part: c["plain_steps"] / (c["steps"] + args.row_cost * c["drafted"])
                 for part, c in summary.items()}
     return {**speedups, "counts": summary}
@@ -207,13 +207,13 @@ def main():
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, "loo.json"), "w") as f:
         json.dump(report, f, indent=1)
-    baseline = "the sidecar's defaults" if args.drive else "SuffixDecoding's best on it"
+    baseline_heading = "the sidecar's defaults" if args.drive else "SuffixDecoding's best on it"
     md = [
         f"Drafter: {report['drafter']}. Cost model: a step costs 1 + {args.row_cost} × rows drafted. "
         "Warm = the last fifth.",
         "",
         "| workload | settings chosen without it | ours: warm (cold, all) | best on it alone: warm "
-        f"| {baseline} | its warm (cold, all) | ours ÷ its, warm |",
+        f"| {baseline_heading} | its warm (cold, all) | ours ÷ its, warm |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in table:
